@@ -1,0 +1,42 @@
+# elasticps: the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JOB ?= examples/mnist.yaml
+
+.PHONY: run test unit lint typecheck bench proto clean
+
+# A virtual environment with the package and its development tools, rebuilt when pyproject changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/elasticps run $(JOB)
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --config pyproject.toml
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+# Regenerates elasticps/proto/*_pb2*.py and the .pyi stubs from elasticps.proto.
+proto: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	$(CURDIR)/$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+		--mypy_out=. --mypy_grpc_out=. elasticps/proto/elasticps.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache

@@ -1,0 +1,75 @@
+"""Field declarations for the TrainingJob spec: one place for each field's default, bounds and help.
+
+The spec dataclasses in ``spec.py`` declare their fields with :func:`spec_field`; the YAML parser
+(``parsing.py``), the command-line flags (``flags.py``) and the CRD schema read the same metadata,
+so a bound or a default is written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_META_KEY = "elasticps"
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """What the parser, the flags and the schema know about one field."""
+
+    help: str
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    aliases: tuple[str, ...] = ()  # extra command-line spellings, e.g. ElasticDL's --get_model_steps
+    opaque: bool = False  # a free-form object (a pod template): kept as given, not validated here
+
+
+def spec_field(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    minimum: float | None = None,
+    exclusive_minimum: bool = False,
+    aliases: tuple[str, ...] = (),
+    opaque: bool = False,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field carrying a :class:`FieldInfo`."""
+    info = FieldInfo(help, minimum, exclusive_minimum, aliases, opaque)
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata={_META_KEY: info})
+    return dataclasses.field(default=default, metadata={_META_KEY: info})
+
+
+def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
+    info = field.metadata.get(_META_KEY)
+    if not isinstance(info, FieldInfo):
+        raise TypeError(f"field {field.name} was not declared with spec_field()")
+    return info
+
+
+def camel(name: str) -> str:
+    """``lr_staleness_modulation`` -> ``lrStalenessModulation`` (the YAML spelling)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def snake(name: str) -> str:
+    """``lrStalenessModulation`` -> ``lr_staleness_modulation`` (the flag spelling)."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def check_bounds(value: float, info: FieldInfo, where: str) -> None:
+    """Raises ValueError with a message naming ``where`` when ``value`` is out of bounds."""
+    if info.minimum is None:
+        return
+    if info.exclusive_minimum and not value > info.minimum:
+        raise ValueError(f"{where}: must be > {_num(info.minimum)}, got {_num(value)}")
+    if not info.exclusive_minimum and value < info.minimum:
+        raise ValueError(f"{where}: must be >= {_num(info.minimum)}, got {_num(value)}")
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

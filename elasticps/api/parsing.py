@@ -1,0 +1,162 @@
+"""Parses and validates a TrainingJob document, once, at the edge.
+
+Callers: ``elasticps run`` (a YAML file) and the operator (the custom object's body). Every problem
+raises :class:`SpecError` with one readable line that names the field, e.g.
+``spec.training.getModelFrequency: must be >= 1, got 0``. Unknown fields are errors too: a typo in
+a YAML key must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from elasticps.api.fields import camel, check_bounds, field_info
+from elasticps.api.spec import API_VERSION, KIND, TrainingJob, TrainingJobSpec
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A TrainingJob that cannot run; the message is one line naming the field."""
+
+
+def load_job_file(path: Path) -> TrainingJob:
+    """Reads and parses a TrainingJob YAML file."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise SpecError(f"{path}: {problem}{where}") from None
+    if len(documents) != 1:
+        raise SpecError(f"{path}: expected one TrainingJob document, found {len(documents)}")
+    try:
+        return parse_job(documents[0])
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None
+
+
+def parse_job(document: Any) -> TrainingJob:
+    """Parses a TrainingJob object (a dict as from YAML or the Kubernetes API)."""
+    if not isinstance(document, dict):
+        raise SpecError("a TrainingJob must be a mapping")
+    if document.get("apiVersion") != API_VERSION:
+        raise SpecError(f"apiVersion: must be {API_VERSION}, got {document.get('apiVersion')!r}")
+    if document.get("kind") != KIND:
+        raise SpecError(f"kind: must be {KIND}, got {document.get('kind')!r}")
+    metadata = document.get("metadata")
+    if not isinstance(metadata, dict):
+        raise SpecError("metadata: required")
+    name = metadata.get("name")
+    if not isinstance(name, str) or not _NAME.match(name) or len(name) > 40:
+        raise SpecError(
+            f"metadata.name: must be a DNS label of at most 40 characters "
+            f"(lower-case letters, digits, '-'), got {name!r}"
+        )
+    namespace = metadata.get("namespace", "default")
+    if not isinstance(namespace, str) or not _NAME.match(namespace):
+        raise SpecError(f"metadata.namespace: must be a DNS label, got {namespace!r}")
+    if "spec" not in document:
+        raise SpecError("spec: required")
+    spec = parse_object(TrainingJobSpec, document["spec"], "spec")
+    _check_cross_fields(spec)
+    return TrainingJob(name=name, namespace=namespace, spec=spec)
+
+
+def _check_cross_fields(spec: TrainingJobSpec) -> None:
+    if spec.ps.replicas < 1:
+        raise SpecError(f"spec.ps.replicas: must be >= 1, got {spec.ps.replicas}")
+    if not spec.training.use_async and spec.training.lr_staleness_modulation:
+        # Accepted gradients in sync mode are current; modulation would silently do nothing.
+        raise SpecError("spec.training.lrStalenessModulation: needs useAsync: true")
+    if not spec.model.model_def.strip():
+        raise SpecError("spec.model.modelDef: must not be empty")
+    if not spec.data.training.strip():
+        raise SpecError("spec.data.training: must not be empty")
+
+
+def parse_object(cls: type[T], data: Any, where: str) -> T:
+    """Builds dataclass ``cls`` from a mapping with camelCase keys, checking types and bounds."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: must be a mapping, got {_kind(data)}")
+    assert dataclasses.is_dataclass(cls)
+    hints = typing.get_type_hints(cls)
+    fields = {camel(f.name): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(fields))})")
+    values: dict[str, Any] = {}
+    for key, field in fields.items():
+        path = f"{where}.{key}"
+        if key not in data or data[key] is None:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{path}: required")
+            continue
+        values[field.name] = _parse_value(hints[field.name], data[key], path, field)
+    return cls(**values)
+
+
+def _parse_value(hint: Any, value: Any, where: str, field: dataclasses.Field[Any]) -> Any:
+    info = field_info(field)
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SpecError(f"{where}: must be a mapping, got {_kind(value)}")
+        if not info.opaque:
+            for key, item in value.items():
+                if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+                    raise SpecError(f"{where}.{key}: must be a string or number, got {_kind(item)}")
+            return {str(k): str(v) for k, v in value.items()}
+        return dict(value)
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"{where}: union fields are not supported")
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        allowed = [m.value for m in hint]
+        if value not in allowed:
+            raise SpecError(f"{where}: must be one of {', '.join(allowed)}, got {value!r}")
+        return hint(value)
+    if dataclasses.is_dataclass(hint):
+        return parse_object(typing.cast(type[Any], hint), value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"{where}: must be true or false, got {value!r}")
+        return value
+    if hint is int or hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"{where}: must be a number, got {value!r}")
+        if hint is int and not float(value).is_integer():
+            raise SpecError(f"{where}: must be an integer, got {value!r}")
+        number = hint(value)
+        try:
+            check_bounds(number, info, where)
+        except ValueError as err:
+            raise SpecError(str(err)) from None
+        return number
+    if hint is str:
+        if not isinstance(value, str):
+            raise SpecError(f"{where}: must be a string, got {_kind(value)}")
+        return value
+    raise TypeError(f"{where}: unsupported field type {hint!r}")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)

@@ -1,0 +1,105 @@
+"""The replicas of a TrainingJob and their command lines: pure planning shared by every runner.
+
+Callers: the local runner (replicas become processes) and the operator (replicas become pods). The
+same function renders a job's settings into ``elasticps ps`` / ``elasticps worker`` arguments, so a
+process and a pod of one job run with the same flags.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from elasticps.api.flags import training_args
+from elasticps.api.spec import RestartPolicy, TrainingJob
+
+PS_PORT = 2222
+
+
+class Role(str, Enum):
+    PS = "ps"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class Replica:
+    role: Role
+    index: int
+    name: str
+    args: tuple[str, ...]  # arguments of the `elasticps` command
+    restart_policy: RestartPolicy
+
+
+def replica_name(job: TrainingJob, role: Role, index: int) -> str:
+    return f"{job.name}-{role.value}-{index}"
+
+
+def cluster_ps_addresses(job: TrainingJob) -> list[str]:
+    """Stable DNS names of the PS Services in a cluster (they survive PS restarts)."""
+    return [
+        f"{replica_name(job, Role.PS, i)}.{job.namespace}.svc:{PS_PORT}" for i in range(job.spec.ps.replicas)
+    ]
+
+
+def _data_args(job: TrainingJob) -> list[str]:
+    data = job.spec.data
+    args = [f"--data_reader={data.reader.value}", f"--training_data={data.training}"]
+    if data.validation:
+        args.append(f"--validation_data={data.validation}")
+    return args
+
+
+def _training_args(job: TrainingJob, checkpoint_dir: str) -> list[str]:
+    training = job.spec.training
+    if checkpoint_dir and not training.checkpoint_dir:
+        training = replace(training, checkpoint_dir=checkpoint_dir)
+    return training_args(training, job.grads_to_wait)
+
+
+def ps_replica(job: TrainingJob, index: int, *, host: str, port: int, checkpoint_dir: str = "", extra: Sequence[str] = ()) -> Replica:
+    args = [
+        "ps",
+        f"--ps_id={index}",
+        f"--num_ps={job.spec.ps.replicas}",
+        f"--num_workers={job.spec.worker.replicas}",
+        f"--host={host}",
+        f"--port={port}",
+        *_data_args(job),
+        *_training_args(job, checkpoint_dir),
+        *extra,
+    ]
+    return Replica(Role.PS, index, replica_name(job, Role.PS, index), tuple(args), job.spec.ps.restart_policy)
+
+
+def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], extra: Sequence[str] = ()) -> Replica:
+    args = [
+        "worker",
+        f"--worker_id={index}",
+        f"--ps_addrs={','.join(ps_addresses)}",
+        f"--model_def={job.spec.model.model_def}",
+        *([f"--model_params={json.dumps(job.spec.model.params, sort_keys=True)}"] if job.spec.model.params else []),
+        *_data_args(job),
+        *_training_args(job, ""),
+        *extra,
+    ]
+    return Replica(
+        Role.WORKER, index, replica_name(job, Role.WORKER, index), tuple(args), job.spec.worker.restart_policy
+    )
+
+
+def should_restart(policy: RestartPolicy, exit_code: int) -> bool:
+    """Whether a replica that exited with ``exit_code`` is started again (Kubeflow's rules).
+
+    ExitCode: 1-127 are permanent errors (the program said no), 128 and above are signals
+    (kill -9 is 137, an OOM kill too) and are retried. A clean exit (0) is never restarted except
+    under Always.
+    """
+    if policy is RestartPolicy.ALWAYS:
+        return True
+    if exit_code == 0 or policy is RestartPolicy.NEVER:
+        return False
+    if policy is RestartPolicy.ON_FAILURE:
+        return True
+    return exit_code >= 128 or exit_code < 0

@@ -1,0 +1,171 @@
+"""The TrainingJob, typed: frozen dataclasses, the one definition of every field.
+
+A TrainingJob (``elasticps.io/v1alpha1``) is parsed once, at the edge (``parsing.parse_job``), into
+these classes; everything after that (the local runner, the operator, the PS and worker command lines)
+reads typed values. YAML spells fields in camelCase; the classes use snake_case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from elasticps.api.fields import spec_field
+
+GROUP = "elasticps.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SHORT_NAME = "tj"
+
+
+class RestartPolicy(str, Enum):
+    """When a failed replica is replaced (Kubeflow's policies).
+
+    ExitCode: exit codes 1-127 are permanent errors (no restart), 128 and above (signals, OOM kills)
+    are retried.
+    """
+
+    ALWAYS = "Always"
+    ON_FAILURE = "OnFailure"
+    NEVER = "Never"
+    EXIT_CODE = "ExitCode"
+
+
+class CleanPodPolicy(str, Enum):
+    """Which pods are deleted when the job finishes (Kubeflow's policies)."""
+
+    NONE = "None"
+    RUNNING = "Running"
+    ALL = "All"
+
+
+class DataReader(str, Enum):
+    """How records are read. ``idx``: MNIST-style idx files, the path is the prefix before
+    ``-images-idx3-ubyte[.gz]``; ``npz``: a numpy .npz file holding arrays ``x`` and ``y``."""
+
+    IDX = "idx"
+    NPZ = "npz"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_def: str = spec_field(help="Python module of the model (custom_model, loss, optimizer, feed, eval_metrics_fn)")
+    params: dict[str, Any] = spec_field(
+        default_factory=dict, help="keyword arguments passed to custom_model()", opaque=True
+    )
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    training: str = spec_field(help="training data path (see reader)")
+    validation: str = spec_field("", help="validation data path; empty: no evaluation")
+    reader: DataReader = spec_field(DataReader.IDX, help="how records are read: idx or npz")
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Training settings; each one is also a flag of ``elasticps ps`` and ``elasticps worker``."""
+
+    use_async: bool = spec_field(False, help="asynchronous SGD: the PS applies every gradient at once")
+    lr_staleness_modulation: bool = spec_field(
+        False, help="async: divide the learning rate by the gradient's staleness when it is > 0"
+    )
+    use_locking: bool = spec_field(False, help="async: serialise the updates of each variable")
+    get_model_frequency: int = spec_field(
+        1,
+        minimum=1,
+        aliases=("get_model_steps",),
+        help="pull the model every k steps; in between apply own gradients to the local copy",
+    )
+    grads_to_wait: int = spec_field(
+        0,
+        minimum=0,
+        help="sync: gradients averaged into one update; 0 means the number of workers, fewer gives backup workers",
+    )
+    sync_version_tolerance: int = spec_field(
+        0, minimum=0, help="sync: accept gradients at most this many versions old"
+    )
+    minibatch_size: int = spec_field(64, minimum=1, help="records per minibatch on each worker")
+    num_epochs: int = spec_field(1, minimum=1, help="passes over the training data")
+    learning_rate: float = spec_field(
+        0.0, minimum=0.0, help="overrides the model's optimizer learning rate when > 0"
+    )
+    records_per_task: int = spec_field(2048, minimum=1, help="records in one task handed to a worker")
+    evaluation_steps: int = spec_field(
+        0, minimum=0, help="evaluate every this many model versions (0: only at the end)"
+    )
+    checkpoint_steps: int = spec_field(0, minimum=0, help="checkpoint the PS every this many versions (0: never)")
+    checkpoint_dir: str = spec_field("", help="where PS checkpoints are written (empty: the runner chooses)")
+    keep_checkpoint_max: int = spec_field(3, minimum=1, help="checkpoints kept per PS shard")
+    task_timeout_seconds: float = spec_field(
+        60.0,
+        minimum=0.0,
+        exclusive_minimum=True,
+        help="a task whose worker is silent this long goes back to the queue",
+    )
+
+
+@dataclass(frozen=True)
+class Resources:
+    requests: dict[str, str] = spec_field(default_factory=dict, help="resource requests, e.g. cpu: '1'")
+    limits: dict[str, str] = spec_field(
+        default_factory=dict, help="resource limits, e.g. nvidia.com/gpu: '1'"
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    replicas: int = spec_field(1, minimum=0, help="number of replicas")
+    restart_policy: RestartPolicy = spec_field(
+        RestartPolicy.ON_FAILURE, help="Always, OnFailure, Never or ExitCode"
+    )
+    resources: Resources = spec_field(default_factory=Resources, help="container resources")
+    template: dict[str, Any] = spec_field(
+        default_factory=dict,
+        help="pod template merged into the pods (nodeSelector, tolerations, volumes, env ...)",
+        opaque=True,
+    )
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    backoff_limit: int = spec_field(3, minimum=0, help="replacements of failed pods before the job fails")
+    active_deadline_seconds: int = spec_field(
+        0, minimum=0, help="the job fails after running this long (0: no deadline)"
+    )
+    ttl_seconds_after_finished: int = spec_field(
+        -1, minimum=-1, help="delete the job this long after it finished (-1: keep)"
+    )
+    clean_pod_policy: CleanPodPolicy = spec_field(
+        CleanPodPolicy.NONE, help="pods deleted when the job ends: None, Running or All"
+    )
+    suspend: bool = spec_field(False, help="stop the pods; resume from the checkpoint when unset")
+
+
+@dataclass(frozen=True)
+class TrainingJobSpec:
+    model: ModelSpec = spec_field(help="the model module")
+    data: DataSpec = spec_field(help="training and validation data")
+    image: str = spec_field("elasticps:latest", help="container image of the PS and worker pods")
+    training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")
+    ps: ReplicaSpec = spec_field(
+        default_factory=lambda: ReplicaSpec(replicas=1, restart_policy=RestartPolicy.ALWAYS),
+        help="parameter servers",
+    )
+    worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")
+    run_policy: RunPolicy = spec_field(default_factory=RunPolicy, help="run policy")
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    name: str
+    namespace: str
+    spec: TrainingJobSpec
+
+    @property
+    def grads_to_wait(self) -> int:
+        """The sync update size the PS uses: the spec's value, or one gradient per worker."""
+        return self.spec.training.grads_to_wait or max(1, self.spec.worker.replicas)

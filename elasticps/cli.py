@@ -1,0 +1,81 @@
+"""The ``elasticps`` command: ``run`` a TrainingJob locally, or serve as a ``ps`` or a ``worker``.
+
+User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
+traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    from elasticps.ps import main as ps_main
+    from elasticps.worker import main as worker_main
+
+    parser = argparse.ArgumentParser(prog="elasticps", description="Elastic training with parameter servers.")
+    parser.add_argument("--log_level", default="", help="DEBUG, INFO, WARNING (default: INFO for ps/worker)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="run a TrainingJob YAML on this machine, no cluster needed")
+    run.add_argument("job", type=Path, help="TrainingJob YAML file")
+    run.add_argument(
+        "--run_dir", type=Path, default=None, help="logs and checkpoints (default: .elasticps/runs/NAME-TIME)"
+    )
+    ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
+    worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = args.log_level or ("WARNING" if args.command == "run" else "INFO")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "run":
+        return _run(args.job, args.run_dir)
+    if args.command == "ps":
+        from elasticps.ps import main as ps_main
+
+        return ps_main.run(ps_main.config_from_args(args))
+    from elasticps.worker import main as worker_main
+
+    return worker_main.run(worker_main.config_from_args(args))
+
+
+def _run(job_file: Path, run_dir: Path | None) -> int:
+    from elasticps.api.parsing import SpecError, load_job_file
+    from elasticps.local.progress import Progress
+    from elasticps.local.runner import JobFailed, LocalRunner, summary
+
+    try:
+        job = load_job_file(job_file)
+    except SpecError as err:
+        print(f"elasticps: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = run_dir or Path(".elasticps") / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    spec = job.spec
+    mode = "async" if spec.training.use_async else "sync"
+    print(
+        f"job {job.name}: {spec.ps.replicas} PS + {spec.worker.replicas} workers, {mode}, "
+        f"model {spec.model.model_def}, {spec.training.num_epochs} epochs; logs in {run_dir}",
+        file=sys.stderr,
+    )
+    runner = LocalRunner(job, run_dir, Progress(job.name))
+    try:
+        result = runner.run()
+    except JobFailed as err:
+        print(f"job {job.name} failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"job {job.name}: interrupted, every replica stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(summary(job, result))
+    return 0

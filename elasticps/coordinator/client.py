@@ -1,0 +1,47 @@
+"""The coordinator's client, used by workers (tasks, reports, heartbeats) and the local runner (status).
+
+Transient failures (PS 0 starting or restarting) are retried with backoff until ``deadline_s``.
+"""
+
+from __future__ import annotations
+
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.rpc.channels import create_channel
+from elasticps.rpc.status import retrying
+
+
+class CoordinatorClient:
+    def __init__(self, address: str, worker: str = "", deadline_s: float = 120.0, timeout_s: float = 30.0) -> None:
+        self.worker = worker
+        self._channel = create_channel(address)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._deadline_s = deadline_s
+        self._timeout_s = timeout_s
+
+    def get_task(self) -> pb.Task:
+        request = pb.GetTaskRequest(worker=self.worker)
+        task: pb.Task = retrying(
+            lambda: self._stub.GetTask(request, timeout=self._timeout_s), what="GetTask", deadline_s=self._deadline_s
+        )
+        return task
+
+    def report(self, result: pb.TaskResult) -> None:
+        result.worker = self.worker
+        retrying(
+            lambda: self._stub.ReportTask(result, timeout=self._timeout_s), what="ReportTask", deadline_s=self._deadline_s
+        )
+
+    def heartbeat(self) -> None:
+        self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker), timeout=5.0)
+
+    def status(self, timeout_s: float = 5.0) -> pb.JobStatus:
+        reply: pb.JobStatus = self._stub.GetJobStatus(pb.JobStatusRequest(), timeout=timeout_s)
+        return reply
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+

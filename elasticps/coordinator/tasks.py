@@ -1,0 +1,257 @@
+"""Dynamic data sharding: the task queue of a job (todo / doing / done), pure and clock-injected.
+
+Called by the coordinator servicer under its lock. The training data is cut into tasks of
+``records_per_task`` records; each epoch's tasks are created, shuffled, when the previous epoch's
+todo runs dry. Failure rules (ElasticDL's training once hung for want of the second one):
+
+* a worker that asks for a task while it still holds one has restarted: its task goes back to todo;
+* a task whose worker has been silent (no heartbeat, no report) for ``task_timeout`` goes back to todo;
+* a failed task goes back to todo.
+
+So every record is trained exactly ``num_epochs`` times, counted by the ``done`` ledger.
+Evaluation: every ``evaluation_steps`` model versions, and once after the last training task, the
+validation data is cut into evaluation tasks, handed out before training tasks; their metric sums are
+aggregated into one result per evaluated version. The job is finished when every training task of
+every epoch and the final evaluation are done.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TaskKind(str, Enum):
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    kind: TaskKind
+    start: int
+    end: int
+    epoch: int
+    model_version: int = 0  # evaluation: the version that triggered it
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+
+class Wait(Enum):
+    """Nothing to hand out now (other workers hold the rest): ask again shortly."""
+
+    WAIT = "wait"
+
+
+class Finished(Enum):
+    """The job is done: the worker may exit."""
+
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    num_records: int
+    records_per_task: int
+    num_epochs: int
+    validation_records: int = 0
+    evaluation_steps: int = 0
+    task_timeout: float = 60.0
+    seed: int = 0
+
+
+@dataclass
+class _Doing:
+    task: Task
+    worker: str
+
+
+@dataclass
+class _Evaluation:
+    version: int
+    pending: int
+    records: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Progress:
+    finished: bool
+    epoch: int
+    records_done: int
+    records_total: int
+    epoch_records: tuple[int, ...]
+    loss: float
+    metrics: Mapping[str, float]
+    metrics_version: int
+    tasks_requeued: int
+    gradients_rejected: int
+
+
+class TaskQueue:
+    def __init__(self, settings: QueueSettings, clock: Callable[[], float]) -> None:
+        if settings.num_records < 1:
+            raise ValueError("the training data holds no records")
+        self._s = settings
+        self._clock = clock
+        self._rng = random.Random(settings.seed)
+        self._next_id = 1
+        self._todo: list[Task] = []
+        self._eval_todo: list[Task] = []
+        self._doing: dict[int, _Doing] = {}
+        self._last_seen: dict[str, float] = {}
+        self._epoch = -1  # the newest epoch whose tasks were created
+        self._epoch_records = [0] * settings.num_epochs
+        self._evaluation: _Evaluation | None = None
+        self._last_eval_trigger = 0
+        self._final_eval_started = False
+        self._final_eval_done = settings.validation_records == 0
+        self._metrics: dict[str, float] = {}
+        self._metrics_version = -1
+        self._recent_losses: list[float] = []
+        self.tasks_requeued = 0
+        self.gradients_rejected = 0
+
+    # ---- workers ask, report, beat -----------------------------------------------------------
+    def get(self, worker: str, model_version: int) -> Task | Wait | Finished:
+        now = self._clock()
+        self._last_seen[worker] = now
+        for task_id, doing in list(self._doing.items()):
+            if doing.worker == worker:  # the worker restarted and lost its task
+                self._requeue(task_id)
+        self._requeue_silent(now)
+        self.on_version(model_version)
+        task = self._next_task(model_version)
+        if task is None:
+            return Finished.FINISHED if self.finished else Wait.WAIT
+        self._doing[task.id] = _Doing(task, worker)
+        return task
+
+    def heartbeat(self, worker: str) -> None:
+        self._last_seen[worker] = self._clock()
+
+    def report(
+        self,
+        worker: str,
+        task_id: int,
+        success: bool,
+        loss_sum: float = 0.0,
+        metric_sums: Mapping[str, float] | None = None,
+        rejected: int = 0,
+    ) -> bool:
+        """Records a task's result; False when the task is not (any more) this worker's."""
+        self._last_seen[worker] = self._clock()
+        doing = self._doing.get(task_id)
+        if doing is None or doing.worker != worker:
+            return False
+        self.gradients_rejected += rejected
+        if not success:
+            self._requeue(task_id)
+            return True
+        del self._doing[task_id]
+        task = doing.task
+        if task.kind is TaskKind.TRAINING:
+            self._epoch_records[task.epoch] += task.records
+            self._recent_losses = (self._recent_losses + [loss_sum / max(1, task.records)])[-8:]
+        else:
+            self._record_evaluation(task, metric_sums or {})
+        return True
+
+    # ---- what the job shows ------------------------------------------------------------------
+    @property
+    def training_done(self) -> bool:
+        return sum(self._epoch_records) == self._s.num_records * self._s.num_epochs
+
+    @property
+    def finished(self) -> bool:
+        return self.training_done and self._final_eval_done
+
+    def progress(self) -> Progress:
+        loss = sum(self._recent_losses) / len(self._recent_losses) if self._recent_losses else float("nan")
+        return Progress(
+            finished=self.finished,
+            epoch=max(0, self._epoch),
+            records_done=sum(self._epoch_records),
+            records_total=self._s.num_records * self._s.num_epochs,
+            epoch_records=tuple(self._epoch_records),
+            loss=loss,
+            metrics=dict(self._metrics),
+            metrics_version=self._metrics_version,
+            tasks_requeued=self.tasks_requeued,
+            gradients_rejected=self.gradients_rejected,
+        )
+
+    # ---- internals ---------------------------------------------------------------------------
+    def on_version(self, model_version: int) -> None:
+        """Starts an evaluation when the model crossed a multiple of ``evaluation_steps``."""
+        steps = self._s.evaluation_steps
+        if not steps or not self._s.validation_records or self._evaluation is not None:
+            return
+        if model_version // steps > self._last_eval_trigger // steps:
+            self._last_eval_trigger = model_version
+            self._start_evaluation(model_version)
+
+    def _start_evaluation(self, version: int) -> None:
+        tasks = self._cut(self._s.validation_records, TaskKind.EVALUATION, epoch=0, version=version)
+        self._evaluation = _Evaluation(version=version, pending=len(tasks))
+        self._eval_todo.extend(tasks)
+
+    def _record_evaluation(self, task: Task, sums: Mapping[str, float]) -> None:
+        evaluation = self._evaluation
+        if evaluation is None:
+            return
+        evaluation.pending -= 1
+        evaluation.records += task.records
+        for name, value in sums.items():
+            evaluation.sums[name] = evaluation.sums.get(name, 0.0) + value
+        if evaluation.pending == 0:
+            self._metrics = {n: v / max(1, evaluation.records) for n, v in evaluation.sums.items()}
+            self._metrics_version = evaluation.version
+            self._evaluation = None
+            if self._final_eval_started:
+                self._final_eval_done = True
+
+    def _next_task(self, model_version: int) -> Task | None:
+        if self._eval_todo:
+            return self._eval_todo.pop(0)
+        if not self._todo and self._epoch + 1 < self._s.num_epochs:
+            self._epoch += 1
+            tasks = self._cut(self._s.num_records, TaskKind.TRAINING, epoch=self._epoch, version=0)
+            self._rng.shuffle(tasks)
+            self._todo.extend(tasks)
+        if self._todo:
+            return self._todo.pop(0)
+        if self.training_done and not self._final_eval_started and self._evaluation is None:
+            if self._s.validation_records:
+                self._final_eval_started = True
+                self._start_evaluation(model_version)
+                return self._eval_todo.pop(0)
+        return None
+
+    def _cut(self, records: int, kind: TaskKind, epoch: int, version: int) -> list[Task]:
+        tasks = []
+        for start in range(0, records, self._s.records_per_task):
+            end = min(records, start + self._s.records_per_task)
+            tasks.append(Task(self._next_id, kind, start, end, epoch, version))
+            self._next_id += 1
+        return tasks
+
+    def _requeue(self, task_id: int) -> None:
+        doing = self._doing.pop(task_id)
+        queue = self._eval_todo if doing.task.kind is TaskKind.EVALUATION else self._todo
+        queue.insert(0, doing.task)
+        self.tasks_requeued += 1
+
+    def _requeue_silent(self, now: float) -> None:
+        for task_id, doing in list(self._doing.items()):
+            if now - self._last_seen.get(doing.worker, now) > self._s.task_timeout:
+                self._requeue(task_id)
+
+    def requeue_silent(self) -> None:
+        """Called periodically, so a silent worker's task is freed even if nobody asks for work."""
+        self._requeue_silent(self._clock())

@@ -1,0 +1,82 @@
+"""Replicas as local processes: start (each in its own session, logging to a file), poll, stop.
+
+Used by the local runner. Children get the allocator settings PERFORMANCE.md measured (big tensor
+messages otherwise pay a fresh mmap and page faults on every call) and unbuffered output.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticps.api.replicas import Replica
+
+CHILD_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "MALLOC_MMAP_THRESHOLD_": "1073741824",
+    "MALLOC_TRIM_THRESHOLD_": "2147483648",
+}
+
+
+@dataclass
+class Process:
+    replica: Replica
+    log_path: Path
+    popen: subprocess.Popen[bytes]
+    restarts: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+
+def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
+    log_path = log_dir / f"{replica.name}.log"
+    with log_path.open("ab") as log:
+        log.write(f"--- start {restarts}: elasticps {' '.join(replica.args)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "elasticps", *replica.args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CHILD_ENV},
+            start_new_session=True,  # Ctrl-C reaches the runner, which stops every child itself
+        )
+    return Process(replica, log_path, popen, restarts)
+
+
+def stop_all(processes: list[Process], grace_s: float = 5.0) -> None:
+    """SIGTERM every live child, then SIGKILL what is left after ``grace_s``."""
+    for process in processes:
+        if process.exit_code is None:
+            _signal(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(process, signal.SIGKILL)
+            process.popen.wait()
+
+
+def _signal(process: Process, signum: int) -> None:
+    try:
+        os.killpg(process.popen.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(process: Process, lines: int = 15) -> str:
+    try:
+        text = process.log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])

@@ -1,0 +1,70 @@
+"""What a person sees while a local job runs: one progress reporter.
+
+On a terminal, a live bar (records trained, epoch, loss, accuracy, model version); elsewhere (CI, a
+log file), one line every ``interval_s`` seconds. Events (a replica restarted) go above the bar.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+from elasticps.proto import elasticps_pb2 as pb
+
+
+def describe(status: pb.JobStatus) -> str:
+    parts = [f"epoch {min(status.epoch + 1, status.num_epochs)}/{status.num_epochs}"]
+    if not math.isnan(status.loss) and status.records_done:
+        parts.append(f"loss {status.loss:.4f}")
+    for name, value in sorted(status.metrics.items()):
+        if name != "loss":
+            parts.append(f"{name} {value:.4f}")
+    parts.append(f"version {status.model_version}")
+    return ", ".join(parts)
+
+
+class Progress:
+    def __init__(self, job: str, stream: TextIO = sys.stderr, interval_s: float = 5.0) -> None:
+        self._job = job
+        self._stream = stream
+        self._interval_s = interval_s
+        self._tty = stream.isatty()
+        self._bar: tqdm[Any] | None = None
+        self._last_line = 0.0
+        self._started = time.monotonic()
+
+    def update(self, status: pb.JobStatus) -> None:
+        if self._tty:
+            bar = self._bar
+            if bar is None:
+                bar = self._bar = tqdm(
+                    total=status.records_total, desc=self._job, unit="rec", file=self._stream, dynamic_ncols=True
+                )
+            bar.n = status.records_done
+            bar.set_postfix_str(describe(status), refresh=True)
+            return
+        now = time.monotonic()
+        if now - self._last_line >= self._interval_s:
+            self._last_line = now
+            done = 100.0 * status.records_done / max(1, status.records_total)
+            print(
+                f"[{now - self._started:6.1f}s] {self._job}: {status.records_done}/{status.records_total} records"
+                f" ({done:.0f}%), {describe(status)}",
+                file=self._stream,
+                flush=True,
+            )
+
+    def event(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.write(message, file=self._stream)
+        else:
+            print(message, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,187 @@
+"""The worker's view of all PS shards: split by variable, fan out concurrently, merge.
+
+Used by the worker (and the benchmark). It owns the sharding (``shard_of``) so the worker deals in
+whole models: a push sends each shard its variables' gradients, a pull asks every shard at once and
+returns only what changed. Transient failures (a PS not up yet, restarting) are retried with backoff
+until ``deadline_s``, so a worker that starts before its PS waits instead of failing. A shard that
+lost its model (restarted without a checkpoint) raises :class:`ShardsUninitialized` so the worker
+can push its model again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.ps.sharding import shard_of
+from elasticps.rpc import frames
+from elasticps.rpc.channels import create_channel
+from elasticps.rpc.status import Failure, classify, retrying
+
+T = TypeVar("T")
+
+
+class ShardsUninitialized(Exception):
+    def __init__(self, shards: Sequence[int]) -> None:
+        super().__init__(f"PS shards {list(shards)} hold no model")
+        self.shards = list(shards)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    versions: list[int]  # per shard
+    tensors: dict[str, np.ndarray]  # only the shards that had a newer model
+    uninitialized: list[int]  # shards that hold no model yet
+
+
+@dataclass(frozen=True)
+class Pushed:
+    accepted: list[bool]  # per shard
+    versions: list[int]  # per shard, after the push
+
+    @property
+    def all_accepted(self) -> bool:
+        return all(self.accepted)
+
+
+class PSClient:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        worker: str,
+        chunk_bytes: int = frames.CHUNK_BYTES,
+        deadline_s: float = 120.0,
+        timeout_s: float = 120.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one PS address is needed")
+        self.worker = worker
+        self.num_shards = len(addresses)
+        self._chunk_bytes = chunk_bytes
+        self._deadline_s = deadline_s
+        self._timeout_s = timeout_s
+        self._channels = [create_channel(a) for a in addresses]
+        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
+        self._shard_cache: dict[str, int] = {}
+
+    def shard(self, name: str) -> int:
+        found = self._shard_cache.get(name)
+        if found is None:
+            found = self._shard_cache[name] = shard_of(name, self.num_shards)
+        return found
+
+    def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        parts: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
+        for name, value in tensors.items():
+            parts[self.shard(name)][name] = value
+        return parts
+
+    # ---- calls -------------------------------------------------------------------------------
+    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]:
+        """Offers the model to every shard; shards that already hold one keep theirs."""
+        config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
+        head = pb.Frame(model=pb.ModelHead(initialized=True, optimizer=config))
+        parts = self.split(tensors)
+
+        def push(shard: int) -> int:
+            encoded = frames.encode(head, parts[shard], self._chunk_bytes)
+            reply: pb.ModelHead = self._call(
+                lambda: self._stubs[shard].PushModel(iter(encoded), timeout=self._timeout_s), "PushModel"
+            )
+            return reply.version
+
+        return self._fan_out(push)
+
+    def pull(self, versions: Sequence[int]) -> Pulled:
+        """Pulls every shard whose version differs from ``versions`` (use -1 for "I have nothing")."""
+
+        def pull(shard: int) -> tuple[int, dict[str, np.ndarray], bool]:
+            request = pb.PullRequest(worker=self.worker, version=versions[shard])
+            received: list[pb.Frame] = self._call(
+                lambda: list(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
+            )
+            decoded = frames.decode(received)
+            head = decoded.first.model
+            return head.version, decoded.tensors, head.initialized
+
+        results = self._fan_out(pull)
+        tensors: dict[str, np.ndarray] = {}
+        for _, part, _ in results:
+            tensors.update(part)
+        return Pulled(
+            versions=[version for version, _, _ in results],
+            tensors=tensors,
+            uninitialized=[shard for shard, (_, _, ok) in enumerate(results) if not ok],
+        )
+
+    def push_gradients(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Pushed:
+        parts = self.split(gradients)
+
+        def push(shard: int) -> pb.PushReply:
+            head = pb.Frame(
+                push=pb.PushHead(worker=self.worker, version=versions[shard], learning_rate=learning_rate)
+            )
+            encoded = frames.encode(head, parts[shard], self._chunk_bytes)
+            reply: pb.PushReply = self._call(
+                lambda: self._stubs[shard].PushGradients(iter(encoded), timeout=self._timeout_s),
+                "PushGradients",
+            )
+            return reply
+
+        replies = self._fan_out(push)
+        return Pushed([r.accepted for r in replies], [r.version for r in replies])
+
+    def push_gradients_async(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Future[Pushed]:
+        """The same push, returned as a future so the caller can compute while it travels."""
+        return self._pool.submit(self.push_gradients, gradients, list(versions), learning_rate)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for channel in self._channels:
+            channel.close()
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def _call(self, call: Callable[[], T], what: str) -> T:
+        return retrying(call, what=what, deadline_s=self._deadline_s)
+
+    def _fan_out(self, call: Callable[[int], T]) -> list[T]:
+        if self.num_shards == 1:
+            return [self._guard(call, 0)]
+        futures = [self._pool.submit(self._guard, call, shard) for shard in range(self.num_shards)]
+        results: list[T] = []
+        uninitialized: list[int] = []
+        error: BaseException | None = None
+        for shard, future in enumerate(futures):
+            try:
+                results.append(future.result())
+            except ShardsUninitialized:
+                uninitialized.append(shard)
+            except BaseException as err:  # re-raised below, after every shard answered
+                error = error or err
+        if error is not None:
+            raise error
+        if uninitialized:
+            raise ShardsUninitialized(uninitialized)
+        return results
+
+    @staticmethod
+    def _guard(call: Callable[[int], T], shard: int) -> T:
+        try:
+            return call(shard)
+        except grpc.RpcError as err:
+            if isinstance(err, grpc.Call) and classify(err.code()) is Failure.UNINITIALIZED:
+                raise ShardsUninitialized([shard]) from err
+            raise

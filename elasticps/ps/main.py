@@ -1,0 +1,162 @@
+"""``elasticps ps``: flags -> a frozen config -> one PS shard serving gRPC until stopped.
+
+PS 0 also serves the coordinator (tasks, progress, evaluation), so a job is PS pods plus worker
+pods. A restarted PS restores its newest good checkpoint before it serves. SIGTERM stops it after
+in-flight calls (2 s grace) and the pending checkpoint writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.tasks import QueueSettings
+from elasticps.data.readers import DataError, open_reader
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.rpc.channels import bind, create_server
+
+log = logging.getLogger(__name__)
+
+EXIT_USER_ERROR = 2
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    ps_id: int
+    num_ps: int
+    host: str
+    port: int
+    port_file: str
+    num_workers: int
+    data_reader: DataReader
+    training_data: str
+    validation_data: str
+    rpc_threads: int
+    training: TrainingSpec
+
+    @property
+    def grads_to_wait(self) -> int:
+        return self.training.grads_to_wait or max(1, self.num_workers)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ps_id", type=int, default=0, help="this shard's index (0 also coordinates)")
+    parser.add_argument("--num_ps", type=int, default=1, help="number of PS shards")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=2222, help="port to listen on (0: any free port)")
+    parser.add_argument("--port_file", default="", help="write the bound port to this file once serving")
+    parser.add_argument("--num_workers", type=int, default=1, help="workers in the job (grads_to_wait 0 means this)")
+    parser.add_argument(
+        "--data_reader", default=DataReader.IDX.value, choices=[r.value for r in DataReader], help="record reader"
+    )
+    parser.add_argument("--training_data", default="", help="training data path (PS 0: cut into tasks)")
+    parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
+    parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
+    add_training_flags(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> PSConfig:
+    if not 0 <= args.ps_id < args.num_ps:
+        raise SystemExit(f"error: --ps_id {args.ps_id} is not in [0, --num_ps {args.num_ps})")
+    return PSConfig(
+        ps_id=args.ps_id,
+        num_ps=args.num_ps,
+        host=args.host,
+        port=args.port,
+        port_file=args.port_file,
+        num_workers=args.num_workers,
+        data_reader=DataReader(args.data_reader),
+        training_data=args.training_data,
+        validation_data=args.validation_data,
+        rpc_threads=args.rpc_threads,
+        training=training_from_args(args),
+    )
+
+
+def store_settings(config: PSConfig) -> StoreSettings:
+    t = config.training
+    return StoreSettings(
+        shard=config.ps_id,
+        use_async=t.use_async,
+        lr_staleness_modulation=t.lr_staleness_modulation,
+        use_locking=t.use_locking,
+        grads_to_wait=config.grads_to_wait,
+        sync_version_tolerance=t.sync_version_tolerance,
+        checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,
+        checkpoint_steps=t.checkpoint_steps,
+        keep_checkpoint_max=t.keep_checkpoint_max,
+    )
+
+
+def queue_settings(config: PSConfig) -> QueueSettings:
+    """What the coordinator needs: record counts only (the PS never loads the data itself)."""
+    if not config.training_data:
+        raise DataError("PS 0 coordinates the job and needs --training_data")
+    records = open_reader(config.data_reader, config.training_data).num_records
+    validation = open_reader(config.data_reader, config.validation_data).num_records if config.validation_data else 0
+    t = config.training
+    return QueueSettings(
+        num_records=records,
+        records_per_task=t.records_per_task,
+        num_epochs=t.num_epochs,
+        validation_records=validation,
+        evaluation_steps=t.evaluation_steps,
+        task_timeout=t.task_timeout_seconds,
+    )
+
+
+def run(config: PSConfig) -> int:
+    store = ParameterStore(store_settings(config))
+    if store.restore():
+        log.info("PS %d resumes at version %d", config.ps_id, store.version)
+    server = create_server(config.rpc_threads)
+    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(store), server)
+    if config.ps_id == 0:
+        try:
+            settings = queue_settings(config)
+        except DataError as err:
+            print(f"ps-0: error: {err}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        coordinator = CoordinatorServicer(settings, version_fn=lambda: store.version)
+        pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = bind(server, config.host, config.port)
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    if config.port_file:
+        _write_atomically(Path(config.port_file), f"{port}\n")
+    log.info("PS %d/%d serving on %s:%d", config.ps_id, config.num_ps, config.host, port)
+
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    stopped.wait()
+    health_servicer.enter_graceful_shutdown()
+    server.stop(grace=2).wait()
+    store.flush_checkpoints()
+    return 0
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

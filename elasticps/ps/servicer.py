@@ -1,0 +1,90 @@
+"""The ParameterServer gRPC service: a translator between frames and the parameter store.
+
+Called by gRPC's thread pool, many calls at once. Store exceptions become status codes:
+a malformed stream or a bad tensor is INVALID_ARGUMENT, an empty shard FAILED_PRECONDITION.
+Under the sync rules every worker pulls the same version, so the encoded frames of the latest
+version are kept and served to every puller (encoded once per version, not once per pull).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.optimizers import OptimizerConfig, OptimizerError
+from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
+from elasticps.rpc import frames
+
+log = logging.getLogger(__name__)
+
+
+class ParameterServerServicer(pb_grpc.ParameterServerServicer):
+    def __init__(self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES) -> None:
+        self._store = store
+        self._chunk_bytes = chunk_bytes
+        self._cache_lock = threading.Lock()
+        self._cached: tuple[int, list[pb.Frame]] | None = None
+
+    def PushModel(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.ModelHead:
+        decoded = _decode(request_iterator, context)
+        if not decoded.first.HasField("model"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushModel: the first frame needs a model head")
+        spec = decoded.first.model.optimizer
+        config = OptimizerConfig(name=spec.name, params=dict(spec.params))
+        try:
+            self._store.initialize(decoded.tensors, config)
+        except (GradientError, OptimizerError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return pb.ModelHead(initialized=True, version=self._store.version)
+
+    def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.Frame]:
+        store = self._store
+        if not store.initialized:
+            yield pb.Frame(model=pb.ModelHead(initialized=False, version=0))
+            return
+        if request.version == store.version:
+            yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version))
+            return
+        if store.settings.use_async:
+            with store.reading() as (version, variables):
+                head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
+                yield from frames.encode(head, variables, self._chunk_bytes)
+            return
+        yield from self._consistent_frames()
+
+    def _consistent_frames(self) -> list[pb.Frame]:
+        with self._cache_lock:
+            cached = self._cached
+            if cached is not None and cached[0] == self._store.version:
+                return cached[1]
+            with self._store.reading() as (version, variables):
+                head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
+                encoded = frames.encode(head, variables, self._chunk_bytes)
+            self._cached = (version, encoded)
+            return encoded
+
+    def PushGradients(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.PushReply:
+        decoded = _decode(request_iterator, context)
+        if not decoded.first.HasField("push"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushGradients: the first frame needs a push head")
+        head = decoded.first.push
+        try:
+            outcome = self._store.push(decoded.tensors, head.version, head.learning_rate)
+        except UninitializedError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except GradientError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
+
+
+def _decode(request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> frames.Decoded:
+    try:
+        return frames.decode(request_iterator)
+    except frames.FrameError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        raise  # unreachable: abort raises

@@ -1,0 +1,46 @@
+"""gRPC channels and servers with the project's message limits and keep-alives, in one place.
+
+Callers: the PS server (``create_server``), the PS client and the coordinator client
+(``create_channel``). Tensors travel in ~1 MB frames, but the limits are raised on both ends anyway
+so a big unary reply never fails with RESOURCE_EXHAUSTED at gRPC's 4 MiB default.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A dead peer is noticed within ~30 s even when no call is in flight.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def create_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def create_server(max_workers: int) -> grpc.Server:
+    """A server without a port yet: the caller adds services, then binds (port 0 in tests)."""
+    options = _OPTIONS + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        # Two PS processes must never share a port by accident (gRPC's default allows it).
+        ("grpc.so_reuseport", 0),
+    ]
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
+
+
+def bind(server: grpc.Server, host: str, port: int) -> int:
+    """Binds ``host:port`` (port 0 picks a free one) and returns the bound port."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    return bound

@@ -1,0 +1,129 @@
+"""The TensorFlow side of a worker: a Keras model, its gradients, local updates and evaluation.
+
+Used by the training loop (``training.py``) through the :class:`Trainer` protocol, which keeps the
+loop free of TensorFlow and testable. Variables are named by their Keras path
+(``sequential/dense/kernel``), the names the PS shards by. The gradient step runs under
+``tf.function``; the PS never sees TensorFlow, only numpy arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from elasticps.ps.optimizers import OptimizerConfig  # noqa: E402
+from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
+from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
+
+
+def configure_threads(num_threads: int) -> None:
+    """Caps TensorFlow's thread pools (0 leaves TensorFlow's defaults); call before any op runs."""
+    if num_threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+
+
+class KerasTrainer:
+    def __init__(self, module: ModelModule, params: Mapping[str, Any], minibatch_size: int, seed: int = 0) -> None:
+        self._module = module
+        self._minibatch_size = minibatch_size
+        self._seed = seed
+        try:
+            self.model = module.custom_model(**params)
+        except TypeError as err:
+            raise ModelError(f"{module.name}.custom_model(**{dict(params)}): {err}") from None
+        self._local_optimizer = module.optimizer()
+        self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
+        self._built = False
+        self._variables: dict[str, tf.Variable] = {}
+
+    # ---- variables ---------------------------------------------------------------------------
+    def _build(self, features: np.ndarray) -> None:
+        if self._built:
+            return
+        sample = next(iter(self._dataset(features[:1], np.zeros((1,), np.int64), "training")))[0]
+        self.model(sample, training=False)
+        variables: dict[str, tf.Variable] = {}
+        for variable in self.model.trainable_variables:
+            name = variable.path
+            if name in variables:
+                raise ModelError(f"{self._module.name}: two variables named {name!r}")
+            variables[name] = variable
+        self._variables = variables
+        self._ordered = list(variables.values())
+        self._names = list(variables)
+        self._step = tf.function(self._gradient_step, reduce_retracing=True)
+        self._eval = tf.function(self._eval_step, reduce_retracing=True)
+        self._built = True
+
+    def build(self, features: np.ndarray) -> None:
+        """Creates the variables from one record (Keras builds lazily)."""
+        self._build(features)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {name: np.asarray(v.numpy()) for name, v in self._variables.items()}
+
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
+        for name, value in tensors.items():
+            variable = self._variables.get(name)
+            if variable is None:
+                raise ModelError(f"the PS holds variable {name!r}, which this model does not have")
+            variable.assign(value)
+
+    def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
+        return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
+
+    # ---- data --------------------------------------------------------------------------------
+    def _dataset(self, features: np.ndarray, labels: np.ndarray, mode: str) -> tf.data.Dataset:
+        dataset = tf.data.Dataset.from_tensor_slices((features, labels))
+        if self._module.feed is not None:
+            dataset = self._module.feed(dataset, mode)
+        if mode == "training":
+            self._seed += 1
+            dataset = dataset.shuffle(len(features), seed=self._seed)
+        return dataset.batch(self._minibatch_size).prefetch(2)
+
+    def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
+        self._build(features)
+        for x, y in self._dataset(features, labels, mode):
+            yield x, y
+
+    # ---- steps -------------------------------------------------------------------------------
+    def _gradient_step(self, x: Any, y: Any) -> tuple[Any, list[Any]]:
+        with tf.GradientTape() as tape:
+            predictions = self.model(x, training=True)
+            loss = tf.reduce_mean(self._module.loss(y, predictions))
+        gradients = tape.gradient(loss, self._ordered)
+        return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self._ordered)]
+
+    def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        loss, gradients = self._step(x, y)
+        return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}
+
+    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """SSP: applies own gradients to the local copy between pulls."""
+        self._local_optimizer.apply_gradients(
+            [(tf.convert_to_tensor(gradients[name]), v) for name, v in self._variables.items()]
+        )
+
+    def _eval_step(self, x: Any, y: Any) -> dict[str, Any]:
+        predictions = self.model(x, training=False)
+        results = {"loss": tf.reduce_mean(self._module.loss(y, predictions))}
+        for name, fn in self._metric_fns.items():
+            results[name] = tf.reduce_mean(tf.cast(fn(y, predictions), tf.float32))
+        return results
+
+    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """Sums of each metric x minibatch size over the records (the coordinator divides)."""
+        sums: dict[str, float] = {}
+        for x, y in self.batches(features, labels, "evaluation"):
+            count = int(tf.shape(y)[0])
+            for name, value in self._eval(x, y).items():
+                sums[name] = sums.get(name, 0.0) + float(value) * count
+        return sums

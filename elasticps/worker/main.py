@@ -1,0 +1,108 @@
+"""``elasticps worker``: flags -> a frozen config -> a Worker, run until the job is done.
+
+Exit codes: 0 when the job is finished, 2 for a bad model module or bad data (a user error the
+runner must not retry), 1 for anything else (retried per the restart policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.spec import DataReader, TrainingSpec
+
+log = logging.getLogger(__name__)
+
+EXIT_USER_ERROR = 2
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: int
+    ps_addrs: tuple[str, ...]
+    model_def: str
+    model_params: dict[str, Any]
+    data_reader: DataReader
+    training_data: str
+    validation_data: str
+    num_threads: int
+    training: TrainingSpec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--worker_id", type=int, default=0, help="this worker's index")
+    parser.add_argument(
+        "--ps_addrs", required=True, help="comma-separated host:port of every PS, shard order; PS 0 also coordinates"
+    )
+    parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.zoo.mnist_cnn")
+    parser.add_argument("--model_params", default="{}", help="JSON object of keyword arguments for custom_model()")
+    parser.add_argument(
+        "--data_reader", default=DataReader.IDX.value, choices=[r.value for r in DataReader], help="record reader"
+    )
+    parser.add_argument("--training_data", required=True, help="training data path")
+    parser.add_argument("--validation_data", default="", help="validation data path (evaluation tasks)")
+    parser.add_argument("--num_threads", type=int, default=0, help="TensorFlow threads (0: TensorFlow's default)")
+    add_training_flags(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    try:
+        params = json.loads(args.model_params)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"error: --model_params: not JSON: {err}") from None
+    if not isinstance(params, dict):
+        raise SystemExit("error: --model_params: must be a JSON object")
+    addrs = tuple(a.strip() for a in args.ps_addrs.split(",") if a.strip())
+    if not addrs:
+        raise SystemExit("error: --ps_addrs: no address")
+    return WorkerConfig(
+        worker_id=args.worker_id,
+        ps_addrs=addrs,
+        model_def=args.model_def,
+        model_params=params,
+        data_reader=DataReader(args.data_reader),
+        training_data=args.training_data,
+        validation_data=args.validation_data,
+        num_threads=args.num_threads,
+        training=training_from_args(args),
+    )
+
+
+def run(config: WorkerConfig) -> int:
+    # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
+    from elasticps.coordinator.client import CoordinatorClient
+    from elasticps.data.readers import DataError, open_reader
+    from elasticps.ps.client import PSClient
+    from elasticps.ps.optimizers import OptimizerError
+    from elasticps.worker import keras_trainer
+    from elasticps.worker.model_loading import ModelError, load_model_module
+    from elasticps.worker.training import Worker
+
+    name = f"worker-{config.worker_id}"
+    try:
+        keras_trainer.configure_threads(config.num_threads)
+        module = load_model_module(config.model_def)
+        trainer = keras_trainer.KerasTrainer(
+            module, config.model_params, config.training.minibatch_size, seed=config.worker_id * 7919
+        )
+        training = open_reader(config.data_reader, config.training_data)
+        validation = open_reader(config.data_reader, config.validation_data) if config.validation_data else None
+        trainer.optimizer_config(config.training.learning_rate)
+    except (ModelError, DataError, OptimizerError) as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    ps = PSClient(config.ps_addrs, worker=name)
+    coordinator = CoordinatorClient(config.ps_addrs[0], worker=name)
+    worker = Worker(config.training, trainer, ps, coordinator, training, validation)
+    try:
+        worker.run()
+    finally:
+        ps.close()
+        coordinator.close()
+    log.info("%s done: %s", name, worker.counters)
+    return 0
