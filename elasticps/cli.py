@@ -7,6 +7,7 @@ traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -30,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--run_dir", type=Path, default=None, help="logs and checkpoints (default: .elasticps/runs/NAME-TIME)"
     )
+    run.add_argument("--result_file", type=Path, default=None, help="also write the outcome as JSON here")
     ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
     worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
     return parser
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = args.log_level or ("WARNING" if args.command == "run" else "INFO")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "run":
-        return _run(args.job, args.run_dir)
+        return _run(args.job, args.run_dir, args.result_file)
     if args.command == "ps":
         from elasticps.ps import main as ps_main
 
@@ -50,10 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return worker_main.run(worker_main.config_from_args(args))
 
 
-def _run(job_file: Path, run_dir: Path | None) -> int:
+def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.api.parsing import SpecError, load_job_file
     from elasticps.local.progress import Progress
-    from elasticps.local.runner import JobFailed, LocalRunner, summary
+    from elasticps.local.runner import JobFailed, LocalRunner, outcome, summary
 
     try:
         job = load_job_file(job_file)
@@ -73,9 +75,13 @@ def _run(job_file: Path, run_dir: Path | None) -> int:
         result = runner.run()
     except JobFailed as err:
         print(f"job {job.name} failed: {err}", file=sys.stderr)
+        if result_file:
+            result_file.write_text(json.dumps({"succeeded": False, "reason": str(err)}, indent=2))
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"job {job.name}: interrupted, every replica stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(summary(job, result))
+    if result_file:
+        result_file.write_text(json.dumps(outcome(result), indent=2))
     return 0

@@ -50,6 +50,8 @@ def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
             env={**os.environ, **CHILD_ENV},
             start_new_session=True,  # Ctrl-C reaches the runner, which stops every child itself
         )
+    # The pid file lets a person (or a fault-injection test) find a replica's process.
+    (log_dir / f"{replica.name}.pid").write_text(f"{popen.pid}\n")
     return Process(replica, log_path, popen, restarts)
 
 

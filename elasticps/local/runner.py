@@ -167,3 +167,21 @@ def summary(job: TrainingJob, result: RunResult) -> str:
         f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
         f" {result.restarts} replicas replaced\n  {describe(status)}"
     )
+
+
+def outcome(result: RunResult) -> dict[str, object]:
+    """The result as plain data (``elasticps run --result_file``)."""
+    status = result.status
+    return {
+        "succeeded": True,
+        "elapsed_s": round(result.elapsed_s, 2),
+        "restarts": result.restarts,
+        "records_done": status.records_done,
+        "records_total": status.records_total,
+        "epoch_records": list(status.epoch_records),
+        "model_version": status.model_version,
+        "metrics": dict(status.metrics),
+        "metrics_version": status.metrics_version,
+        "tasks_requeued": status.tasks_requeued,
+        "gradients_rejected": status.gradients_rejected,
+    }

@@ -1,0 +1,76 @@
+"""Faults injected for real during `elasticps run`: kill -9 a worker, kill -9 a PS shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import elasticps, job_document, write_data, write_job
+from elasticps.coordinator.client import CoordinatorClient
+
+pytestmark = pytest.mark.slow
+
+RECORDS = 12000
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_job(tmp_path: Path, **training: object) -> tuple[object, Path, Path]:
+    train, validation = write_data(tmp_path, records=RECORDS)
+    document = job_document("faults", train, validation, **training)
+    job = write_job(tmp_path / "job.yaml", document)
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    return process, run_dir, result_file
+
+
+def coordinator(run_dir: Path) -> CoordinatorClient:
+    wait_for(lambda: (run_dir / "ps-0.port").exists(), 60, "PS 0 to serve")
+    port = int((run_dir / "ps-0.port").read_text())
+    return CoordinatorClient(f"127.0.0.1:{port}", worker="test")
+
+
+def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path) -> None:
+    process, run_dir, result_file = start_job(tmp_path)
+    client = coordinator(run_dir)
+    # Kill once worker 0 is busy training: some records done, most of the job still ahead.
+    wait_for(lambda: 0 < client.status().records_done < RECORDS, 120, "training to start")
+    victim = int((run_dir / "faults-worker-0.pid").read_text())
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=240)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert "faults-worker-0 exited with code -9: replacing it" in stderr
+    result = json.loads(result_file.read_text())
+    assert result["restarts"] == 1
+    assert result["epoch_records"] == [RECORDS, RECORDS]  # every record trained once per epoch
+    assert result["tasks_requeued"] >= 1  # the killed worker's task went back to the queue
+
+
+def test_kill_ps_shard_restores_from_checkpoint(tmp_path: Path) -> None:
+    process, run_dir, result_file = start_job(tmp_path, checkpointSteps=20)
+    client = coordinator(run_dir)
+    wait_for(lambda: client.status().model_version >= 60, 120, "a few checkpoints")
+    victim = int((run_dir / "faults-ps-1.pid").read_text())
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=240)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert "faults-ps-1 exited with code -9: replacing it" in stderr
+    log = (run_dir / "faults-ps-1.log").read_text()
+    assert "resumes at version" in log
+    assert list((run_dir / "checkpoints" / "ps-1").glob("ckpt-*.eps"))
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [RECORDS, RECORDS]
+    assert result["metrics"]["accuracy"] > 0.85

@@ -1,0 +1,75 @@
+"""`elasticps run` end to end: sync, async with staleness modulation and SSP, bad YAML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import elasticps, job_document, write_job
+
+pytestmark = pytest.mark.slow
+
+
+def run_job(tmp_path: Path, document: dict[str, object]) -> tuple[int, str, dict[str, object]]:
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    process = elasticps(
+        "run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file), cwd=tmp_path
+    )
+    _, stderr = process.communicate(timeout=240)
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    return process.returncode, stderr, result
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        pytest.param({}, id="sync"),
+        pytest.param({"gradsToWait": 1}, id="sync-backup-workers"),
+        pytest.param({"useAsync": True, "lrStalenessModulation": True}, id="async-staleness"),
+        pytest.param({"useAsync": True, "getModelFrequency": 4, "useLocking": True}, id="async-ssp"),
+    ],
+)
+def test_job_trains_every_record_and_learns(tmp_path: Path, data: tuple[Path, Path], training: dict[str, object]) -> None:
+    code, stderr, result = run_job(tmp_path, job_document("e2e", *data, evaluationSteps=40, **training))
+    assert code == 0, stderr
+    assert result["epoch_records"] == [4000, 4000]
+    assert result["records_done"] == result["records_total"] == 8000
+    metrics = result["metrics"]
+    assert isinstance(metrics, dict) and metrics["accuracy"] > 0.85, result
+    assert "Traceback" not in stderr
+
+
+def test_malformed_job_is_one_line_and_exit_2(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    document = job_document("bad", *data, getModelFrequency=0)
+    code, stderr, _ = run_job(tmp_path, document)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "spec.training.getModelFrequency: must be >= 1, got 0" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("spec: [unclosed", "line"),
+        ("apiVersion: elasticps.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: x}\nspec: {model: {}}\n", "spec.model.modelDef: required"),
+        ("apiVersion: v1\nkind: Pod\n", "apiVersion: must be elasticps.io/v1alpha1"),
+    ],
+)
+def test_bad_yaml_gets_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    process = elasticps("run", str(job), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert message in stderr and "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+def test_missing_job_file(tmp_path: Path) -> None:
+    process = elasticps("run", str(tmp_path / "nope.yaml"), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2 and "cannot read" in stderr and "Traceback" not in stderr
