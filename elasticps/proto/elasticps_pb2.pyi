@@ -250,18 +250,25 @@ class PullRequest(_message.Message):
 
     WORKER_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the caller's version: a caller that is current gets a head and no tensors"""
+    wait_ms: _builtins.int
+    """Long poll: a current caller's reply waits until the version moves or this many ms pass.
+    A sync worker whose gradient waits for the others' uses it instead of training on a model
+    whose next gradient would be rejected.
+    """
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
         version: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -101,11 +101,15 @@ class PSClient:
 
         return self._fan_out(push)
 
-    def pull(self, versions: Sequence[int]) -> Pulled:
-        """Pulls every shard whose version differs from ``versions`` (use -1 for "I have nothing")."""
+    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled:
+        """Pulls every shard whose version differs from ``versions`` (use -1 for "I have nothing").
+
+        With ``wait_ms``, a shard where the caller is current answers once its version moves (or
+        after ``wait_ms``): a long poll instead of a busy loop.
+        """
 
         def pull(shard: int) -> tuple[int, dict[str, np.ndarray], bool]:
-            request = pb.PullRequest(worker=self.worker, version=versions[shard])
+            request = pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=wait_ms)
             received: list[pb.Frame] = self._call(
                 lambda: list(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )

@@ -22,6 +22,8 @@ from elasticps.rpc import frames
 
 log = logging.getLogger(__name__)
 
+MAX_WAIT_MS = 10_000  # a long poll never holds a server thread longer than this
+
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES) -> None:
@@ -47,6 +49,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         if not store.initialized:
             yield pb.Frame(model=pb.ModelHead(initialized=False, version=0))
             return
+        if request.version == store.version and request.wait_ms > 0:
+            store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
         if request.version == store.version:
             yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version))
             return

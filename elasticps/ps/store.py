@@ -81,6 +81,7 @@ class ParameterStore:
         self._sums: dict[str, np.ndarray] = {}
         self._summed = 0
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._moved = threading.Condition()  # notified whenever the version changes
 
     # ---- state -------------------------------------------------------------------------------
     @property
@@ -124,6 +125,16 @@ class ParameterStore:
         self._version = version
         self._optimizer = optimizer
 
+    def wait_newer(self, version: int, timeout_s: float) -> int:
+        """Blocks until the version differs from ``version`` or ``timeout_s`` passes; the version."""
+        with self._moved:
+            self._moved.wait_for(lambda: self._version != version, timeout_s)
+        return self._version
+
+    def _notify_moved(self) -> None:
+        with self._moved:
+            self._moved.notify_all()
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[tuple[int, Mapping[str, np.ndarray]]]:
         """The version and the variables, to be read (encoded) inside the ``with`` block.
@@ -160,6 +171,7 @@ class ParameterStore:
         with self._version_lock:
             self._version += 1
             new_version = self._version
+        self._notify_moved()
         self._maybe_checkpoint(new_version)
         return PushOutcome(True, new_version, stale, lr)
 
@@ -181,6 +193,7 @@ class ParameterStore:
                     total.fill(0)
                 self._summed = 0
                 self._version += 1
+                self._notify_moved()
                 self._maybe_checkpoint(self._version)
             return PushOutcome(True, self._version, behind, base_lr)
 
@@ -257,6 +270,7 @@ class ParameterStore:
         }
         with self._lock:
             self._install(variables, optimizer, found.version)
+            self._notify_moved()
             optimizer.load_state(
                 {key.removeprefix("opt/"): value for key, value in found.arrays.items() if key.startswith("opt/")}
             )
@@ -265,6 +279,11 @@ class ParameterStore:
 
 
 def _finite(array: np.ndarray) -> bool:
-    # One pass and no temporary bool array: a NaN or infinity anywhere makes the sum non-finite.
+    # Fast path, one pass and no temporary bool array: a NaN or infinity anywhere makes the sum
+    # non-finite. A non-finite sum may also come from large finite values overflowing, so only
+    # then the exact (element-wise) check decides.
     wide = np.float32 if array.dtype == np.float16 else None
-    return math.isfinite(float(np.sum(array, dtype=wide)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if math.isfinite(float(np.sum(array, dtype=wide))):
+            return True
+    return bool(np.isfinite(array).all())

@@ -33,7 +33,7 @@ class KerasTrainer:
     def __init__(self, module: ModelModule, params: Mapping[str, Any], minibatch_size: int, seed: int = 0) -> None:
         self._module = module
         self._minibatch_size = minibatch_size
-        self._seed = seed
+        self._rng = np.random.default_rng(seed)
         try:
             self.model = module.custom_model(**params)
         except TypeError as err:
@@ -47,7 +47,7 @@ class KerasTrainer:
     def _build(self, features: np.ndarray) -> None:
         if self._built:
             return
-        sample = next(iter(self._dataset(features[:1], np.zeros((1,), np.int64), "training")))[0]
+        sample = self._dataset(features[:1], np.zeros((1,), np.int64), "training").batch(1).get_single_element()[0]
         self.model(sample, training=False)
         variables: dict[str, tf.Variable] = {}
         for variable in self.model.trainable_variables:
@@ -84,15 +84,21 @@ class KerasTrainer:
         dataset = tf.data.Dataset.from_tensor_slices((features, labels))
         if self._module.feed is not None:
             dataset = self._module.feed(dataset, mode)
-        if mode == "training":
-            self._seed += 1
-            dataset = dataset.shuffle(len(features), seed=self._seed)
-        return dataset.batch(self._minibatch_size).prefetch(2)
+        return dataset
 
     def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
+        """Minibatches of a task's records, shuffled for training.
+
+        ``feed`` runs once over the whole task (one batch of fixed-shape tensors); minibatches are
+        then gathered from it, which costs far less per step than iterating a tf.data pipeline.
+        """
         self._build(features)
-        for x, y in self._dataset(features, labels, mode):
-            yield x, y
+        x, y = self._dataset(features, labels, mode).batch(max(1, len(features))).get_single_element()
+        count = len(features)
+        order = self._rng.permutation(count) if mode == "training" else np.arange(count)
+        for start in range(0, count, self._minibatch_size):
+            index = tf.constant(order[start : start + self._minibatch_size])
+            yield tf.nest.map_structure(lambda t: tf.gather(t, index), (x, y))
 
     # ---- steps -------------------------------------------------------------------------------
     def _gradient_step(self, x: Any, y: Any) -> tuple[Any, list[Any]]:

@@ -35,6 +35,12 @@ from elasticps.ps.optimizers import OptimizerConfig
 
 log = logging.getLogger(__name__)
 
+# Sync: after a gradient was accepted but the update waits for other workers' gradients, the next
+# pull waits up to this long for the update instead of training a minibatch on a model the PS is
+# about to replace (that gradient would be rejected and the minibatch trained again). Bounded, so
+# a dead or slow peer costs at most this per step: the survivor then fills the update itself.
+SYNC_WAIT_MS = 250
+
 
 class Trainer(Protocol):
     def build(self, features: np.ndarray) -> None: ...
@@ -75,6 +81,7 @@ class Worker:
         self._heartbeat_s = heartbeat_s
         self._versions = [-1] * ps.num_shards
         self._in_flight: Future[Pushed] | None = None
+        self._update_pending = False
         self._stop = threading.Event()
         self.counters = Counters()
 
@@ -140,11 +147,13 @@ class Worker:
 
     def _sync_step(self, x: Any, y: Any) -> float:
         while True:
-            self._pull()
+            self._pull(wait_ms=SYNC_WAIT_MS if self._update_pending else 0)
             loss, gradients = self._trainer.gradients(x, y)
             pushed = self._push(gradients)
             if pushed.all_accepted:
+                self._update_pending = pushed.versions == self._versions
                 return loss
+            self._update_pending = False
             self.counters.rejected += 1  # the PS moved on: pull and retrain this minibatch
 
     def _async_step(self, x: Any, y: Any, since_pull: int) -> float:
@@ -176,8 +185,8 @@ class Worker:
             self._reinitialise(err.shards)
 
     # ---- the model ---------------------------------------------------------------------------
-    def _pull(self, initialise: bool = False) -> None:
-        pulled = self._ps.pull(self._versions)
+    def _pull(self, initialise: bool = False, wait_ms: int = 0) -> None:
+        pulled = self._ps.pull(self._versions, wait_ms=wait_ms)
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
