@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB ?= examples/mnist.yaml
+MNIST_DIR ?= ../shared/data/mnist
+FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 
 .PHONY: run test unit lint typecheck bench proto clean
 
@@ -14,8 +16,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# MNIST from ../shared/data/mnist when present; elsewhere Fashion-MNIST, installed from Debian's
+# package (never downloaded at run time).
 run: $(STAMP)
-	$(VENV)/bin/elasticps run $(JOB)
+	@if [ "$(JOB)" != examples/mnist.yaml ] || [ -f $(MNIST_DIR)/train-images-idx3-ubyte.gz ]; then \
+		$(VENV)/bin/elasticps run $(JOB); \
+	else \
+		echo "no MNIST in $(MNIST_DIR): training Fashion-MNIST from Debian's dataset-fashion-mnist"; \
+		test -d $(FASHION_DIR) || { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; }; \
+		$(VENV)/bin/elasticps run examples/fashion-mnist.yaml; \
+	fi
 
 test: $(STAMP) lint typecheck
 	$(PY) -m pytest -q

@@ -1,21 +1,29 @@
 """The Coordinator gRPC service (hosted by PS 0): a translator over :class:`TaskQueue`.
 
 gRPC calls arrive on many threads; one lock serialises them over the pure queue. The model version
-comes from PS 0's store through ``version_fn``, so evaluations follow the model's progress.
+comes from PS 0's store through ``version_fn``, so evaluations follow the model's progress. With a
+``journal`` path the queue's ledger is written there (atomically) after every report and read back
+at start-up, so a restarted PS 0 goes on where it was instead of training every record again.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
 from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 _KINDS = {TaskKind.TRAINING: pb.TASK_TYPE_TRAINING, TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION}
 
@@ -26,11 +34,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         settings: QueueSettings,
         version_fn: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
+        journal: Path | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
         self._settings = settings
+        self._journal = journal
+        if journal is not None and journal.exists():
+            try:
+                self._queue.restore(json.loads(journal.read_text()))
+                log.info("coordinator resumes from %s", journal)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("ignoring coordinator journal %s: %s", journal, err)
 
     def GetTask(self, request: pb.GetTaskRequest, context: grpc.ServicerContext) -> pb.Task:
         if not request.worker:
@@ -63,7 +79,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 metric_sums=dict(request.metric_sums),
                 rejected=request.rejected,
             )
+            self._write_journal()
         return pb.Ack()
+
+    def _write_journal(self) -> None:
+        if self._journal is None:
+            return
+        temporary = self._journal.with_suffix(".tmp")
+        try:
+            self._journal.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(self._queue.state()))
+            os.replace(temporary, self._journal)
+        except OSError as err:
+            log.error("cannot write the coordinator journal %s: %s", self._journal, err)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.Ack:
         with self._lock:

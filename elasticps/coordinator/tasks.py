@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class TaskKind(str, Enum):
@@ -107,6 +108,7 @@ class TaskQueue:
         self._last_seen: dict[str, float] = {}
         self._epoch = -1  # the newest epoch whose tasks were created
         self._epoch_records = [0] * settings.num_epochs
+        self._done_starts: list[set[int]] = [set() for _ in range(settings.num_epochs)]
         self._evaluation: _Evaluation | None = None
         self._last_eval_trigger = 0
         self._final_eval_started = False
@@ -157,6 +159,7 @@ class TaskQueue:
         task = doing.task
         if task.kind is TaskKind.TRAINING:
             self._epoch_records[task.epoch] += task.records
+            self._done_starts[task.epoch].add(task.start)
             self._recent_losses = (self._recent_losses + [loss_sum / max(1, task.records)])[-8:]
         else:
             self._record_evaluation(task, metric_sums or {})
@@ -185,6 +188,52 @@ class TaskQueue:
             tasks_requeued=self.tasks_requeued,
             gradients_rejected=self.gradients_rejected,
         )
+
+    # ---- surviving a restart of PS 0 ---------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What a restarted coordinator needs to go on: the done ledger, metrics and counters.
+
+        Tasks in flight are not kept: after a restart they are simply not done, so they are handed
+        out again (their workers' reports are refused as unknown).
+        """
+        return {
+            "settings": [self._s.num_records, self._s.records_per_task, self._s.num_epochs],
+            "epoch": self._epoch,
+            "next_id": self._next_id,
+            "done": [sorted(starts) for starts in self._done_starts],
+            "metrics": dict(self._metrics),
+            "metrics_version": self._metrics_version,
+            "last_eval_trigger": self._last_eval_trigger,
+            "final_eval_done": self._final_eval_done,
+            "tasks_requeued": self.tasks_requeued,
+            "gradients_rejected": self.gradients_rejected,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Takes over a saved :meth:`state`; raises ValueError if it belongs to other settings."""
+        expected = [self._s.num_records, self._s.records_per_task, self._s.num_epochs]
+        if list(state.get("settings", [])) != expected:
+            raise ValueError(f"saved for data/settings {state.get('settings')}, now {expected}")
+        epoch = int(state["epoch"])
+        done = [set(int(start) for start in starts) for starts in state["done"]]
+        if len(done) != self._s.num_epochs or epoch >= self._s.num_epochs:
+            raise ValueError("saved ledger does not match the number of epochs")
+        self._epoch = epoch
+        # Ids continue past the saved ones, so a late report of a lost task can never match a new one.
+        self._next_id = int(state["next_id"])
+        self._done_starts = done
+        self._todo = []
+        for e in range(epoch + 1):
+            tasks = self._cut(self._s.num_records, TaskKind.TRAINING, epoch=e, version=0)
+            self._epoch_records[e] = sum(t.records for t in tasks if t.start in done[e])
+            self._todo.extend(t for t in tasks if t.start not in done[e])
+        self._rng.shuffle(self._todo)
+        self._metrics = {str(k): float(v) for k, v in state["metrics"].items()}
+        self._metrics_version = int(state["metrics_version"])
+        self._last_eval_trigger = int(state["last_eval_trigger"])
+        self._final_eval_done = bool(state["final_eval_done"])
+        self.tasks_requeued = int(state["tasks_requeued"])
+        self.gradients_rejected = int(state["gradients_rejected"])
 
     # ---- internals ---------------------------------------------------------------------------
     def on_version(self, model_version: int) -> None:

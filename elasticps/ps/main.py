@@ -28,6 +28,7 @@ from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import bind, create_server
+from elasticps.rpc.frames import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class PSConfig:
     validation_data: str
     rpc_threads: int
     training: TrainingSpec
+    chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (hidden flag: the benchmark varies it)
 
     @property
     def grads_to_wait(self) -> int:
@@ -66,12 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training_data", default="", help="training data path (PS 0: cut into tasks)")
     parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
+    parser.add_argument("--chunk_bytes", type=int, default=CHUNK_BYTES, help=argparse.SUPPRESS)
     add_training_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> PSConfig:
     if not 0 <= args.ps_id < args.num_ps:
         raise SystemExit(f"error: --ps_id {args.ps_id} is not in [0, --num_ps {args.num_ps})")
+    if args.chunk_bytes < 1:
+        raise SystemExit(f"error: --chunk_bytes must be >= 1, got {args.chunk_bytes}")
     return PSConfig(
         ps_id=args.ps_id,
         num_ps=args.num_ps,
@@ -84,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         validation_data=args.validation_data,
         rpc_threads=args.rpc_threads,
         training=training_from_args(args),
+        chunk_bytes=args.chunk_bytes,
     )
 
 
@@ -124,14 +130,15 @@ def run(config: PSConfig) -> int:
     if store.restore():
         log.info("PS %d resumes at version %d", config.ps_id, store.version)
     server = create_server(config.rpc_threads)
-    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(store), server)
+    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(store, config.chunk_bytes), server)
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)
         except DataError as err:
             print(f"ps-0: error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
-        coordinator = CoordinatorServicer(settings, version_fn=lambda: store.version)
+        journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
+        coordinator = CoordinatorServicer(settings, version_fn=lambda: store.version, journal=journal)
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

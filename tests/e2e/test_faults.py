@@ -8,10 +8,12 @@ import signal
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from conftest import elasticps, job_document, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.proto import elasticps_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +37,17 @@ def start_job(tmp_path: Path, **training: object) -> tuple[object, Path, Path]:
     run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
     process = elasticps("run", str(job), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
     return process, run_dir, result_file
+
+
+def first_answer(client: CoordinatorClient) -> pb.JobStatus:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return client.status()
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def coordinator(run_dir: Path) -> CoordinatorClient:
@@ -74,3 +87,21 @@ def test_kill_ps_shard_restores_from_checkpoint(tmp_path: Path) -> None:
     result = json.loads(result_file.read_text())
     assert result["epoch_records"] == [RECORDS, RECORDS]
     assert result["metrics"]["accuracy"] > 0.85
+
+
+def test_kill_ps0_coordinator_resumes_its_ledger(tmp_path: Path) -> None:
+    process, run_dir, result_file = start_job(tmp_path, checkpointSteps=20)
+    client = coordinator(run_dir)
+    wait_for(lambda: RECORDS // 4 <= client.status().records_done < RECORDS, 120, "a quarter of epoch 1")
+    victim = int((run_dir / "faults-ps-0.pid").read_text())
+    before = client.status().records_done
+    os.kill(victim, signal.SIGKILL)
+    after = first_answer(client)
+    assert after.records_done >= before  # the ledger survived: no start from zero
+    _, stderr = process.communicate(timeout=240)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert "faults-ps-0 exited with code -9: replacing it" in stderr
+    assert "coordinator resumes from" in (run_dir / "faults-ps-0.log").read_text()
+    result = json.loads(result_file.read_text())
+    # The restarted coordinator kept its ledger: each record still trained exactly once per epoch.
+    assert result["epoch_records"] == [RECORDS, RECORDS]
