@@ -105,3 +105,17 @@ def test_kill_ps0_coordinator_resumes_its_ledger(tmp_path: Path) -> None:
     result = json.loads(result_file.read_text())
     # The restarted coordinator kept its ledger: each record still trained exactly once per epoch.
     assert result["epoch_records"] == [RECORDS, RECORDS]
+
+
+def test_ctrl_c_stops_every_replica(tmp_path: Path) -> None:
+    process, run_dir, _ = start_job(tmp_path)
+    client = coordinator(run_dir)
+    wait_for(lambda: client.status().records_done > 0, 120, "training to start")
+    pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
+    assert len(pids) == 4
+    process.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
+    _, stderr = process.communicate(timeout=60)  # type: ignore[attr-defined]
+    assert process.returncode == 130, stderr  # type: ignore[attr-defined]
+    assert "interrupted, every replica stopped" in stderr and "Traceback" not in stderr
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
