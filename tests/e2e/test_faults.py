@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import elasticps, job_document, write_data, write_job
+from local_jobs import elasticps, job_document, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
 

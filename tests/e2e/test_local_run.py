@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import elasticps, job_document, write_job
+from local_jobs import elasticps, job_document, write_job
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,58 @@
+"""Helpers of the end-to-end tests: generated data, job documents, `elasticps run` as a process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_data(directory: Path, records: int, features: int = 8, seed: int = 0) -> tuple[Path, Path]:
+    """A linearly separable two-class problem: an MLP learns it to > 90% in one epoch."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(records + 500, features)).astype(np.float32)
+    w = rng.normal(size=features)
+    y = (x @ w > 0).astype(np.int64)
+    train, validation = directory / "train.npz", directory / "validation.npz"
+    np.savez(train, x=x[:records], y=y[:records])
+    np.savez(validation, x=x[records:], y=y[records:])
+    return train, validation
+
+
+def job_document(name: str, train: Path, validation: Path, **training: object) -> dict[str, object]:
+    return {
+        "apiVersion": "elasticps.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"modelDef": "elasticps.zoo.mlp"},
+            "data": {"reader": "npz", "training": str(train), "validation": str(validation)},
+            "training": {"minibatchSize": 32, "recordsPerTask": 400, "numEpochs": 2, **training},
+            "ps": {"replicas": 2},
+            "worker": {"replicas": 2},
+            "runPolicy": {"backoffLimit": 3},
+        },
+    }
+
+
+def write_job(path: Path, document: dict[str, object]) -> Path:
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def elasticps(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "elasticps", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
