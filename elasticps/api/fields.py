@@ -8,6 +8,7 @@ so a bound or a default is written once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,12 @@ def snake(name: str) -> str:
 
 
 def check_bounds(value: float, info: FieldInfo, where: str) -> None:
-    """Raises ValueError with a message naming ``where`` when ``value`` is out of bounds."""
+    """Raises ValueError with a message naming ``where`` when ``value`` is out of bounds.
+
+    NaN and infinities are refused first: NaN compares false with every bound, so it would pass.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: must be a finite number, got {value}")
     if info.minimum is None:
         return
     if info.exclusive_minimum and not value > info.minimum:

@@ -13,6 +13,7 @@ A missing or malformed file raises :class:`DataError` with the path and what is 
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 from pathlib import Path
 from typing import Protocol
@@ -57,11 +58,12 @@ class IdxReader:
         self._labels_path = _idx_file(prefix, "labels-idx1-ubyte")
         self._images: np.ndarray | None = None
         self._labels: np.ndarray | None = None
-        count, _ = self._header(self._images_path, self._IMAGES)
+        count, dims = self._header(self._images_path, self._IMAGES)
         labels, _ = self._header(self._labels_path, self._LABELS)
         if count != labels:
             raise DataError(f"{self._images_path}: {count} images but {labels} labels")
         self._count = count
+        self._record_size = math.prod(dims)  # bytes (pixels) per image
 
     @staticmethod
     def _header(path: Path, magic: int) -> tuple[int, tuple[int, ...]]:
@@ -85,10 +87,19 @@ class IdxReader:
 
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         if self._images is None or self._labels is None:
-            self._images = self._body(self._images_path, 16).reshape(self._count, -1)
-            self._labels = self._body(self._labels_path, 8).astype(np.int64)
-            if self._images.shape[0] != self._count or self._labels.shape[0] != self._count:
-                raise DataError(f"{self._images_path}: fewer records than its header says")
+            images = self._body(self._images_path, 16)
+            labels = self._body(self._labels_path, 8)
+            # Checked before the reshape: a truncated (or padded) file must not fail with a bare
+            # ValueError, nor silently give images of the wrong size.
+            if images.size != self._count * self._record_size:
+                raise DataError(
+                    f"{self._images_path}: {images.size} bytes of images, its header says "
+                    f"{self._count} x {self._record_size}"
+                )
+            if labels.size != self._count:
+                raise DataError(f"{self._labels_path}: {labels.size} labels, its header says {self._count}")
+            self._images = images.reshape(self._count, self._record_size)
+            self._labels = labels.astype(np.int64)
         return self._images, self._labels
 
     @staticmethod
@@ -109,7 +120,10 @@ class IdxReader:
 class NpzReader:
     def __init__(self, path: str) -> None:
         try:
-            with np.load(path, allow_pickle=False) as data:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
+                raise DataError(f"{path}: not an .npz archive (arrays 'x' and 'y')")
+            with loaded as data:
                 if "x" not in data or "y" not in data:
                     raise DataError(f"{path}: needs arrays 'x' and 'y', has {sorted(data.files)}")
                 self._x = data["x"]

@@ -71,6 +71,9 @@ class PSClient:
         self._channels = [create_channel(a) for a in addresses]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
+        # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
+        # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
+        self._push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-push")
         self._shard_cache: dict[str, int] = {}
 
     def shard(self, name: str) -> int:
@@ -150,9 +153,10 @@ class PSClient:
         self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
     ) -> Future[Pushed]:
         """The same push, returned as a future so the caller can compute while it travels."""
-        return self._pool.submit(self.push_gradients, gradients, list(versions), learning_rate)
+        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate)
 
     def close(self) -> None:
+        self._push_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         for channel in self._channels:
             channel.close()

@@ -181,6 +181,14 @@ class Optimizer(abc.ABC):
         if grad.dtype != var.dtype:
             grad = grad.astype(var.dtype)
         var.step += 1
+        if param.ndim == 0:
+            # numpy ufuncs return scalars, not arrays, for 0-d inputs, and the updates write into
+            # temporaries with out=: update 1-element views of the same memory instead (a 0-d
+            # array is contiguous, so reshape gives a view).
+            view = _VariableState((1,), var.dtype, {slot: arr.reshape(1) for slot, arr in var.slots.items()})
+            view.step = var.step
+            self._update(view, param.reshape(1), grad.reshape(1), var.dtype.type(lr))
+            return
         # Keras casts the learning rate to the variable's dtype before use.
         self._update(var, param, grad, var.dtype.type(lr))
 

@@ -152,6 +152,10 @@ class ParameterStore:
         """Applies (async) or accumulates (sync) one worker's gradients, computed on ``version``."""
         optimizer = self.optimizer
         self._check(gradients)
+        if not (math.isfinite(learning_rate) and learning_rate >= 0):
+            # Refused here, before anything changes: the optimizer would raise in the middle of an
+            # update (sync: after the gradient was summed), leaving the accumulator corrupted.
+            raise GradientError(f"learning rate {learning_rate!r} must be finite and >= 0 (0: the PS's)")
         base_lr = learning_rate if learning_rate > 0 else optimizer.learning_rate
         if self.settings.use_async:
             return self._push_async(optimizer, gradients, version, base_lr)

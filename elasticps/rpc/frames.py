@@ -10,6 +10,7 @@ answer with INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -92,7 +93,10 @@ def decode(frames: Iterable[pb.Frame]) -> Decoded:
         raise FrameError("empty stream: no head frame") from None
     layout = _layout(first.tensors)
     total = sum(nbytes for _, _, _, nbytes in layout)
-    buffer = np.empty(total, dtype=np.uint8)
+    try:
+        buffer = np.empty(total, dtype=np.uint8)
+    except (MemoryError, ValueError):
+        raise FrameError(f"the tensors claim {total} bytes, more than this process can hold") from None
     filled = _fill(buffer, first.payload, 0)
     for frame in stream:
         if frame.HasField("push") or frame.HasField("model") or len(frame.tensors):
@@ -103,7 +107,10 @@ def decode(frames: Iterable[pb.Frame]) -> Decoded:
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     for name, dtype, shape, nbytes in layout:
-        tensors[name] = buffer[offset : offset + nbytes].view(dtype).reshape(shape)
+        try:
+            tensors[name] = buffer[offset : offset + nbytes].view(dtype).reshape(shape)
+        except ValueError:  # an empty tensor with absurd other dimensions
+            raise FrameError(f"tensor {name!r}: shape {shape} cannot be held") from None
         offset += nbytes
     head = pb.Frame()
     head.CopyFrom(first)
@@ -128,7 +135,7 @@ def _layout(
         shape = tuple(int(d) for d in meta.shape)
         if any(d < 0 for d in shape):
             raise FrameError(f"tensor {meta.name!r}: negative dimension in shape {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a huge claimed shape cannot wrap
         layout.append((meta.name, dtype, shape, nbytes))
     return layout
 

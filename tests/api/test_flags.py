@@ -1,0 +1,218 @@
+"""Training settings as flags: ElasticDL spellings, bounds, and spec -> flags -> spec round trips."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+
+import pytest
+
+from elasticps.api.flags import add_training_flags, parse_bool, training_args, training_from_args
+from elasticps.api.parsing import parse_job
+from elasticps.api.replicas import ps_replica, worker_replica
+from elasticps.api.spec import TrainingSpec
+from elasticps.ps import main as ps_main
+from elasticps.worker import main as worker_main
+
+
+def parse(*argv: str) -> TrainingSpec:
+    parser = argparse.ArgumentParser(prog="elasticps worker")
+    add_training_flags(parser)
+    return training_from_args(parser.parse_args(list(argv)))
+
+
+def test_no_flags_give_the_spec_defaults() -> None:
+    assert parse() == TrainingSpec()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--use_async"], True),
+        (["--use_async=true"], True),
+        (["--use_async=True"], True),
+        (["--use_async=1"], True),
+        (["--use_async", "yes"], True),
+        (["--use_async=false"], False),
+        (["--use_async=False"], False),
+        (["--use_async=0"], False),
+        (["--use_async", "off"], False),
+        ([], False),
+    ],
+)
+def test_boolean_spellings(argv: list[str], expected: bool) -> None:
+    assert parse(*argv).use_async is expected
+
+
+def test_boolean_flag_followed_by_another_flag() -> None:
+    spec = parse("--use_async", "--lr_staleness_modulation", "--get_model_frequency", "3")
+    assert (spec.use_async, spec.lr_staleness_modulation, spec.get_model_frequency) == (True, True, 3)
+
+
+def test_every_boolean_field_takes_both_forms() -> None:
+    for field in dataclasses.fields(TrainingSpec):
+        if field.type in (bool, "bool"):
+            assert getattr(parse(f"--{field.name}"), field.name) is True
+            assert getattr(parse(f"--{field.name}=true"), field.name) is True
+            assert getattr(parse(f"--{field.name}=false"), field.name) is False
+
+
+def test_get_model_steps_is_an_alias_of_get_model_frequency() -> None:
+    assert parse("--get_model_steps", "4").get_model_frequency == 4
+    assert parse("--get_model_steps=5").get_model_frequency == 5
+    assert parse("--get_model_frequency", "6").get_model_frequency == 6
+
+
+def test_typed_values() -> None:
+    spec = parse("--learning_rate=0.125", "--task_timeout_seconds", "2.5", "--checkpoint_dir", "/tmp/ckpt")
+    assert (spec.learning_rate, spec.task_timeout_seconds, spec.checkpoint_dir) == (0.125, 2.5, "/tmp/ckpt")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--get_model_frequency", "0"], "must be >= 1, got 0"),
+        (["--get_model_steps=0"], "must be >= 1, got 0"),
+        (["--minibatch_size=-3"], "must be >= 1, got -3"),
+        (["--sync_version_tolerance=-1"], "must be >= 0, got -1"),
+        (["--task_timeout_seconds=0"], "must be > 0, got 0"),
+        (["--learning_rate=nan"], "must be a finite number"),
+        (["--learning_rate=inf"], "must be a finite number"),
+        (["--num_epochs=two"], "expected int, got 'two'"),
+        (["--num_epochs=1.5"], "expected int, got '1.5'"),
+        (["--use_async=maybe"], "expected true or false, got 'maybe'"),
+        (["--use_asnyc"], "unrecognized arguments"),
+    ],
+)
+def test_bad_values_exit_with_an_argparse_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as raised:
+        parse(*argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_parse_bool_rejects_other_text() -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bool("tru")
+
+
+# ---- round trips ------------------------------------------------------------------------------------
+
+
+FULL = TrainingSpec(
+    use_async=True,
+    lr_staleness_modulation=True,
+    use_locking=True,
+    get_model_frequency=4,
+    grads_to_wait=3,
+    sync_version_tolerance=2,
+    minibatch_size=32,
+    num_epochs=5,
+    learning_rate=0.1,
+    records_per_task=100,
+    evaluation_steps=7,
+    checkpoint_steps=10,
+    checkpoint_dir="/tmp/check points/run=1",
+    keep_checkpoint_max=2,
+    task_timeout_seconds=12.5,
+)
+
+
+def test_defaults_render_to_no_flags() -> None:
+    assert training_args(TrainingSpec(), 0) == []
+
+
+def test_full_spec_renders_every_field() -> None:
+    args = training_args(FULL, FULL.grads_to_wait)
+    assert args == [
+        "--use_async",
+        "--lr_staleness_modulation",
+        "--use_locking",
+        "--get_model_frequency=4",
+        "--grads_to_wait=3",
+        "--sync_version_tolerance=2",
+        "--minibatch_size=32",
+        "--num_epochs=5",
+        "--learning_rate=0.1",
+        "--records_per_task=100",
+        "--evaluation_steps=7",
+        "--checkpoint_steps=10",
+        "--checkpoint_dir=/tmp/check points/run=1",
+        "--keep_checkpoint_max=2",
+        "--task_timeout_seconds=12.5",
+    ]
+
+
+def test_round_trip_full_spec() -> None:
+    assert parse(*training_args(FULL, FULL.grads_to_wait)) == FULL
+
+
+def test_grads_to_wait_argument_overrides_the_spec() -> None:
+    assert parse(*training_args(TrainingSpec(), 4)).grads_to_wait == 4
+    assert "--grads_to_wait=4" in training_args(TrainingSpec(grads_to_wait=2), 4)
+
+
+def random_spec(rng: random.Random) -> TrainingSpec:
+    use_async = rng.random() < 0.5
+    return TrainingSpec(
+        use_async=use_async,
+        lr_staleness_modulation=use_async and rng.random() < 0.5,
+        use_locking=rng.random() < 0.5,
+        get_model_frequency=rng.randint(1, 9),
+        grads_to_wait=rng.randint(0, 9),
+        sync_version_tolerance=rng.randint(0, 3),
+        minibatch_size=rng.choice([1, 64, 1000]),
+        num_epochs=rng.randint(1, 4),
+        learning_rate=rng.choice([0.0, 1e-7, 0.1, 1 / 3, 2.5e-4]),
+        records_per_task=rng.randint(1, 5000),
+        evaluation_steps=rng.randint(0, 100),
+        checkpoint_steps=rng.randint(0, 100),
+        checkpoint_dir=rng.choice(["", "/ckpt", "rel/dir with space", "-dash"]),
+        keep_checkpoint_max=rng.randint(1, 5),
+        task_timeout_seconds=rng.choice([60.0, 0.001, 1e9, 7 / 3]),
+    )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_round_trip_random_specs(seed: int) -> None:
+    spec = random_spec(random.Random(seed))
+    assert parse(*training_args(spec, spec.grads_to_wait)) == spec
+
+
+def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
+    """The PS and worker processes of a job run with exactly the YAML's settings."""
+    job = parse_job(
+        {
+            "apiVersion": "elasticps.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "j"},
+            "spec": {
+                "model": {"modelDef": "elasticps.zoo.mlp", "params": {"hidden": 8}},
+                "data": {"training": "/d/train.npz", "validation": "/d/val.npz", "reader": "npz"},
+                "training": {"useAsync": True, "lrStalenessModulation": True, "getModelFrequency": 3, "learningRate": 0.2},
+                "worker": {"replicas": 3},
+                "ps": {"replicas": 2},
+            },
+        }
+    )
+    expected = dataclasses.replace(job.spec.training, grads_to_wait=3)  # 0 -> the number of workers
+
+    ps = ps_replica(job, 1, host="127.0.0.1", port=0, checkpoint_dir="/run/ckpt")
+    assert (ps.name, ps.args[0]) == ("j-ps-1", "ps")
+    parser = argparse.ArgumentParser()
+    ps_main.add_arguments(parser)
+    config = ps_main.config_from_args(parser.parse_args(list(ps.args[1:])))
+    assert config.training == dataclasses.replace(expected, checkpoint_dir="/run/ckpt")
+    assert (config.ps_id, config.num_ps, config.num_workers, config.training_data) == (1, 2, 3, "/d/train.npz")
+
+    worker = worker_replica(job, 2, ["a:1", "b:2"])
+    assert (worker.name, worker.args[0]) == ("j-worker-2", "worker")
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    wconfig = worker_main.config_from_args(parser.parse_args(list(worker.args[1:])))
+    assert wconfig.training == expected
+    assert (wconfig.ps_addrs, wconfig.model_def, wconfig.model_params) == (("a:1", "b:2"), "elasticps.zoo.mlp", {"hidden": 8})
+    assert wconfig.validation_data == "/d/val.npz"

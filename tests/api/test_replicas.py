@@ -1,0 +1,44 @@
+"""Restart rules per policy and exit code (Kubeflow's), and the replicas' names and addresses."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticps.api.parsing import parse_job
+from elasticps.api.replicas import Role, cluster_ps_addresses, replica_name, should_restart
+from elasticps.api.spec import RestartPolicy
+
+CODES = (0, 1, 2, 127, 128, 137, -9)
+
+# policy -> restart? for each of CODES
+TABLE = {
+    RestartPolicy.ALWAYS: (True, True, True, True, True, True, True),
+    RestartPolicy.ON_FAILURE: (False, True, True, True, True, True, True),
+    RestartPolicy.NEVER: (False, False, False, False, False, False, False),
+    # 1-127: the program's own error (permanent); 128+: killed by a signal (137 = kill -9, OOM); a
+    # negative code is how Python reports a signal death: retried too.
+    RestartPolicy.EXIT_CODE: (False, False, False, False, True, True, True),
+}
+
+
+def test_table_covers_every_policy() -> None:
+    assert set(TABLE) == set(RestartPolicy)
+
+
+@pytest.mark.parametrize("policy", list(TABLE), ids=lambda p: p.value)
+@pytest.mark.parametrize("code", CODES)
+def test_should_restart(policy: RestartPolicy, code: int) -> None:
+    assert should_restart(policy, code) is TABLE[policy][CODES.index(code)]
+
+
+def test_names_and_cluster_addresses() -> None:
+    job = parse_job(
+        {
+            "apiVersion": "elasticps.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "mnist", "namespace": "team"},
+            "spec": {"model": {"modelDef": "m"}, "data": {"training": "t"}, "ps": {"replicas": 2}},
+        }
+    )
+    assert replica_name(job, Role.WORKER, 3) == "mnist-worker-3"
+    assert cluster_ps_addresses(job) == ["mnist-ps-0.team.svc:2222", "mnist-ps-1.team.svc:2222"]

@@ -1,0 +1,314 @@
+"""The task queue (todo / doing / done per epoch) with a fake clock: coverage, failures, evaluation."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def queue(**settings: object) -> tuple[TaskQueue, Clock]:
+    clock = Clock()
+    base: dict[str, object] = {"num_records": 100, "records_per_task": 10, "num_epochs": 1}
+    base.update(settings)
+    return TaskQueue(QueueSettings(**base), clock), clock  # type: ignore[arg-type]
+
+
+def get_task(q: TaskQueue, worker: str, version: int = 0) -> Task:
+    got = q.get(worker, version)
+    assert isinstance(got, Task), got
+    return got
+
+
+def assert_exact_cover(ranges: list[tuple[int, int]], num_records: int) -> None:
+    """The ranges tile [0, num_records) exactly: no gap, no overlap."""
+    ordered = sorted(ranges)
+    assert sum(end - start for start, end in ordered) == num_records
+    position = 0
+    for start, end in ordered:
+        assert start == position, ordered
+        assert end > start
+        position = end
+    assert position == num_records
+
+
+# ---- coverage -------------------------------------------------------------------------------------
+
+
+def test_every_record_is_trained_exactly_num_epochs_times_one_worker() -> None:
+    q, _ = queue(num_records=1003, records_per_task=64, num_epochs=3)
+    done: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    while True:
+        got = q.get("w0", 0)
+        if got is Finished.FINISHED:
+            break
+        assert isinstance(got, Task)
+        assert got.kind is TaskKind.TRAINING
+        assert q.report("w0", got.id, True, loss_sum=2.0 * got.records)
+        done[got.epoch].append((got.start, got.end))
+    assert sorted(done) == [0, 1, 2]
+    for epoch_ranges in done.values():
+        assert len(epoch_ranges) == 16  # ceil(1003 / 64)
+        assert_exact_cover(epoch_ranges, 1003)
+    progress = q.progress()
+    assert progress.finished
+    assert progress.epoch_records == (1003, 1003, 1003)
+    assert progress.records_done == progress.records_total == 3009
+    assert progress.loss == 2.0
+    assert progress.tasks_requeued == 0
+
+
+def test_epochs_are_cut_one_after_another() -> None:
+    q, _ = queue(num_records=30, records_per_task=10, num_epochs=2)
+    first = [get_task(q, f"w{i}") for i in range(3)]
+    assert [t.epoch for t in first] == [0, 0, 0]
+    assert q.progress().epoch == 0
+    fourth = get_task(q, "w3")  # epoch 0's todo is empty: epoch 1's tasks are cut
+    assert fourth.epoch == 1
+    assert q.progress().epoch == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_coverage_survives_failures_restarts_and_silent_workers(seed: int) -> None:
+    """Random workers that succeed, fail, restart (ask again while holding) or go silent."""
+    rng = random.Random(seed)
+    num_records, epochs, timeout = 257, 3, 30.0
+    q, clock = queue(num_records=num_records, records_per_task=16, num_epochs=epochs, task_timeout=timeout)
+    workers = [f"w{i}" for i in range(4)]
+    holding: dict[str, Task] = {}
+    done: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for _ in range(20_000):
+        clock.now += 1.0
+        worker = rng.choice(workers)
+        action = rng.random()
+        if worker in holding and action < 0.6:
+            task = holding.pop(worker)
+            success = rng.random() < 0.8
+            accepted = q.report(worker, task.id, success, loss_sum=1.0)
+            if accepted and success:
+                done[task.epoch].append((task.start, task.end))
+        elif worker in holding and action < 0.7:
+            holding.pop(worker)  # silent: lost its task, beats no more; the clock moves on
+            clock.now += timeout + 1
+        else:
+            holding.pop(worker, None)  # asks again: whatever it held is requeued
+            got = q.get(worker, 0)
+            if isinstance(got, Task):
+                holding[worker] = got
+            elif got is Finished.FINISHED and not holding:
+                break
+    else:
+        pytest.fail("the job never finished")
+    assert q.finished
+    assert sorted(done) == list(range(epochs))
+    for epoch in range(epochs):
+        assert_exact_cover(done[epoch], num_records)
+    assert q.progress().epoch_records == (num_records,) * epochs
+    assert q.tasks_requeued > 0
+
+
+# ---- failure rules ---------------------------------------------------------------------------------
+
+
+def test_worker_asking_again_while_holding_gets_its_task_back() -> None:
+    q, _ = queue()
+    held = get_task(q, "w1")
+    get_task(q, "w2")
+    again = get_task(q, "w1")
+    assert again == held
+    assert q.tasks_requeued == 1
+    assert q.report("w1", held.id, True)
+    assert q.progress().records_done == 10
+
+
+def test_silent_workers_task_is_requeued_after_the_timeout_and_not_before() -> None:
+    q, clock = queue(task_timeout=10.0)
+    held = get_task(q, "silent")
+    clock.now += 10.0  # exactly the timeout: not yet
+    other = get_task(q, "w2")
+    assert other != held
+    assert q.tasks_requeued == 0
+    assert q.report("w2", other.id, True)
+    clock.now += 0.5  # now silent for 10.5 s > 10 s
+    taken_over = get_task(q, "w2")
+    assert taken_over == held
+    assert q.tasks_requeued == 1
+    # The silent worker's late report no longer counts; the new holder's does, once.
+    assert q.report("silent", held.id, True) is False
+    assert q.report("w2", held.id, True) is True
+    assert q.progress().records_done == 20
+
+
+def test_heartbeats_keep_a_task() -> None:
+    q, clock = queue(task_timeout=10.0)
+    held = get_task(q, "slow")
+    for _ in range(5):
+        clock.now += 8.0
+        q.heartbeat("slow")
+        task = get_task(q, "w2")
+        assert task != held
+        assert q.report("w2", task.id, True)
+    assert q.tasks_requeued == 0
+    assert q.report("slow", held.id, True)
+
+
+def test_requeue_silent_without_anyone_asking() -> None:
+    q, clock = queue(task_timeout=5.0)
+    held = get_task(q, "w1")
+    clock.now += 6.0
+    q.requeue_silent()
+    assert q.progress().tasks_requeued == 1
+    assert get_task(q, "w2") == held
+
+
+def test_failed_report_requeues_the_task() -> None:
+    q, _ = queue()
+    task = get_task(q, "w1")
+    assert q.report("w1", task.id, False, rejected=3) is True
+    assert q.tasks_requeued == 1
+    assert q.gradients_rejected == 3
+    assert q.progress().records_done == 0
+    assert get_task(q, "w2") == task
+
+
+def test_reports_of_other_workers_or_unknown_tasks_are_ignored() -> None:
+    q, _ = queue()
+    task = get_task(q, "w1")
+    assert q.report("w2", task.id, True) is False
+    assert q.report("w1", 9999, True) is False
+    assert q.progress().records_done == 0
+    assert q.report("w1", task.id, True) is True
+    assert q.report("w1", task.id, True) is False  # twice: counted once
+    assert q.progress().records_done == 10
+
+
+def test_loss_is_the_mean_per_record_loss_of_the_latest_tasks() -> None:
+    q, _ = queue(num_records=200, records_per_task=10)
+    assert q.progress().loss != q.progress().loss  # NaN before any report
+    for i in range(10):
+        task = get_task(q, "w")
+        q.report("w", task.id, True, loss_sum=float(i) * task.records)
+    assert q.progress().loss == sum(range(2, 10)) / 8  # the last 8 tasks
+
+
+def test_no_records_is_refused() -> None:
+    with pytest.raises(ValueError):
+        TaskQueue(QueueSettings(num_records=0, records_per_task=10, num_epochs=1), Clock())
+
+
+# ---- WAIT and FINISHED ----------------------------------------------------------------------------
+
+
+def test_wait_while_others_hold_the_last_tasks_then_finished() -> None:
+    q, _ = queue(num_records=20, records_per_task=10)
+    a = get_task(q, "w1")
+    b = get_task(q, "w2")
+    assert q.get("w3", 0) is Wait.WAIT
+    assert q.report("w1", a.id, True)
+    assert q.get("w3", 0) is Wait.WAIT
+    assert not q.finished
+    assert q.report("w2", b.id, False)  # failed: w3 takes it over
+    taken = get_task(q, "w3")
+    assert taken == b
+    assert q.get("w1", 0) is Wait.WAIT
+    assert q.report("w3", b.id, True)
+    assert q.finished
+    assert q.get("w1", 0) is Finished.FINISHED
+    assert q.get("w2", 0) is Finished.FINISHED
+
+
+# ---- evaluation ------------------------------------------------------------------------------------
+
+
+def test_evaluation_starts_when_the_version_crosses_evaluation_steps() -> None:
+    q, _ = queue(num_records=200, records_per_task=10, validation_records=25, evaluation_steps=5)
+    for version in (0, 3, 4):
+        task = get_task(q, "w1", version)
+        assert task.kind is TaskKind.TRAINING
+        q.report("w1", task.id, True)
+    evaluations = [get_task(q, "w1", 5), get_task(q, "w2", 5), get_task(q, "w3", 6)]
+    assert [t.kind for t in evaluations] == [TaskKind.EVALUATION] * 3
+    assert [(t.start, t.end) for t in evaluations] == [(0, 10), (10, 20), (20, 25)]
+    assert {t.model_version for t in evaluations} == {5}
+    # Evaluation tasks go first; with all three handed out, training continues.
+    assert get_task(q, "w4", 6).kind is TaskKind.TRAINING
+    accuracy = {"w1": 0.5, "w2": 0.7, "w3": 0.9}
+    for worker, task in zip(("w1", "w2", "w3"), evaluations):
+        assert q.report(worker, task.id, True, metric_sums={"accuracy": accuracy[worker] * task.records, "loss": 2.0 * task.records})
+        if worker != "w3":
+            assert q.progress().metrics == {}  # only complete evaluations count
+    progress = q.progress()
+    assert progress.metrics == {"accuracy": (0.5 * 10 + 0.7 * 10 + 0.9 * 5) / 25, "loss": 2.0}
+    assert progress.metrics["accuracy"] == pytest.approx(0.66)
+    assert progress.metrics_version == 5
+    # No new evaluation until the next multiple of 5.
+    assert get_task(q, "w1", 9).kind is TaskKind.TRAINING
+    assert get_task(q, "w2", 10).kind is TaskKind.EVALUATION
+
+
+def test_a_jump_over_several_multiples_starts_one_evaluation() -> None:
+    q, _ = queue(num_records=200, records_per_task=10, validation_records=10, evaluation_steps=5)
+    get_task(q, "w1", 0)
+    evaluation = get_task(q, "w2", 17)
+    assert (evaluation.kind, evaluation.model_version) == (TaskKind.EVALUATION, 17)
+    assert get_task(q, "w3", 17).kind is TaskKind.TRAINING
+    q.report("w2", evaluation.id, True, metric_sums={"accuracy": 8.0})
+    assert q.progress().metrics == {"accuracy": 0.8}
+    assert get_task(q, "w2", 19).kind is TaskKind.TRAINING
+    assert get_task(q, "w4", 20).kind is TaskKind.EVALUATION
+
+
+def test_failed_evaluation_task_is_requeued_before_training() -> None:
+    q, _ = queue(num_records=200, records_per_task=10, validation_records=10, evaluation_steps=5)
+    evaluation = get_task(q, "w1", 5)
+    assert evaluation.kind is TaskKind.EVALUATION
+    q.report("w1", evaluation.id, False)
+    assert get_task(q, "w2", 5) == evaluation
+
+
+def test_final_evaluation_after_training_and_finished_only_after_it() -> None:
+    q, _ = queue(num_records=30, records_per_task=10, validation_records=15)
+    training = [get_task(q, w, 3) for w in ("w1", "w2", "w3")]
+    assert all(t.kind is TaskKind.TRAINING for t in training)
+    assert q.get("w4", 3) is Wait.WAIT  # training tasks held by others; no evaluation yet
+    for worker, task in zip(("w1", "w2", "w3"), training):
+        q.report(worker, task.id, True)
+    assert q.training_done
+    assert not q.finished
+    first = get_task(q, "w1", 3)
+    second = get_task(q, "w2", 3)
+    assert (first.kind, second.kind) == (TaskKind.EVALUATION, TaskKind.EVALUATION)
+    assert [(first.start, first.end), (second.start, second.end)] == [(0, 10), (10, 15)]
+    assert first.model_version == second.model_version == 3
+    assert q.get("w3", 3) is Wait.WAIT
+    q.report("w1", first.id, True, metric_sums={"accuracy": 9.0})
+    assert not q.finished
+    assert q.get("w3", 3) is Wait.WAIT
+    q.report("w2", second.id, True, metric_sums={"accuracy": 3.0})
+    assert q.finished
+    progress = q.progress()
+    assert progress.finished
+    assert progress.metrics == {"accuracy": 12.0 / 15}
+    assert progress.metrics_version == 3
+    assert q.get("w3", 3) is Finished.FINISHED
+
+
+def test_without_validation_data_finished_right_after_training() -> None:
+    q, _ = queue(num_records=10, records_per_task=10, evaluation_steps=1)
+    task = get_task(q, "w1", 5)
+    assert task.kind is TaskKind.TRAINING
+    q.report("w1", task.id, True)
+    assert q.finished
+    assert q.get("w1", 7) is Finished.FINISHED
+    assert q.progress().metrics == {}

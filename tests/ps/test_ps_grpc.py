@@ -1,0 +1,425 @@
+"""The PS over real gRPC: two in-process servers (two shards) with the real servicer, and PSClient."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
+from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.sharding import shard_of
+from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.rpc.channels import create_channel
+
+SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
+# With 2 shards: kernel and conv on shard 0, bias and embedding on shard 1 (see test_sharding).
+NAMES = ("dense/kernel:0", "dense/bias:0", "embedding/embeddings:0", "conv2d/kernel:0")
+
+
+def model() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {
+        "dense/kernel:0": rng.standard_normal((4, 3)).astype(np.float32),
+        "dense/bias:0": rng.standard_normal(3).astype(np.float32),
+        "embedding/embeddings:0": rng.standard_normal((10, 2)),
+        "conv2d/kernel:0": rng.standard_normal((3, 3, 1, 2)).astype(np.float32),
+    }
+
+
+def gradients(scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    return {n: (rng.standard_normal(v.shape) * scale).astype(v.dtype) for n, v in model().items()}
+
+
+def sgd_step(params: dict[str, np.ndarray], grads: dict[str, np.ndarray], lr: float) -> dict[str, np.ndarray]:
+    return {n: p - grads[n] * p.dtype.type(lr) for n, p in params.items()}
+
+
+def assert_tensors(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype, name
+        assert got[name].shape == value.shape, name
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def stored(store: ParameterStore) -> dict[str, np.ndarray]:
+    with store.reading() as (_, variables):
+        return {n: v.copy() for n, v in variables.items()}
+
+
+def ps_register(store: ParameterStore, chunk_bytes: int | None = None) -> Callable[[grpc.Server], None]:
+    servicer = ParameterServerServicer(store) if chunk_bytes is None else ParameterServerServicer(store, chunk_bytes)
+    return lambda server: pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+
+
+@dataclass
+class Cluster:
+    stores: list[ParameterStore]
+    addresses: list[str]
+    client: PSClient
+
+
+@pytest.fixture
+def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Cluster]]:
+    clients: list[PSClient] = []
+
+    def make(shards: int = 2, use_async: bool = False, chunk_bytes: int = 1 << 20) -> Cluster:
+        stores = [ParameterStore(StoreSettings(shard=i, use_async=use_async)) for i in range(shards)]
+        addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
+        client = PSClient(addresses, worker="worker-0", chunk_bytes=chunk_bytes, deadline_s=30.0, timeout_s=60.0)
+        clients.append(client)
+        return Cluster(stores, addresses, client)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_model_names_really_span_both_shards() -> None:
+    assert sorted({shard_of(n, 2) for n in NAMES}) == [0, 1]
+
+
+def test_push_model_then_pull_returns_it_split_across_shards(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    assert c.client.push_model(model(), SGD) == [0, 0]
+    for shard, store in enumerate(c.stores):
+        assert store.initialized
+        want = {n: v for n, v in model().items() if shard_of(n, 2) == shard}
+        assert want  # each shard holds some variables
+        assert_tensors(stored(store), want)
+        assert store.optimizer.config.name == "sgd"
+        assert store.optimizer.learning_rate == 0.1
+    pulled = c.client.pull([-1, -1])
+    assert pulled.versions == [0, 0]
+    assert pulled.uninitialized == []
+    assert_tensors(pulled.tensors, model())
+
+
+def test_pull_with_current_versions_returns_no_tensors(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    pulled = c.client.pull([0, 0])
+    assert pulled.versions == [0, 0]
+    assert pulled.tensors == {}
+    # One shard current, the other not: only the other's variables come.
+    partly = c.client.pull([0, -1])
+    assert_tensors(partly.tensors, {n: v for n, v in model().items() if shard_of(n, 2) == 1})
+
+
+def test_second_push_model_keeps_the_first(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    c.client.push_gradients(gradients(), [0, 0])
+    other = {n: v + 1 for n, v in model().items()}
+    assert c.client.push_model(other, OptimizerConfig("adam", {})) == [1, 1]
+    assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    pushed = c.client.push_gradients(gradients(), [0, 0])
+    assert pushed.accepted == [True, True]
+    assert pushed.all_accepted
+    assert pushed.versions == [1, 1]
+    pulled = c.client.pull([0, 0])
+    assert pulled.versions == [1, 1]
+    expected = sgd_step(model(), gradients(), 0.1)
+    assert_tensors(pulled.tensors, expected)
+
+    # A stale gradient (sync, tolerance 0) is rejected by every shard and changes nothing.
+    stale = c.client.push_gradients(gradients(5.0), [0, 0])
+    assert stale.accepted == [False, False]
+    assert not stale.all_accepted
+    assert stale.versions == [1, 1]
+    assert_tensors(c.client.pull([-1, -1]).tensors, expected)
+
+    # The push's learning rate travels.
+    c.client.push_gradients(gradients(), [1, 1], learning_rate=0.5)
+    assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(expected, gradients(), 0.5))
+
+
+def test_push_gradients_async_many_in_flight(make_cluster: Callable[..., Cluster]) -> None:
+    """More async pushes in flight than the client's fan-out threads: no deadlock, applied in order."""
+    c = make_cluster(use_async=True)
+    c.client.push_model(model(), SGD)
+    pushes = 8  # > 2 x num_shards, the fan-out pool's size
+    futures = [c.client.push_gradients_async(gradients(), [0, 0]) for _ in range(pushes)]
+    results = [f.result(timeout=120) for f in futures]  # a deadlock fails here instead of hanging
+    assert [r.versions for r in results] == [[i, i] for i in range(1, pushes + 1)]
+    assert all(r.all_accepted for r in results)
+    pulled = c.client.pull([-1, -1])
+    assert pulled.versions == [pushes, pushes]
+    expected = model()
+    for _ in range(pushes):
+        expected = sgd_step(expected, gradients(), 0.1)
+    assert_tensors(pulled.tensors, expected)
+
+
+def test_long_poll_pull_answers_when_the_version_moves(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    c.client.push_model(model(), SGD)
+    # Nothing moves: the poll ends (after wait_ms) with no tensors.
+    idle = c.client.pull([0], wait_ms=50)
+    assert (idle.versions, idle.tensors) == ([0], {})
+    results: list[Pulled] = []
+
+    def poll() -> None:
+        results.append(c.client.pull([0], wait_ms=60_000))
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    c.client.push_gradients(gradients(), [0])
+    poller.join(60)
+    assert not poller.is_alive()
+    (pulled,) = results
+    assert pulled.versions == [1]
+    assert_tensors(pulled.tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def bad_everywhere(kind: str) -> dict[str, np.ndarray]:
+    grads = gradients()
+    if kind == "wrong shape":
+        return {n: np.zeros((*g.shape, 2), dtype=g.dtype) for n, g in grads.items()}
+    for g in grads.values():
+        g.reshape(-1)[0] = np.nan
+    return grads
+
+
+@pytest.mark.parametrize("kind", ["wrong shape", "nan"])
+def test_bad_gradient_is_invalid_argument_and_changes_nothing(make_cluster: Callable[..., Cluster], kind: str) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    with pytest.raises(grpc.RpcError) as raised:
+        c.client.push_gradients(bad_everywhere(kind), [0, 0])
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    pulled = c.client.pull([-1, -1])
+    assert pulled.versions == [0, 0]
+    assert_tensors(pulled.tensors, model())
+
+
+def test_infinite_learning_rate_is_invalid_argument(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    with pytest.raises(grpc.RpcError) as raised:
+        c.client.push_gradients(gradients(), [0, 0], learning_rate=float("inf"))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert c.client.push_gradients(gradients(), [0, 0]).all_accepted
+    assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Callable[..., Cluster]) -> None:
+    """Shards are independent: the shard with the bad variable refuses, the other applies its part."""
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    grads = gradients()
+    grads["dense/bias:0"] = np.array([1.0, np.nan, 0.0], dtype=np.float32)  # shard 1
+    with pytest.raises(grpc.RpcError) as raised:
+        c.client.push_gradients(grads, [0, 0])
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert [s.version for s in c.stores] == [1, 0]
+    pulled = c.client.pull([-1, -1])
+    expected = {n: (sgd_step({n: v}, grads, 0.1)[n] if shard_of(n, 2) == 0 else v) for n, v in model().items()}
+    assert_tensors(pulled.tensors, expected)
+
+
+def test_uninitialised_shards(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    pulled = c.client.pull([-1, -1])
+    assert pulled.uninitialized == [0, 1]
+    assert pulled.tensors == {}
+    with pytest.raises(ShardsUninitialized) as raised:
+        c.client.push_gradients(gradients(), [0, 0])
+    assert raised.value.shards == [0, 1]
+    assert [s.initialized for s in c.stores] == [False, False]
+
+
+def test_one_uninitialised_shard_is_named(make_cluster: Callable[..., Cluster]) -> None:
+    """Shard 1 lost its model (restarted without a checkpoint); shard 0 still has one."""
+    c = make_cluster()
+    c.stores[0].initialize(c.client.split(model())[0], SGD)
+    assert c.client.pull([-1, -1]).uninitialized == [1]
+    with pytest.raises(ShardsUninitialized) as raised:
+        c.client.push_gradients(gradients(), [0, 0])
+    assert raised.value.shards == [1]
+    # Re-pushing the model initialises shard 1 and leaves shard 0's model alone.
+    assert c.client.push_model(model(), SGD) == [1, 0]
+    assert c.client.push_gradients(gradients(), [1, 0]).accepted == [True, True]
+
+
+def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    with pytest.raises(ShardsUninitialized) as raised:
+        c.client.push_gradients(gradients(), [0])
+    assert raised.value.shards == [0]
+    c.client.push_model(model(), SGD)
+    assert_tensors(stored(c.stores[0]), model())
+    assert c.client.push_gradients(gradients(), [0]).versions == [1]
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Cluster], use_async: bool) -> None:
+    c = make_cluster(use_async=use_async)
+    big = np.arange(5_000_000, dtype=np.float32)  # 20 MB, on one shard
+    small = np.ones(3, dtype=np.float32)
+    tensors = {"big/kernel:0": big, "dense/bias:0": small}
+    c.client.push_model(tensors, SGD)
+    assert_tensors(c.client.pull([-1, -1]).tensors, tensors)
+    grads = {"big/kernel:0": np.full(5_000_000, 2.0, dtype=np.float32), "dense/bias:0": np.ones(3, dtype=np.float32)}
+    assert c.client.push_gradients(grads, [0, 0]).all_accepted
+    pulled = c.client.pull([-1, -1])
+    assert_tensors(pulled.tensors, sgd_step(tensors, grads, 0.1))
+
+
+def test_small_client_and_server_chunks(grpc_servers: Callable[..., int]) -> None:
+    store = ParameterStore(StoreSettings())
+    port = grpc_servers(ps_register(store, chunk_bytes=100))
+    client = PSClient([f"127.0.0.1:{port}"], worker="w", chunk_bytes=64, deadline_s=30.0)
+    try:
+        client.push_model(model(), SGD)
+        assert_tensors(client.pull([-1]).tensors, model())
+    finally:
+        client.close()
+
+
+# ---- malformed streams with the raw stub --------------------------------------------------------
+
+
+def raw_stub(address: str) -> tuple[grpc.Channel, pb_grpc.ParameterServerStub]:
+    channel = create_channel(address)
+    return channel, pb_grpc.ParameterServerStub(channel)
+
+
+def claiming(head: pb.Frame, shape: list[int], payload: bytes) -> pb.Frame:
+    head.tensors.add(name="dense/kernel:0", dtype=pb.DTYPE_FLOAT32, shape=shape)
+    head.payload = payload
+    return head
+
+
+MALFORMED: dict[str, tuple[str, list[pb.Frame]]] = {
+    "gradients: fewer bytes than claimed": (
+        "PushGradients",
+        [claiming(pb.Frame(push=pb.PushHead(version=0)), [4, 3], b"\x00" * 10)],
+    ),
+    "gradients: more bytes than claimed": (
+        "PushGradients",
+        [claiming(pb.Frame(push=pb.PushHead(version=0)), [4, 3], b"\x00" * 48), pb.Frame(payload=b"x")],
+    ),
+    "gradients: a model head": (
+        "PushGradients",
+        [claiming(pb.Frame(model=pb.ModelHead()), [4, 3], b"\x00" * 48)],
+    ),
+    "gradients: no frames": ("PushGradients", []),
+    "gradients: impossible size": (
+        "PushGradients",
+        [claiming(pb.Frame(push=pb.PushHead(version=0)), [2**40, 2**20], b"")],
+    ),
+    "model: fewer bytes than claimed": (
+        "PushModel",
+        [claiming(pb.Frame(model=pb.ModelHead(optimizer=pb.OptimizerConfig(name="sgd"))), [4, 3], b"\x00")],
+    ),
+    "model: a push head": ("PushModel", [claiming(pb.Frame(push=pb.PushHead()), [4, 3], b"\x00" * 48)]),
+    "model: unknown optimizer": (
+        "PushModel",
+        [claiming(pb.Frame(model=pb.ModelHead(optimizer=pb.OptimizerConfig(name="lion"))), [1], b"\x00" * 4)],
+    ),
+    "model: an integer variable": (
+        "PushModel",
+        [
+            pb.Frame(
+                model=pb.ModelHead(optimizer=pb.OptimizerConfig(name="sgd")),
+                tensors=[pb.TensorMeta(name="steps", dtype=pb.DTYPE_INT64, shape=[1])],
+                payload=b"\x00" * 8,
+            )
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_stream_is_invalid_argument(make_cluster: Callable[..., Cluster], case: str) -> None:
+    method, stream = MALFORMED[case]
+    c = make_cluster(shards=1)
+    if method == "PushGradients":
+        c.client.push_model({"dense/kernel:0": model()["dense/kernel:0"]}, SGD)
+    channel, stub = raw_stub(c.addresses[0])
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            getattr(stub, method)(iter(stream), timeout=30)
+        assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        channel.close()
+    assert c.stores[0].version == 0
+    if method == "PushGradients":
+        assert_tensors(stored(c.stores[0]), {"dense/kernel:0": model()["dense/kernel:0"]})
+    else:
+        assert c.stores[0].initialized is False
+
+
+def test_pull_from_raw_stub_is_one_head_frame_when_current(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    c.client.push_model(model(), SGD)
+    channel, stub = raw_stub(c.addresses[0])
+    try:
+        replies = list(stub.PullDense(pb.PullRequest(worker="w", version=0), timeout=30))
+    finally:
+        channel.close()
+    assert len(replies) == 1
+    assert replies[0].model.initialized is True
+    assert replies[0].model.version == 0
+    assert len(replies[0].tensors) == 0
+    assert replies[0].payload == b""
+
+
+# ---- start-up race --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port that was free a moment ago: bind port 0, read it, close the socket."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_client_waits_for_a_server_that_starts_later(
+    grpc_servers: Callable[..., int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that starts before its PS retries UNAVAILABLE until the PS serves."""
+    port = free_port()
+    store = ParameterStore(StoreSettings())
+    failures: list[BaseException] = []
+
+    def start_later() -> None:
+        time.sleep(1.0)
+        try:
+            grpc_servers(ps_register(store), port)
+        except BaseException as err:  # reported by the assertion below
+            failures.append(err)
+
+    starter = threading.Thread(target=start_later)
+    client = PSClient([f"127.0.0.1:{port}"], worker="early", deadline_s=60.0, timeout_s=30.0)
+    starter.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="elasticps.rpc.status"):
+            assert client.push_model(model(), SGD) == [0]
+        assert_tensors(client.pull([-1]).tensors, model())
+    finally:
+        starter.join(30)
+        client.close()
+    assert failures == []
+    assert store.initialized
+    # It really was refused first and retried.
+    assert any("PushModel: UNAVAILABLE" in r.getMessage() for r in caplog.records)
