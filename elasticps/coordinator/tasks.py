@@ -276,6 +276,9 @@ class TaskQueue:
         if self._todo:
             return self._todo.pop(0)
         if self.training_done and not self._final_eval_started and self._evaluation is None:
+            if self._s.validation_records and self._metrics_version == model_version:
+                self._final_eval_done = True  # the last periodic evaluation saw this very model
+                return None
             if self._s.validation_records:
                 self._final_eval_started = True
                 self._start_evaluation(model_version)

@@ -312,3 +312,43 @@ def test_without_validation_data_finished_right_after_training() -> None:
     assert q.finished
     assert q.get("w1", 7) is Finished.FINISHED
     assert q.progress().metrics == {}
+
+
+def test_no_second_evaluation_of_a_model_already_evaluated() -> None:
+    q, _ = queue(num_records=10, records_per_task=10, validation_records=10, evaluation_steps=4)
+    task = get_task(q, "w1", 0)
+    q.report("w1", task.id, True)  # training done at version 0; the model then reaches version 4
+    evaluation = get_task(q, "w1", 4)  # the periodic evaluation of version 4
+    assert (evaluation.kind, evaluation.model_version) == (TaskKind.EVALUATION, 4)
+    q.report("w1", evaluation.id, True, metric_sums={"accuracy": 7.0})
+    assert q.get("w1", 4) is Finished.FINISHED  # the final evaluation would see the same model
+    assert q.progress().metrics == {"accuracy": 0.7}
+
+
+def test_ledger_survives_a_restart() -> None:
+    q, clock = queue(num_records=100, records_per_task=10, num_epochs=2)
+    done = [get_task(q, "w1") for _ in range(3)]
+    for task in done:
+        q.report("w1", task.id, True)
+    lost = get_task(q, "w2")  # in flight when PS 0 dies: not done, handed out again
+    restarted = TaskQueue(QueueSettings(num_records=100, records_per_task=10, num_epochs=2), clock)
+    restarted.restore(q.state())
+    assert restarted.progress().epoch_records == (30, 0)
+    ranges = [(t.start, t.end) for t in done]
+    while True:
+        got = restarted.get("w1", 0)
+        if not isinstance(got, Task):
+            break
+        assert got.id > lost.id  # ids continue: a late report of a lost task matches nothing
+        if got.epoch == 0:
+            ranges.append((got.start, got.end))
+        restarted.report("w1", got.id, True)
+    assert_exact_cover(ranges, 100)
+    assert restarted.finished and restarted.progress().epoch_records == (100, 100)
+
+
+def test_ledger_of_other_settings_is_refused() -> None:
+    q, clock = queue(num_records=100, records_per_task=10)
+    other = TaskQueue(QueueSettings(num_records=100, records_per_task=20, num_epochs=1), clock)
+    with pytest.raises(ValueError, match="saved for"):
+        other.restore(q.state())
