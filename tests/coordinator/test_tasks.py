@@ -327,9 +327,10 @@ def test_no_second_evaluation_of_a_model_already_evaluated() -> None:
 
 def test_ledger_survives_a_restart() -> None:
     q, clock = queue(num_records=100, records_per_task=10, num_epochs=2)
-    done = [get_task(q, "w1") for _ in range(3)]
-    for task in done:
-        q.report("w1", task.id, True)
+    done = []
+    for _ in range(3):
+        done.append(get_task(q, "w1"))
+        assert q.report("w1", done[-1].id, True)
     lost = get_task(q, "w2")  # in flight when PS 0 dies: not done, handed out again
     restarted = TaskQueue(QueueSettings(num_records=100, records_per_task=10, num_epochs=2), clock)
     restarted.restore(q.state())
