@@ -1,0 +1,1 @@
+"""Benchmarks of elasticps (``make bench``): the PS data path against raw TCP on loopback."""
