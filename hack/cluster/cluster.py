@@ -321,6 +321,14 @@ def cmd_up(args: argparse.Namespace) -> None:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         # Virtual IPs only: no kube-proxy exists, so nothing ever routes to them.
         "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
+        # The `kubernetes` Service's endpoint would be 127.0.0.1, which
+        # Endpoints validation rejects every 10 s; no pod here needs it.
+        "--endpoint-reconciler-type=none",
+        # kcm and the scheduler read this CA from extension-apiserver-
+        # authentication and log errors without it; no front proxy uses it.
+        f"--requestheader-client-ca-file={pki / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
     ], logs))
     t = wait_for("kube-apiserver /readyz", lambda: api.call("GET", "/readyz")[0] == 200, 120,
                  procs["kube-apiserver"], logs / "kube-apiserver.log")
