@@ -106,7 +106,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         for size in doc["sizes"]
     )
     add(
-        f"PS / gRPC raw, the share of grpcio's own floor that the PS keeps (protobuf `Frame`s, `frames.encode`/"
+        f"PS / gRPC raw, the share of grpcio's own floor that the PS keeps (`Frame` bytes written and parsed by `frames.encode`/"
         f"`decode`, the store's check and SGD cost the rest): {shares}."
     )
     add("")
@@ -141,19 +141,19 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         add("")
         add(
             "The Python steps of one direction timed in one process, one after the other, without a network "
-            "(`bench/stages.py`, median of 5, ms): `frames.encode` (sender), `Frame.SerializeToString` (gRPC, "
-            "sender), `Frame.FromString` (gRPC, receiver), `frames.decode` (receiver); the store's push "
-            "(finite check + SGD) happens once per round trip. A round trip runs the four codec steps twice. "
+            "(`bench/stages.py`, median of 5, ms): `frames.encode` (sender: tensors to serialized Frames, "
+            "one copy), `frames.decode` (receiver: parse and reassemble, one copy); the store's push "
+            "(finite check + SGD) happens once per round trip. A round trip runs the two codec steps twice. "
             "The rest of a measured round trip is gRPC's own work (HTTP/2 framing, its buffer copies, thread "
             "hand-offs) and the kernel's loopback copy; on 2 cores the sender's and receiver's steps overlap "
             "only partly."
         )
         add("")
         add(
-            "| size | encode | serialize | parse | decode | store push | Python steps per round trip | "
+            "| size | encode | decode | store push | Python steps per round trip | "
             "measured PS round trip | raw TCP round trip | memcpy of the model |"
         )
-        add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
         measured = {s["size_mb"]: s for s in doc["sizes"]}
         for stage in doc["stages"]:
             ms = stage["ms"]
@@ -161,7 +161,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
             ps_ms = f"{size['cases'][default]['median_s'] * 1e3:.0f}" if size else "-"
             tcp_ms = f"{size['cases']['tcp']['median_s'] * 1e3:.0f}" if size else "-"
             add(
-                f"| {stage['size_mb']} MB | {ms['encode']:.1f} | {ms['serialize']:.1f} | {ms['parse']:.1f} | "
+                f"| {stage['size_mb']} MB | {ms['encode']:.1f} | "
                 f"{ms['decode']:.1f} | {ms['store_push']:.1f} | {stage['python_round_trip_ms']:.0f} | {ps_ms} | "
                 f"{tcp_ms} | {ms['memcpy']:.1f} |"
             )

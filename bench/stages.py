@@ -1,9 +1,9 @@
 """Where a PS round trip's time goes: the Python steps of one direction, timed in-process.
 
-A push is: the client encodes tensors into Frames (``frames.encode``), gRPC serializes each Frame
-(``SerializeToString``), the server's gRPC parses each message (``Frame.FromString``), the servicer
-reassembles the tensors (``frames.decode``) and the store checks and applies them (SGD). A pull is the
-same four codec steps the other way, without the store. Timed here in one process, one after the
+A push is: the client encodes tensors into serialized Frame messages (``frames.encode``; gRPC sends
+those bytes as they are), the servicer parses them and reassembles the tensors (``frames.decode``) and
+the store checks and applies them (SGD). A pull is the same two codec steps the other way, without
+the store. Timed here in one process, one after the
 other, with no network: what is left of a measured round trip is gRPC's own work (HTTP/2 framing,
 copies into and out of its buffers, thread hand-offs) and the kernel's loopback copy.
 """
@@ -44,21 +44,17 @@ def measure(sizes_mb: list[int], chunk_bytes: int, num_variables: int = 4) -> li
         store = ParameterStore(StoreSettings(use_async=True))
         store.initialize(model, OptimizerConfig("sgd", {"learning_rate": 0.01}))
         head = pb.Frame(push=pb.PushHead(worker="bench", version=0))
-        encoded = frames.encode(head, grads, chunk_bytes)
-        serialized = [f.SerializeToString() for f in encoded]
-        parsed = [pb.Frame.FromString(s) for s in serialized]
-        decoded = frames.decode(parsed).tensors
+        encoded = list(frames.encode(head, grads, chunk_bytes))
+        decoded = frames.decode(encoded).tensors
         target = np.empty(size_mb * MB, dtype=np.uint8)
         source = np.concatenate([g.view(np.uint8) for g in grads.values()])
         steps = {
-            "encode": _median_ms(lambda: frames.encode(head, grads, chunk_bytes)),
-            "serialize": _median_ms(lambda: [f.SerializeToString() for f in encoded]),
-            "parse": _median_ms(lambda: [pb.Frame.FromString(s) for s in serialized]),
-            "decode": _median_ms(lambda: frames.decode(parsed)),
+            "encode": _median_ms(lambda: list(frames.encode(head, grads, chunk_bytes))),
+            "decode": _median_ms(lambda: frames.decode(encoded)),
             "store_push": _median_ms(lambda: store.push(decoded, store.version)),
             "memcpy": _median_ms(lambda: np.copyto(target, source)),
         }
-        codec = steps["encode"] + steps["serialize"] + steps["parse"] + steps["decode"]
+        codec = steps["encode"] + steps["decode"]
         out.append(
             {
                 "size_mb": size_mb,

@@ -10,7 +10,7 @@ can push its model again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,7 +19,6 @@ import grpc
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.optimizers import OptimizerConfig
 from elasticps.ps.sharding import shard_of
 from elasticps.rpc import frames
@@ -27,6 +26,26 @@ from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
 
 T = TypeVar("T")
+
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+
+
+class _FrameStub:
+    """The ParameterServer methods with tensor streams as serialized Frame bytes (``frames``
+    writes and parses them; see ``ps/servicer.py``), small messages through protobuf."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        path = f"/{_SERVICE}/"
+        self.PushModel: grpc.StreamUnaryMultiCallable[bytes, pb.ModelHead] = channel.stream_unary(
+            path + "PushModel", request_serializer=None, response_deserializer=pb.ModelHead.FromString
+        )
+        self.PullDense: grpc.UnaryStreamMultiCallable[pb.PullRequest, bytes] = channel.unary_stream(
+            path + "PullDense", request_serializer=pb.PullRequest.SerializeToString, response_deserializer=None
+        )
+        self.PushGradients: grpc.StreamUnaryMultiCallable[bytes, pb.PushReply] = channel.stream_unary(
+            path + "PushGradients", request_serializer=None, response_deserializer=pb.PushReply.FromString
+        )
 
 
 class ShardsUninitialized(Exception):
@@ -69,7 +88,7 @@ class PSClient:
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
         self._channels = [create_channel(a) for a in addresses]
-        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        self._stubs = [_FrameStub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
         # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
@@ -96,9 +115,11 @@ class PSClient:
         parts = self.split(tensors)
 
         def push(shard: int) -> int:
-            encoded = frames.encode(head, parts[shard], self._chunk_bytes)
+            def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
+                return frames.encode(head, parts[shard], self._chunk_bytes)
+
             reply: pb.ModelHead = self._call(
-                lambda: self._stubs[shard].PushModel(iter(encoded), timeout=self._timeout_s), "PushModel"
+                lambda: self._stubs[shard].PushModel(stream(), timeout=self._timeout_s), "PushModel"
             )
             return reply.version
 
@@ -113,10 +134,9 @@ class PSClient:
 
         def pull(shard: int) -> tuple[int, dict[str, np.ndarray], bool]:
             request = pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=wait_ms)
-            received: list[pb.Frame] = self._call(
-                lambda: list(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
+            decoded: frames.Decoded = self._call(
+                lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )
-            decoded = frames.decode(received)
             head = decoded.first.model
             return head.version, decoded.tensors, head.initialized
 
@@ -139,9 +159,11 @@ class PSClient:
             head = pb.Frame(
                 push=pb.PushHead(worker=self.worker, version=versions[shard], learning_rate=learning_rate)
             )
-            encoded = frames.encode(head, parts[shard], self._chunk_bytes)
+            def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
+                return frames.encode(head, parts[shard], self._chunk_bytes)
+
             reply: pb.PushReply = self._call(
-                lambda: self._stubs[shard].PushGradients(iter(encoded), timeout=self._timeout_s),
+                lambda: self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s),
                 "PushGradients",
             )
             return reply

@@ -26,6 +26,7 @@ from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.frames import CHUNK_BYTES
@@ -130,7 +131,7 @@ def run(config: PSConfig) -> int:
     if store.restore():
         log.info("PS %d resumes at version %d", config.ps_id, store.version)
     server = create_server(config.rpc_threads)
-    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(store, config.chunk_bytes), server)
+    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes), server)
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)

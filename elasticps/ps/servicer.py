@@ -1,7 +1,13 @@
-"""The ParameterServer gRPC service: a translator between frames and the parameter store.
+"""The ParameterServer gRPC service: a translator between frame streams and the parameter store.
 
 Called by gRPC's thread pool, many calls at once. Store exceptions become status codes:
 a malformed stream or a bad tensor is INVALID_ARGUMENT, an empty shard FAILED_PRECONDITION.
+
+Tensor streams reach this servicer as serialized ``Frame`` bytes (``add_to_server`` registers the
+service's methods, by their names in the .proto, with an identity deserializer): ``frames.decode``
+parses them with one copy instead of protobuf's three (docs/benchmarks.md). The wire format is the
+.proto's; a stub generated from it talks to this server unchanged.
+
 Under the sync rules every worker pulls the same version, so the encoded frames of the latest
 version are kept and served to every puller (encoded once per version, not once per pull).
 """
@@ -15,7 +21,6 @@ from collections.abc import Iterator
 import grpc
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.optimizers import OptimizerConfig, OptimizerError
 from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
 from elasticps.rpc import frames
@@ -23,16 +28,17 @@ from elasticps.rpc import frames
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 10_000  # a long poll never holds a server thread longer than this
+SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 
 
-class ParameterServerServicer(pb_grpc.ParameterServerServicer):
+class ParameterServerServicer:
     def __init__(self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES) -> None:
         self._store = store
         self._chunk_bytes = chunk_bytes
         self._cache_lock = threading.Lock()
-        self._cached: tuple[int, list[pb.Frame]] | None = None
+        self._cached: tuple[int, list[bytes]] | None = None
 
-    def PushModel(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.ModelHead:
+    def PushModel(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.ModelHead:
         decoded = _decode(request_iterator, context)
         if not decoded.first.HasField("model"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushModel: the first frame needs a model head")
@@ -44,15 +50,15 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
 
-    def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.Frame]:
+    def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         store = self._store
         if not store.initialized:
-            yield pb.Frame(model=pb.ModelHead(initialized=False, version=0))
+            yield pb.Frame(model=pb.ModelHead(initialized=False, version=0)).SerializeToString()
             return
         if request.version == store.version and request.wait_ms > 0:
             store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
         if request.version == store.version:
-            yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version))
+            yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version)).SerializeToString()
             return
         if store.settings.use_async:
             with store.reading() as (version, variables):
@@ -61,18 +67,18 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             return
         yield from self._consistent_frames()
 
-    def _consistent_frames(self) -> list[pb.Frame]:
+    def _consistent_frames(self) -> list[bytes]:
         with self._cache_lock:
             cached = self._cached
             if cached is not None and cached[0] == self._store.version:
                 return cached[1]
             with self._store.reading() as (version, variables):
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
-                encoded = frames.encode(head, variables, self._chunk_bytes)
+                encoded = list(frames.encode(head, variables, self._chunk_bytes))
             self._cached = (version, encoded)
             return encoded
 
-    def PushGradients(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.PushReply:
+    def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
         decoded = _decode(request_iterator, context)
         if not decoded.first.HasField("push"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushGradients: the first frame needs a push head")
@@ -86,7 +92,27 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
 
 
-def _decode(request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> frames.Decoded:
+def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+    """Registers the service; frame streams travel as bytes (parsed by ``frames``), the small
+    messages through protobuf."""
+    handlers = {
+        "PushModel": grpc.stream_unary_rpc_method_handler(
+            servicer.PushModel, request_deserializer=None, response_serializer=pb.ModelHead.SerializeToString
+        ),
+        "PullDense": grpc.unary_stream_rpc_method_handler(
+            servicer.PullDense, request_deserializer=pb.PullRequest.FromString, response_serializer=None
+        ),
+        "PushGradients": grpc.stream_unary_rpc_method_handler(
+            servicer.PushGradients, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
+        ),
+    }
+    declared = set(pb.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
+    if declared != set(handlers):  # the .proto is the one definition: fail loudly if they drift
+        raise RuntimeError(f"ParameterServer methods {sorted(declared)} != handlers {sorted(handlers)}")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+def _decode(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> frames.Decoded:
     try:
         return frames.decode(request_iterator)
     except frames.FrameError as err:

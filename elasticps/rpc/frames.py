@@ -1,4 +1,4 @@
-"""Tensors to and from streams of ``Frame`` messages: raw bytes + dtype + shape, in chunks.
+"""Tensors to and from streams of serialized ``Frame`` messages: raw bytes + dtype + shape, in chunks.
 
 Callers: the PS servicer and the PS client, for every push and pull. The first frame carries the head
 and the metadata of all tensors; the raw bytes of all tensors, concatenated in metadata order, follow
@@ -11,10 +11,11 @@ answer with INVALID_ARGUMENT.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from elasticps.proto import elasticps_pb2 as pb
 
@@ -44,12 +45,20 @@ class Decoded:
 
 def encode(
     head: pb.Frame, tensors: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES
-) -> list[pb.Frame]:
-    """The frames of one stream; ``head`` (a Frame with only its head set) becomes the first frame.
+) -> Iterator[bytes]:
+    """The serialized ``Frame`` messages of one stream, produced lazily, so the first chunk is on
+    the wire while the next is being cut. ``head`` (a Frame with only its head set) becomes the
+    first frame, with every tensor's metadata.
 
-    The bytes of the arrays are read as they are at this call: under the async rules the caller may
-    pass live arrays and accept a torn read (relaxed consistency, as the design allows).
+    Payload frames are written by hand: a ``Frame`` holding only ``payload`` is the tag byte 0x22,
+    a varint length and the bytes, so each chunk costs one copy out of the arrays instead of
+    protobuf's three. A stock protobuf parser reads them as ordinary Frames.
+
+    The arrays are read as the generator advances: under the async rules the caller may pass live
+    arrays and accept a torn read (relaxed consistency, as the design allows).
     """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     first = pb.Frame()
     first.CopyFrom(head)
     views: list[memoryview] = []
@@ -61,34 +70,82 @@ def encode(
         first.tensors.add(name=name, dtype=wire, shape=array.shape)
         contiguous = np.ascontiguousarray(array, dtype=dtype)
         views.append(contiguous.reshape(-1).view(np.uint8).data)
-    frames = [first]
-    pending: list[bytes] = []
+    return _frames(first.SerializeToString(), views, chunk_bytes)
+
+
+def _frames(first: bytes, views: list[memoryview], chunk_bytes: int) -> Iterator[bytes]:
+    pending: list[memoryview] = []
     pending_bytes = 0
-    current = first
+    prefix = first  # the head and metadata ride in the first message, with the first chunk
+    sent = False
     for view in views:
         offset = 0
         while offset < len(view):
             take = min(chunk_bytes - pending_bytes, len(view) - offset)
-            pending.append(bytes(view[offset : offset + take]))
+            pending.append(view[offset : offset + take])
             pending_bytes += take
             offset += take
             if pending_bytes == chunk_bytes:
-                current.payload = pending[0] if len(pending) == 1 else b"".join(pending)
-                current = pb.Frame()
-                frames.append(current)
-                pending, pending_bytes = [], 0
-    if pending:
-        current.payload = pending[0] if len(pending) == 1 else b"".join(pending)
-    elif current is not first:
-        frames.pop()
-    return frames
+                yield _payload_message(prefix, pending, pending_bytes)
+                prefix, pending, pending_bytes, sent = b"", [], 0, True
+    if pending or not sent:
+        yield _payload_message(prefix, pending, pending_bytes)
 
 
-def decode(frames: Iterable[pb.Frame]) -> Decoded:
-    """Reassembles the tensors of a stream; raises FrameError on any inconsistency."""
-    stream = iter(frames)
+def _payload_message(prefix: bytes, parts: list[memoryview], size: int) -> bytes:
+    if not parts:
+        return prefix
+    return b"".join([prefix, _PAYLOAD_TAG, _varint(size), *parts])
+
+
+_PAYLOAD_TAG = bytes([(4 << 3) | 2])  # field 4 (payload), wire type 2 (length-delimited)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _payload_of(message: bytes) -> bytes | memoryview:
+    """The payload of a frame after the first: parsed by hand when it is a payload-only frame
+    (what :func:`encode` writes), by protobuf otherwise (any other valid encoding)."""
+    if message[:1] == _PAYLOAD_TAG:
+        size, position, shift = 0, 1, 0
+        while position < len(message) and position < 11:
+            byte = message[position]
+            size |= (byte & 0x7F) << shift
+            position += 1
+            shift += 7
+            if not byte & 0x80:
+                if position + size == len(message):
+                    return memoryview(message)[position:]
+                break
+    frame = _parse(message)
+    if frame.HasField("push") or frame.HasField("model") or len(frame.tensors):
+        raise FrameError("a head or tensor metadata after the first frame")
+    return frame.payload
+
+
+def _parse(message: bytes) -> pb.Frame:
     try:
-        first = next(stream)
+        return pb.Frame.FromString(message)
+    except DecodeError as err:
+        raise FrameError(f"not a Frame message: {err}") from None
+
+
+def decode(messages: Iterable[bytes]) -> Decoded:
+    """Reassembles the tensors of a stream of serialized Frames; raises FrameError on any
+    inconsistency."""
+    stream = iter(messages)
+    try:
+        first = _parse(next(stream))
     except StopIteration:
         raise FrameError("empty stream: no head frame") from None
     layout = _layout(first.tensors)
@@ -98,10 +155,8 @@ def decode(frames: Iterable[pb.Frame]) -> Decoded:
     except (MemoryError, ValueError):
         raise FrameError(f"the tensors claim {total} bytes, more than this process can hold") from None
     filled = _fill(buffer, first.payload, 0)
-    for frame in stream:
-        if frame.HasField("push") or frame.HasField("model") or len(frame.tensors):
-            raise FrameError("a head or tensor metadata after the first frame")
-        filled = _fill(buffer, frame.payload, filled)
+    for message in stream:
+        filled = _fill(buffer, _payload_of(message), filled)
     if filled != total:
         raise FrameError(f"stream carried {filled} bytes, the tensors need {total}")
     tensors: dict[str, np.ndarray] = {}
@@ -140,7 +195,7 @@ def _layout(
     return layout
 
 
-def _fill(buffer: np.ndarray, payload: bytes, filled: int) -> int:
+def _fill(buffer: np.ndarray, payload: bytes | memoryview, filled: int) -> int:
     end = filled + len(payload)
     if end > len(buffer):
         raise FrameError(f"stream carried more than the {len(buffer)} bytes its tensors need")

@@ -17,7 +17,7 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
 from elasticps.ps.optimizers import OptimizerConfig
-from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.sharding import shard_of
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
@@ -61,7 +61,7 @@ def stored(store: ParameterStore) -> dict[str, np.ndarray]:
 
 def ps_register(store: ParameterStore, chunk_bytes: int | None = None) -> Callable[[grpc.Server], None]:
     servicer = ParameterServerServicer(store) if chunk_bytes is None else ParameterServerServicer(store, chunk_bytes)
-    return lambda server: pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    return lambda server: add_to_server(servicer, server)
 
 
 @dataclass

@@ -7,9 +7,21 @@ import pytest
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import frames
-from elasticps.rpc.frames import FrameError, decode, encode
+from elasticps.rpc.frames import FrameError
+from elasticps.rpc.frames import decode as decode_bytes
+from elasticps.rpc.frames import encode as encode_bytes
 
 CHUNK = 1000
+
+
+def encode_frames(head: pb.Frame, tensors: dict[str, np.ndarray], chunk_bytes: int = frames.CHUNK_BYTES) -> list[pb.Frame]:
+    """encode()'s messages as parsed by stock protobuf: proves the hand-written frames are valid."""
+    return [pb.Frame.FromString(message) for message in encode_bytes(head, tensors, chunk_bytes)]
+
+
+def decode_frames(stream: object) -> frames.Decoded:
+    assert isinstance(stream, (list, type(iter([]))))
+    return decode_bytes(frame.SerializeToString() for frame in stream)  # type: ignore[attr-defined]
 
 
 def push_head(version: int = 3) -> pb.Frame:
@@ -25,7 +37,7 @@ def assert_tensors_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]
 
 
 def round_trip(tensors: dict[str, np.ndarray], chunk_bytes: int = CHUNK) -> tuple[list[pb.Frame], frames.Decoded]:
-    encoded = encode(push_head(), tensors, chunk_bytes)
+    encoded = encode_frames(push_head(), tensors, chunk_bytes)
     for frame in encoded:
         assert len(frame.payload) <= chunk_bytes
     # Only the first frame has a head and the metadata.
@@ -33,7 +45,7 @@ def round_trip(tensors: dict[str, np.ndarray], chunk_bytes: int = CHUNK) -> tupl
     assert all(not f.HasField("push") and not f.HasField("model") and not len(f.tensors) for f in encoded[1:])
     # No empty trailing frames.
     assert all(len(f.payload) > 0 for f in encoded[1:])
-    return encoded, decode(iter(encoded))
+    return encoded, decode_frames(iter(encoded))
 
 
 def mixed() -> dict[str, np.ndarray]:
@@ -106,7 +118,7 @@ def test_no_tensors_is_one_head_frame() -> None:
 
 def test_default_chunk_size() -> None:
     big = np.zeros(frames.CHUNK_BYTES // 4 + 10, dtype=np.float32)
-    encoded = encode(push_head(), {"big": big})
+    encoded = encode_frames(push_head(), {"big": big})
     assert [len(f.payload) for f in encoded] == [frames.CHUNK_BYTES, 40]
 
 
@@ -123,14 +135,14 @@ def test_non_contiguous_and_big_endian_arrays() -> None:
 @pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.complex64, np.int16, np.object_])
 def test_dtypes_that_cannot_travel(dtype: type) -> None:
     with pytest.raises(FrameError, match="cannot travel"):
-        encode(push_head(), {"x": np.zeros(3, dtype=dtype)})
+        encode_frames(push_head(), {"x": np.zeros(3, dtype=dtype)})
 
 
 def test_encode_reads_the_arrays_at_the_call() -> None:
     value = np.ones(4, dtype=np.float32)
-    encoded = encode(push_head(), {"v": value})
+    encoded = encode_frames(push_head(), {"v": value})
     value[:] = 5
-    np.testing.assert_array_equal(decode(encoded).tensors["v"], np.ones(4, dtype=np.float32))
+    np.testing.assert_array_equal(decode_frames(encoded).tensors["v"], np.ones(4, dtype=np.float32))
 
 
 # ---- malformed streams -------------------------------------------------------------------------
@@ -145,52 +157,52 @@ def head_with(*metas: tuple[str, int, list[int]], payload: bytes = b"") -> pb.Fr
 
 def test_no_frames() -> None:
     with pytest.raises(FrameError, match="empty stream"):
-        decode(iter([]))
+        decode_frames(iter([]))
 
 
 def test_too_few_bytes() -> None:
     first = head_with(("a", pb.DTYPE_FLOAT32, [4]), payload=b"\x00" * 8)
     with pytest.raises(FrameError, match="carried 8 bytes, the tensors need 16"):
-        decode([first])
+        decode_frames([first])
 
 
 def test_too_few_bytes_over_several_frames() -> None:
-    frames_ = encode(push_head(), {"a": np.ones(600, dtype=np.float32)}, CHUNK)
+    frames_ = encode_frames(push_head(), {"a": np.ones(600, dtype=np.float32)}, CHUNK)
     with pytest.raises(FrameError, match="carried 2399 bytes, the tensors need 2400"):
-        decode(frames_[:-1] + [pb.Frame(payload=frames_[-1].payload[:-1])])
+        decode_frames(frames_[:-1] + [pb.Frame(payload=frames_[-1].payload[:-1])])
 
 
 def test_too_many_bytes() -> None:
     first = head_with(("a", pb.DTYPE_FLOAT32, [2]), payload=b"\x00" * 8)
     with pytest.raises(FrameError, match="more than the 8 bytes"):
-        decode([first, pb.Frame(payload=b"\x01")])
+        decode_frames([first, pb.Frame(payload=b"\x01")])
 
 
 def test_payload_without_tensors() -> None:
     with pytest.raises(FrameError, match="more than the 0 bytes"):
-        decode([head_with(payload=b"abc")])
+        decode_frames([head_with(payload=b"abc")])
 
 
 def test_duplicate_names() -> None:
     first = head_with(("a", pb.DTYPE_FLOAT32, [1]), ("a", pb.DTYPE_FLOAT32, [1]), payload=b"\x00" * 8)
     with pytest.raises(FrameError, match="'a' appears twice"):
-        decode([first])
+        decode_frames([first])
 
 
 def test_tensor_without_a_name() -> None:
     with pytest.raises(FrameError, match="without a name"):
-        decode([head_with(("", pb.DTYPE_FLOAT32, [1]), payload=b"\x00" * 4)])
+        decode_frames([head_with(("", pb.DTYPE_FLOAT32, [1]), payload=b"\x00" * 4)])
 
 
 @pytest.mark.parametrize("dtype", [pb.DTYPE_UNSPECIFIED, 99])
 def test_unknown_dtype(dtype: int) -> None:
     with pytest.raises(FrameError, match="unknown dtype"):
-        decode([head_with(("a", dtype, [1]), payload=b"\x00" * 4)])
+        decode_frames([head_with(("a", dtype, [1]), payload=b"\x00" * 4)])
 
 
 def test_negative_dimension() -> None:
     with pytest.raises(FrameError, match="negative dimension"):
-        decode([head_with(("a", pb.DTYPE_FLOAT32, [2, -1]))])
+        decode_frames([head_with(("a", pb.DTYPE_FLOAT32, [2, -1]))])
 
 
 @pytest.mark.parametrize(
@@ -206,7 +218,7 @@ def test_head_or_metadata_in_a_later_frame(later: pb.Frame) -> None:
     first = head_with(("a", pb.DTYPE_FLOAT32, [2]), payload=b"\x00" * 4)
     later.payload = b"\x00" * 4
     with pytest.raises(FrameError, match="after the first frame"):
-        decode([first, later])
+        decode_frames([first, later])
 
 
 @pytest.mark.parametrize(
@@ -218,4 +230,31 @@ def test_head_or_metadata_in_a_later_frame(later: pb.Frame) -> None:
 def test_shape_claiming_more_than_can_be_held(shape: list[int], payload: bytes) -> None:
     """A peer's claim of an impossible size is a malformed stream (INVALID_ARGUMENT), not a crash."""
     with pytest.raises(FrameError):
-        decode([head_with(("a", pb.DTYPE_FLOAT32, shape), payload=payload)])
+        decode_frames([head_with(("a", pb.DTYPE_FLOAT32, shape), payload=payload)])
+
+
+def test_payload_frames_are_byte_identical_to_protobufs() -> None:
+    tensors = {"a": np.arange(700, dtype=np.float32), "b": np.ones(3, dtype=np.float64)}
+    messages = list(encode_bytes(push_head(), tensors, 1000))
+    assert len(messages) == 3
+    for message in messages[1:]:
+        assert message == pb.Frame(payload=pb.Frame.FromString(message).payload).SerializeToString()
+    first = pb.Frame.FromString(messages[0])
+    assert len(first.payload) == 1000 and first.HasField("push")
+    assert_tensors_equal(decode_bytes(iter(messages)).tensors, tensors)
+
+
+def test_payload_frames_with_other_valid_encodings_still_decode() -> None:
+    # A peer may write the payload field with a non-minimal varint length: protobuf parses it.
+    tensors = {"a": np.arange(4, dtype=np.float32)}
+    messages = list(encode_bytes(push_head(), tensors, 8))
+    body = pb.Frame.FromString(messages[1]).payload
+    padded = bytes([0x22, 0x88, 0x80, 0x00]) + body  # length 8 as a 3-byte varint
+    assert pb.Frame.FromString(padded).payload == body
+    assert_tensors_equal(decode_bytes(iter([messages[0], padded])).tensors, tensors)
+
+
+def test_garbage_message_is_a_frame_error() -> None:
+    messages = list(encode_bytes(push_head(), {"a": np.arange(4, dtype=np.float32)}, 8))
+    with pytest.raises(FrameError):
+        decode_bytes(iter([messages[0], b"\xff\xff\xff"]))
