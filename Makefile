@@ -7,7 +7,7 @@ JOB ?= examples/mnist.yaml
 MNIST_DIR ?= ../shared/data/mnist
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: run test unit lint typecheck bench proto clean
+.PHONY: run test unit lint typecheck bench proto manifests clean
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -47,6 +47,10 @@ proto: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 	$(CURDIR)/$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. elasticps/proto/elasticps.proto
+
+# Regenerates the CRD from the typed spec (a test keeps the committed file equal to it).
+manifests: $(STAMP)
+	$(PY) -m elasticps.api.schema > manifests/crd.yaml
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache

@@ -23,7 +23,9 @@ from elasticps.api.spec import API_VERSION, KIND, TrainingJob, TrainingJobSpec
 
 T = TypeVar("T")
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Also the prefix of the PS Services' names, which must start with a letter.
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class SpecError(ValueError):
@@ -65,11 +67,11 @@ def parse_job(document: Any) -> TrainingJob:
     name = metadata.get("name")
     if not isinstance(name, str) or not _NAME.match(name) or len(name) > 40:
         raise SpecError(
-            f"metadata.name: must be a DNS label of at most 40 characters "
+            f"metadata.name: must be a DNS label of at most 40 characters starting with a letter "
             f"(lower-case letters, digits, '-'), got {name!r}"
         )
     namespace = metadata.get("namespace", "default")
-    if not isinstance(namespace, str) or not _NAME.match(namespace):
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
         raise SpecError(f"metadata.namespace: must be a DNS label, got {namespace!r}")
     if "spec" not in document:
         raise SpecError("spec: required")

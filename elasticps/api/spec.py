@@ -50,6 +50,22 @@ class DataReader(str, Enum):
     NPZ = "npz"
 
 
+class JobPhase(str, Enum):
+    """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types).
+
+    Created -> Running (every PS and at least one worker run) <-> Restarting (a failed pod is being
+    replaced, until every pod runs again); any non-final phase -> Suspended (``runPolicy.suspend``) -> back through Created when
+    resumed; Succeeded and Failed are final. The operator's planner implements the transitions.
+    """
+
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     model_def: str = spec_field(help="Python module of the model (custom_model, loss, optimizer, feed, eval_metrics_fn)")
@@ -131,6 +147,16 @@ class ReplicaSpec:
 
 
 @dataclass(frozen=True)
+class PSReplicaSpec(ReplicaSpec):
+    """Parameter servers: restarted whatever their exit (a PS never finishes on its own; one
+    stopped by SIGTERM exits 0 and must still come back)."""
+
+    restart_policy: RestartPolicy = spec_field(
+        RestartPolicy.ALWAYS, help="Always, OnFailure, Never or ExitCode"
+    )
+
+
+@dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = spec_field(3, minimum=0, help="replacements of failed pods before the job fails")
     active_deadline_seconds: int = spec_field(
@@ -151,10 +177,7 @@ class TrainingJobSpec:
     data: DataSpec = spec_field(help="training and validation data")
     image: str = spec_field("elasticps:latest", help="container image of the PS and worker pods")
     training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")
-    ps: ReplicaSpec = spec_field(
-        default_factory=lambda: ReplicaSpec(replicas=1, restart_policy=RestartPolicy.ALWAYS),
-        help="parameter servers",
-    )
+    ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
     worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")
     run_policy: RunPolicy = spec_field(default_factory=RunPolicy, help="run policy")
 

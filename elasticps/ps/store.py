@@ -120,7 +120,8 @@ class ParameterStore:
             optimizer.register(name, value.shape, value.dtype)
         self._variables = variables
         self._variable_locks = {name: threading.Lock() for name in variables}
-        self._sums = {name: np.zeros_like(value) for name, value in variables.items()}
+        # Sync sums gradients until grads_to_wait arrive; async applies each at once and needs none.
+        self._sums = {} if self.settings.use_async else {n: np.zeros_like(v) for n, v in variables.items()}
         self._summed = 0
         self._version = version
         self._optimizer = optimizer

@@ -15,6 +15,7 @@ from elasticps.api.spec import (
     DataReader,
     DataSpec,
     ModelSpec,
+    PSReplicaSpec,
     ReplicaSpec,
     Resources,
     RestartPolicy,
@@ -98,7 +99,7 @@ def test_minimal_job_gets_every_default() -> None:
             data=DataSpec(training="/data/mnist/train", validation="", reader=DataReader.IDX),
             image="elasticps:latest",
             training=TrainingSpec(),
-            ps=ReplicaSpec(replicas=1, restart_policy=RestartPolicy.ALWAYS),
+            ps=PSReplicaSpec(replicas=1, restart_policy=RestartPolicy.ALWAYS),
             worker=ReplicaSpec(replicas=1, restart_policy=RestartPolicy.ON_FAILURE),
             run_policy=RunPolicy(),
         ),
@@ -139,7 +140,7 @@ def test_full_job_in_camel_case() -> None:
         keep_checkpoint_max=4,
         task_timeout_seconds=30.5,
     )
-    assert s.ps == ReplicaSpec(2, RestartPolicy.EXIT_CODE, Resources(requests={"cpu": "2", "memory": "4Gi"}), {})
+    assert s.ps == PSReplicaSpec(2, RestartPolicy.EXIT_CODE, Resources(requests={"cpu": "2", "memory": "4Gi"}), {})
     assert s.worker.replicas == 4
     assert s.worker.restart_policy is RestartPolicy.NEVER
     assert s.worker.resources == Resources(limits={"nvidia.com/gpu": "1"})  # numbers become strings

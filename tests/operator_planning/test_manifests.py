@@ -1,0 +1,207 @@
+"""Pod and Service manifests: names, labels, owners, command lines, resources, and the template merge.
+
+(The folder is not named tests/operator: see DESIGN.md.)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from elasticps.api.parsing import parse_job
+from elasticps.api.replicas import Role, cluster_ps_addresses, ps_replica, worker_replica
+from elasticps.api.spec import TrainingJob
+from elasticps.operator.manifests import (
+    CONTAINER,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    TemplateError,
+    pod_manifest,
+    selector,
+    service_manifest,
+)
+
+UID = "0b6e7a52-1111-2222-3333-444455556666"
+
+
+def make_job(**spec: Any) -> TrainingJob:
+    document = {
+        "apiVersion": "elasticps.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "mnist", "namespace": "team"},
+        "spec": {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/train"}, **spec},
+    }
+    return parse_job(document)
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    [ours] = [c for c in pod["spec"]["containers"] if c["name"] == CONTAINER]
+    return ours
+
+
+OWNER = {
+    "apiVersion": "elasticps.io/v1alpha1",
+    "kind": "TrainingJob",
+    "name": "mnist",
+    "uid": UID,
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+
+
+@pytest.mark.parametrize(
+    "role,index,name",
+    [(Role.PS, 0, "mnist-ps-0"), (Role.PS, 1, "mnist-ps-1"), (Role.WORKER, 0, "mnist-worker-0"), (Role.WORKER, 3, "mnist-worker-3")],
+)
+def test_pod_name_labels_owner(role: Role, index: int, name: str) -> None:
+    job = make_job(ps={"replicas": 2}, worker={"replicas": 4})
+    pod = pod_manifest(job, UID, role, index)
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert pod["metadata"]["name"] == name
+    assert pod["metadata"]["namespace"] == "team"
+    assert pod["metadata"]["labels"] == {LABEL_JOB: "mnist", LABEL_ROLE: role.value, LABEL_INDEX: str(index)}
+    assert pod["metadata"]["ownerReferences"] == [OWNER]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert container(pod)["image"] == "elasticps:latest"
+    assert container(pod)["command"] == ["elasticps"]
+
+
+def test_ps_pod_runs_the_ps_replica_on_port_2222_with_a_grpc_probe() -> None:
+    job = make_job(ps={"replicas": 2}, worker={"replicas": 3})
+    c = container(pod_manifest(job, UID, Role.PS, 1))
+    assert c["args"] == list(ps_replica(job, 1, host="0.0.0.0", port=2222).args)
+    assert "--num_workers=3" in c["args"] and "--num_ps=2" in c["args"]
+    assert c["ports"] == [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}]
+    assert c["readinessProbe"]["grpc"] == {"port": 2222}
+
+
+def test_worker_pod_dials_every_ps_through_its_service() -> None:
+    job = make_job(ps={"replicas": 2})
+    c = container(pod_manifest(job, UID, Role.WORKER, 0))
+    assert c["args"] == list(worker_replica(job, 0, cluster_ps_addresses(job)).args)
+    assert "--ps_addrs=mnist-ps-0.team.svc:2222,mnist-ps-1.team.svc:2222" in c["args"]
+    assert "ports" not in c and "readinessProbe" not in c
+
+
+def test_command_is_configurable() -> None:
+    pod = pod_manifest(make_job(), UID, Role.WORKER, 0, command=("python", "-m", "elasticps"))
+    assert container(pod)["command"] == ["python", "-m", "elasticps"]
+
+
+def test_resources_and_gpus_from_the_spec() -> None:
+    job = make_job(
+        image="registry.example/elasticps:1.2",
+        worker={"resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": 1}}},
+    )
+    c = container(pod_manifest(job, UID, Role.WORKER, 0))
+    assert c["image"] == "registry.example/elasticps:1.2"
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"nvidia.com/gpu": "1"}}
+
+
+def test_an_extended_resource_requested_only_is_also_a_limit() -> None:
+    job = make_job(worker={"resources": {"requests": {"nvidia.com/gpu": 2, "cpu": "1"}}})
+    resources = container(pod_manifest(job, UID, Role.WORKER, 0))["resources"]
+    assert resources["limits"] == {"nvidia.com/gpu": "2"}  # cpu stays a request only
+
+
+def test_no_resources_no_resources_key() -> None:
+    assert "resources" not in container(pod_manifest(make_job(), UID, Role.PS, 0))
+
+
+TEMPLATE = {
+    "metadata": {"labels": {"team": "ml", LABEL_JOB: "spoofed"}, "annotations": {"sidecar.istio.io/inject": "false"}},
+    "spec": {
+        "serviceAccountName": "trainer",
+        "nodeSelector": {"accelerator": "h100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "mnist"}}],
+        "restartPolicy": "Always",
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": "ignored:1",
+                "args": ["ignored"],
+                "env": [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+            },
+            {"name": "log-shipper", "image": "fluent-bit:3"},
+        ],
+    },
+}
+
+
+def test_template_is_merged_in() -> None:
+    job = make_job(worker={"template": TEMPLATE, "resources": {"requests": {"cpu": "4"}}})
+    before = copy.deepcopy(job.spec.worker.template)
+    pod = pod_manifest(job, UID, Role.WORKER, 2)
+    assert job.spec.worker.template == before  # the spec is not modified
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["labels"] == {"team": "ml", LABEL_JOB: "mnist", LABEL_ROLE: "worker", LABEL_INDEX: "2"}  # ours win
+    assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert spec["serviceAccountName"] == "trainer"
+    assert spec["nodeSelector"] == {"accelerator": "h100"}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert spec["volumes"] == TEMPLATE["spec"]["volumes"]
+    assert spec["restartPolicy"] == "Never"  # the planner replaces pods itself
+    ours, sidecar = spec["containers"]
+    assert ours["name"] == CONTAINER and sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
+    assert ours["image"] == "elasticps:latest"
+    assert ours["args"][0] == "worker"
+    assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]
+    assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert ours["resources"] == {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+
+
+def test_template_without_our_container_gets_it_first() -> None:
+    job = make_job(ps={"template": {"spec": {"containers": [{"name": "exporter", "image": "x"}]}}})
+    names = [c["name"] for c in pod_manifest(job, UID, Role.PS, 0)["spec"]["containers"]]
+    assert names == [CONTAINER, "exporter"]
+
+
+def test_template_probe_and_ports_are_kept_for_the_ps() -> None:
+    probe = {"tcpSocket": {"port": 2222}}
+    template = {"spec": {"containers": [{"name": CONTAINER, "readinessProbe": probe,
+                                         "ports": [{"containerPort": 9090, "name": "metrics"}, {"containerPort": 2222}]}]}}
+    c = container(pod_manifest(make_job(ps={"template": template}), UID, Role.PS, 0))
+    assert c["readinessProbe"] == probe
+    assert c["ports"] == [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}, {"containerPort": 9090, "name": "metrics"}]
+
+
+@pytest.mark.parametrize(
+    "template,where",
+    [
+        ({"spec": "x"}, "spec.worker.template.spec: must be a mapping"),
+        ({"metadata": []}, "spec.worker.template.metadata: must be a mapping"),
+        ({"metadata": {"labels": "a=b"}}, "spec.worker.template.metadata.labels: must be a mapping"),
+        ({"spec": {"containers": {"name": "x"}}}, "spec.worker.template.spec.containers: must be a list"),
+        ({"spec": {"containers": [{"name": CONTAINER, "resources": []}]}}, "resources: must be a mapping"),
+    ],
+)
+def test_malformed_template_is_a_template_error(template: dict[str, Any], where: str) -> None:
+    with pytest.raises(TemplateError, match=where.replace("[", r"\[").replace("]", r"\]")):
+        pod_manifest(make_job(worker={"template": template}), UID, Role.WORKER, 0)
+
+
+def test_ps_service_is_headless_and_selects_one_pod() -> None:
+    job = make_job(ps={"replicas": 3})
+    service = service_manifest(job, UID, 2)
+    assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
+    assert service["metadata"]["name"] == "mnist-ps-2"
+    assert service["metadata"]["namespace"] == "team"
+    assert service["metadata"]["ownerReferences"] == [OWNER]
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == {LABEL_JOB: "mnist", LABEL_ROLE: "ps", LABEL_INDEX: "2"}
+    assert spec["ports"] == [{"name": "grpc", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
+    # the selector matches exactly the PS pod of the same index
+    assert spec["selector"].items() <= pod_manifest(job, UID, Role.PS, 2)["metadata"]["labels"].items()
+    assert not spec["selector"].items() <= pod_manifest(job, UID, Role.PS, 1)["metadata"]["labels"].items()
+
+
+def test_worker_selector() -> None:
+    assert selector(make_job(), Role.WORKER) == "elasticps.io/job-name=mnist,elasticps.io/replica-type=worker"

@@ -1,0 +1,718 @@
+"""The planner, rule by rule (one table), then whole lifecycles on a simulated cluster.
+
+(The folder is not named tests/operator: see DESIGN.md.) Every table row is also checked for
+idempotence (planning twice gives the same actions), for convergence (planning again on the status
+it wrote counts nothing twice and creates no pod that exists) and for a status the CRD declares.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from elasticps.api.parsing import parse_job
+from elasticps.api.replicas import Role
+from elasticps.api.schema import status_schema
+from elasticps.api.spec import TrainingJob
+from elasticps.operator.planning import (
+    Action,
+    CreatePod,
+    CreateService,
+    DeleteJob,
+    DeletePod,
+    Event,
+    JobProgress,
+    Observed,
+    ObservedPod,
+    ObservedService,
+    PlannerSettings,
+    PodPhase,
+    Recheck,
+    SetStatus,
+    plan,
+    plan_invalid,
+    training_mode,
+)
+from elasticps.operator.status import merge_patch, parse_time, rfc3339
+
+NOW = 1_700_000_000.0
+UID = "job-uid"
+SETTINGS = PlannerSettings(pending_timeout_s=600.0)
+
+
+# ---- building observations ---------------------------------------------------------------------------
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def make_job(spec: dict[str, Any] | None = None) -> TrainingJob:
+    base = {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/train"}, "worker": {"replicas": 2}}
+    return parse_job(
+        {
+            "apiVersion": "elasticps.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "tj", "namespace": "ns"},
+            "spec": _merge(base, spec or {}),
+        }
+    )
+
+
+def pod(role: str, index: int, phase: str = "Running", **kw: Any) -> ObservedPod:
+    kw.setdefault("ready", phase == "Running")
+    return ObservedPod(f"tj-{role}-{index}", Role(role), index, PodPhase(phase), **kw)
+
+
+def up(ps: int = 1, workers: int = 2) -> list[ObservedPod]:
+    return [pod("ps", i) for i in range(ps)] + [pod("worker", i) for i in range(workers)]
+
+
+def services(ps: int = 1) -> tuple[ObservedService, ...]:
+    return tuple(ObservedService(f"tj-ps-{i}") for i in range(ps))
+
+
+def observe(
+    pods: Sequence[ObservedPod],
+    status: dict[str, Any] | None = None,
+    *,
+    now: float = NOW,
+    coordinator: JobProgress | None = None,
+    ps: int = 1,
+    with_services: bool = True,
+) -> Observed:
+    return Observed(
+        pods=tuple(pods),
+        services=services(ps) if with_services else (),
+        now=now,
+        coordinator=coordinator,
+        status=status or {},
+    )
+
+
+def apply_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = apply_patch(out.get(key), value)
+    return out
+
+
+def status_after(actions: Sequence[Action], before: dict[str, Any]) -> dict[str, Any]:
+    for action in actions:
+        if isinstance(action, SetStatus):
+            before = apply_patch(before, action.status)
+    return before
+
+
+def creates(actions: Sequence[Action]) -> list[str]:
+    return [a.name for a in actions if isinstance(a, CreatePod)]
+
+
+def deletes(actions: Sequence[Action]) -> list[str]:
+    return [a.name for a in actions if isinstance(a, DeletePod)]
+
+
+def created_services(actions: Sequence[Action]) -> list[str]:
+    return [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreateService)]
+
+
+def events(actions: Sequence[Action]) -> list[str]:
+    return [a.reason for a in actions if isinstance(a, Event)]
+
+
+def condition(status: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    for c in status.get("conditions", []):
+        if c["type"] == kind:
+            return c["status"], c["reason"]
+    return None
+
+
+# ---- previous statuses, each made by the planner itself ----------------------------------------------
+
+FINISHED = JobProgress(finished=True, model_version=500, progress=1.0, epoch=1, metrics={"accuracy": 0.97})
+TRAINING = JobProgress(finished=False, model_version=120, progress=0.45, epoch=0, metrics={"loss": 0.3})
+
+
+def prior(kind: str, job: TrainingJob) -> dict[str, Any]:
+    """The status a job has after the planner ran it to ``kind``: fresh, created, running,
+    suspended, succeeded (100 s ago) or failed (100 s ago)."""
+    if kind == "fresh":
+        return {}
+    t0 = NOW - 200
+    live = replace(job, spec=replace(job.spec, run_policy=replace(job.spec.run_policy, suspend=False)))
+    status = status_after(plan(live, UID, observe([], now=t0), SETTINGS), {})
+    if kind == "created":
+        return status
+    n_ps, n_workers = job.spec.ps.replicas, job.spec.worker.replicas
+    status = status_after(plan(live, UID, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
+    if kind == "running":
+        return status
+    if kind == "suspended":
+        suspended = replace(job, spec=replace(job.spec, run_policy=replace(job.spec.run_policy, suspend=True)))
+        return status_after(plan(suspended, UID, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
+    if kind == "succeeded":
+        done = [pod("ps", i) for i in range(n_ps)] + [pod("worker", i, "Succeeded", exit_code=0) for i in range(n_workers)]
+        return status_after(plan(live, UID, observe(done, status, now=NOW - 100, coordinator=FINISHED, ps=n_ps), SETTINGS), status)
+    if kind == "failed":
+        broken = up(n_ps, n_workers - 1) + [pod("worker", n_workers - 1, "Failed", exit_code=1)]
+        never = replace(live, spec=replace(live.spec, worker=replace(live.spec.worker, restart_policy=type(live.spec.worker.restart_policy)("Never"))))
+        return status_after(plan(never, UID, observe(broken, status, now=NOW - 100, ps=n_ps), SETTINGS), status)
+    raise ValueError(kind)
+
+
+# ---- the table -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    id: str
+    pods: list[ObservedPod]
+    spec: dict[str, Any] = field(default_factory=dict)
+    prior: str = "running"
+    status: dict[str, Any] = field(default_factory=dict)  # merged over the prior status
+    coordinator: JobProgress | None = None
+    with_services: bool = True
+    creates: list[str] = field(default_factory=list)
+    services: list[str] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    phase: str | None = None
+    conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    restarts: int | None = None
+    events: list[str] | None = None  # None: not checked
+    delete_job: bool = False
+    recheck: float | None = None
+    check: Callable[[list[Action], dict[str, Any]], None] | None = None
+
+    def job(self) -> TrainingJob:
+        return make_job(self.spec)
+
+    def observed(self) -> Observed:
+        job = self.job()
+        status = _merge(prior(self.prior, job), self.status)
+        return observe(self.pods, status, coordinator=self.coordinator, ps=job.spec.ps.replicas,
+                       with_services=self.with_services)
+
+
+def _failed(index: int, code: int | None, **kw: Any) -> ObservedPod:
+    return pod("worker", index, "Failed", exit_code=code, **kw)
+
+
+W1_FAILED = [pod("ps", 0), pod("worker", 0), _failed(1, 1)]
+ALL = ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+RUNNING = {"Running": ("True", "TrainingJobRunning")}
+RESTARTING = {"Restarting": ("True", "TrainingJobRestarting"), "Running": ("False", "TrainingJobRestarting")}
+REPLACING_W1 = {"replacing": [{"name": "tj-worker-1"}], "restarts": 1, "phase": "Restarting"}
+
+
+def _check_progress(actions: list[Action], status: dict[str, Any]) -> None:
+    assert (status["progress"], status["modelVersion"], status["epoch"]) == ("45%", 120, 0)
+    assert status["metrics"] == {"loss": 0.3}
+    assert (status["mode"], status["workers"], status["ps"], status["readyWorkers"]) == ("Sync", "2/2", "1/1", 2)
+    assert status["replicaStatuses"] == {"ps": {"active": 1, "succeeded": 0, "failed": 0},
+                                         "worker": {"active": 2, "succeeded": 0, "failed": 0}}
+    assert status["workerSelector"] == "elasticps.io/job-name=tj,elasticps.io/replica-type=worker"
+
+
+def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "Unschedulable"]
+    assert c["message"] == "tj-worker-1 cannot be scheduled: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+
+
+def _check_completion(actions: list[Action], status: dict[str, Any]) -> None:
+    assert status["completionTime"] == rfc3339(NOW)
+    assert status["progress"] == "100%" and status["metrics"] == {"accuracy": 0.97}
+
+
+def _check_resume(actions: list[Action], status: dict[str, Any]) -> None:
+    assert status["startTime"] == rfc3339(NOW)  # the deadline counts from the resume
+
+
+def _check_fresh(actions: list[Action], status: dict[str, Any]) -> None:
+    assert status["startTime"] == rfc3339(NOW)
+    assert status["replacing"] == [] and "completionTime" not in status
+    ps = next(a for a in actions if isinstance(a, CreatePod) and a.name == "tj-ps-0")
+    assert ps.manifest["metadata"]["ownerReferences"][0]["uid"] == UID
+    # services first, then PS pods, then workers
+    kinds = [type(a).__name__ for a in actions if isinstance(a, (CreatePod, CreateService))]
+    assert kinds == ["CreateService", "CreatePod", "CreatePod", "CreatePod"]
+
+
+def _unschedulable(since: float) -> list[ObservedPod]:
+    return [pod("ps", 0), pod("worker", 0),
+            pod("worker", 1, "Pending", unschedulable_since=since, reason="Unschedulable",
+                message="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")]
+
+
+CASES = [
+    # creation
+    Case("fresh job: services, pods, Created", [], prior="fresh", with_services=False,
+         services=["tj-ps-0"], creates=ALL, phase="Created",
+         conditions={"Created": ("True", "TrainingJobCreated")}, restarts=0, events=["Created"], check=_check_fresh),
+    Case("fresh job with 2 PS and 3 workers", [], spec={"ps": {"replicas": 2}, "worker": {"replicas": 3}},
+         prior="fresh", with_services=False, services=["tj-ps-0", "tj-ps-1"],
+         creates=["tj-ps-0", "tj-ps-1", "tj-worker-0", "tj-worker-1", "tj-worker-2"], phase="Created", events=["Created"]),
+    Case("a missing service alone is created", up(), with_services=False, services=["tj-ps-0"], phase="Running"),
+    Case("created pods pending: still Created", [pod("ps", 0, "Pending"), pod("worker", 0, "Pending"),
+         pod("worker", 1, "Pending")], prior="created", phase="Created", conditions={"Created": ("True", "TrainingJobCreated")}),
+    Case("all running: Running", up(), prior="created", phase="Running", conditions=RUNNING, restarts=0,
+         coordinator=TRAINING, check=_check_progress),
+    Case("every PS and one worker running: Running", [pod("ps", 0), pod("worker", 0), pod("worker", 1, "Pending")],
+         prior="created", phase="Running", conditions=RUNNING),
+    Case("PS not running yet: not Running", [pod("ps", 0, "Pending"), pod("worker", 0), pod("worker", 1)],
+         prior="created", phase="Created"),
+    Case("a pod being deleted is not created again", [pod("ps", 0), pod("worker", 0), pod("worker", 1, deleted=True)],
+         phase="Running"),
+    # failures and replacement
+    Case("worker fails, OnFailure: deleted now, restart counted", W1_FAILED, deletes=["tj-worker-1"], phase="Restarting",
+         conditions=RESTARTING, restarts=1, events=["Restarting"]),
+    Case("PS fails, Always: replaced too", [pod("ps", 0, "Failed", exit_code=137), pod("worker", 0), pod("worker", 1)],
+         deletes=["tj-ps-0"], phase="Restarting", restarts=1, events=["Restarting"]),
+    Case("two failures in one pass count twice", [pod("ps", 0), _failed(0, 1), _failed(1, 2)],
+         deletes=["tj-worker-0", "tj-worker-1"], restarts=2, events=["Restarting", "Restarting"]),
+    Case("last replacement within backoffLimit", W1_FAILED, status={"restarts": 2}, deletes=["tj-worker-1"], restarts=3,
+         events=["Restarting"]),
+    Case("backoffLimit exceeded, cleanPodPolicy None keeps the pods", W1_FAILED, status={"restarts": 3},
+         phase="Failed", conditions={"Failed": ("True", "BackoffLimitExceeded"), "Running": ("False", "BackoffLimitExceeded")},
+         restarts=3, events=["BackoffLimitExceeded"]),
+    Case("backoffLimit exceeded, cleanPodPolicy Running", W1_FAILED, spec={"runPolicy": {"cleanPodPolicy": "Running"}},
+         status={"restarts": 3}, phase="Failed", deletes=["tj-ps-0", "tj-worker-0"], events=["BackoffLimitExceeded"]),
+    Case("backoffLimit exceeded, cleanPodPolicy All", W1_FAILED, spec={"runPolicy": {"cleanPodPolicy": "All"}},
+         status={"restarts": 3}, phase="Failed", deletes=ALL),
+    Case("backoffLimit 0 fails at the first failure", W1_FAILED, spec={"runPolicy": {"backoffLimit": 0}},
+         phase="Failed", restarts=0, conditions={"Failed": ("True", "BackoffLimitExceeded")}),
+    Case("a failure past the limit cancels this pass's replacements", [pod("ps", 0), _failed(0, 1), _failed(1, 1)],
+         status={"restarts": 2}, phase="Failed", restarts=2, deletes=[], events=["BackoffLimitExceeded"]),
+    Case("ExitCode, exit 1: permanent", [pod("ps", 0), pod("worker", 0), _failed(1, 1)],
+         spec={"worker": {"restartPolicy": "ExitCode"}}, phase="Failed",
+         conditions={"Failed": ("True", "ReplicaFailed")}, events=["ReplicaFailed"]),
+    Case("ExitCode, exit 137: retried", [pod("ps", 0), pod("worker", 0), _failed(1, 137)],
+         spec={"worker": {"restartPolicy": "ExitCode"}}, deletes=["tj-worker-1"], restarts=1, phase="Restarting"),
+    Case("ExitCode, evicted without an exit code: retried", [pod("ps", 0), pod("worker", 0), _failed(1, None, reason="Evicted")],
+         spec={"worker": {"restartPolicy": "ExitCode"}}, deletes=["tj-worker-1"], restarts=1),
+    Case("Never: any failure fails the job", [pod("ps", 0), pod("worker", 0), _failed(1, 137)],
+         spec={"worker": {"restartPolicy": "Never"}}, phase="Failed", conditions={"Failed": ("True", "ReplicaFailed")}),
+    Case("Always: a worker that exited 0 early is replaced", [pod("ps", 0), pod("worker", 0), pod("worker", 1, "Succeeded", exit_code=0)],
+         spec={"worker": {"restartPolicy": "Always"}}, coordinator=TRAINING, deletes=["tj-worker-1"], restarts=1),
+    Case("OnFailure: a worker that exited 0 stays", [pod("ps", 0), pod("worker", 0), pod("worker", 1, "Succeeded", exit_code=0)],
+         coordinator=TRAINING, phase="Running", restarts=0),
+    Case("replacement: old pod still terminating, wait", [pod("ps", 0), pod("worker", 0), _failed(1, 1, deleted=True)],
+         status=REPLACING_W1, phase="Restarting", restarts=1),
+    Case("replacement: delete again when it did not land, count once", W1_FAILED, status=REPLACING_W1,
+         deletes=["tj-worker-1"], restarts=1, events=[]),
+    Case("replacement: old pod gone, same name created", [pod("ps", 0), pod("worker", 0)], status=REPLACING_W1,
+         creates=["tj-worker-1"], phase="Restarting", restarts=1,
+         check=lambda a, s: s["replacing"] == [] or pytest.fail(str(s["replacing"]))),
+    Case("replacement running: Running again, Restarting False", up(),
+         status={**REPLACING_W1, "replacing": [], "conditions": []}, phase="Running",
+         check=lambda a, s: condition(s, "Running") == ("True", "TrainingJobRunning") or pytest.fail(str(s))),
+    Case("replacement already created (status patch lost): kept", [pod("ps", 0), pod("worker", 0), pod("worker", 1, "Pending")],
+         status=REPLACING_W1, creates=[], deletes=[], restarts=1,
+         check=lambda a, s: s["replacing"] == [] or pytest.fail(str(s["replacing"]))),
+    Case("replacement told apart by uid", [pod("ps", 0), pod("worker", 0), _failed(1, 1, uid="new")],
+         status={**REPLACING_W1, "replacing": [{"name": "tj-worker-1", "uid": "old"}]},
+         deletes=["tj-worker-1"], restarts=2, events=["Restarting"]),
+    # scaling
+    Case("scale up 2 -> 4 creates worker-2 and worker-3 only", up(), spec={"worker": {"replicas": 4}},
+         creates=["tj-worker-2", "tj-worker-3"], restarts=0, phase="Running", events=[],
+         check=lambda a, s: condition(s, "Restarting") is None or pytest.fail(str(s))),
+    Case("scale down 4 -> 2 deletes the highest indices first", up(workers=4), deletes=["tj-worker-3", "tj-worker-2"],
+         restarts=0, phase="Running", events=["ScaledDown"]),
+    Case("scale down to 0", up(workers=3), spec={"worker": {"replicas": 0}},
+         deletes=["tj-worker-2", "tj-worker-1", "tj-worker-0"], restarts=0),
+    Case("scale down of a failed worker spends nothing", [pod("ps", 0), pod("worker", 0), _failed(1, 1)],
+         spec={"worker": {"replicas": 1}}, deletes=["tj-worker-1"], restarts=0, events=["ScaledDown"]),
+    Case("scale down while a replacement waits: not recreated", [pod("ps", 0), pod("worker", 0)],
+         spec={"worker": {"replicas": 1}}, status=REPLACING_W1, creates=[], restarts=1,
+         check=lambda a, s: s["replacing"] == [] or pytest.fail(str(s["replacing"]))),
+    # success
+    Case("training done, workers exited: Succeeded, PS deleted", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1, "Succeeded", exit_code=0)], coordinator=FINISHED, phase="Succeeded", deletes=["tj-ps-0"],
+         conditions={"Succeeded": ("True", "TrainingJobSucceeded"), "Running": ("False", "TrainingJobSucceeded")},
+         events=["Succeeded"], check=_check_completion),
+    Case("success with cleanPodPolicy Running", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1, "Succeeded", exit_code=0)], spec={"runPolicy": {"cleanPodPolicy": "Running"}},
+         coordinator=FINISHED, phase="Succeeded", deletes=["tj-ps-0"]),
+    Case("success with cleanPodPolicy All", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1, "Succeeded", exit_code=0)], spec={"runPolicy": {"cleanPodPolicy": "All"}},
+         coordinator=FINISHED, phase="Succeeded", deletes=ALL),
+    Case("training done, a worker still exiting: wait", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1)], coordinator=FINISHED, phase="Running", deletes=[]),
+    Case("training done, a late worker still pending: Succeeded, it is deleted", [pod("ps", 0),
+         pod("worker", 0, "Succeeded", exit_code=0), pod("worker", 1, "Pending")], coordinator=FINISHED,
+         phase="Succeeded", deletes=["tj-ps-0", "tj-worker-1"]),
+    Case("training done, a failure on the way out is not replaced", [pod("ps", 0),
+         pod("worker", 0, "Succeeded", exit_code=0), _failed(1, 1)], coordinator=FINISHED, phase="Succeeded",
+         deletes=["tj-ps-0"], restarts=0),
+    Case("coordinator silent: never Succeeded on pods alone", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1, "Succeeded", exit_code=0)], coordinator=None, phase="Running", deletes=[]),
+    # unschedulable
+    Case("unschedulable: a condition at once, with the scheduler's message", _unschedulable(NOW - 30), phase="Running",
+         conditions={"Unschedulable": ("True", "Unschedulable")}, events=["Unschedulable"], recheck=570.0,
+         check=_check_unschedulable_message),
+    Case("unschedulable past pending_timeout_s: Failed", _unschedulable(NOW - 601), phase="Failed",
+         conditions={"Failed": ("True", "Unschedulable")}, deletes=[], events=["Unschedulable", "Unschedulable"]),
+    Case("scheduled again: the condition turns False", up(),
+         status={"conditions": [{"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"},
+                                {"type": "Unschedulable", "status": "True", "reason": "Unschedulable", "message": "x"}]},
+         conditions={"Unschedulable": ("False", "Scheduled")}, events=[]),
+    # deadline
+    Case("activeDeadlineSeconds passed: Failed, running pods stopped", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
+         status={"startTime": rfc3339(NOW - 3700)}, phase="Failed", conditions={"Failed": ("True", "DeadlineExceeded")},
+         deletes=ALL, events=["DeadlineExceeded"]),
+    Case("activeDeadlineSeconds not yet: a recheck when due", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
+         status={"startTime": rfc3339(NOW - 600)}, phase="Running", recheck=3000.0),
+    # suspend
+    Case("suspend: pods deleted, Suspended", up(), spec={"runPolicy": {"suspend": True}}, deletes=ALL, creates=[],
+         phase="Suspended", conditions={"Suspended": ("True", "TrainingJobSuspended"), "Running": ("False", "TrainingJobSuspended")},
+         restarts=0, events=["Suspended"]),
+    Case("suspended, pods gone: nothing to do", [], spec={"runPolicy": {"suspend": True}}, prior="suspended",
+         phase="Suspended", events=[]),
+    Case("resume: pods created again", [], prior="suspended", creates=ALL,
+         conditions={"Suspended": ("False", "TrainingJobResumed")}, events=["Resumed"], phase="Created", check=_check_resume),
+    # finished jobs
+    Case("finished: TTL due, DeleteJob", [], spec={"runPolicy": {"ttlSecondsAfterFinished": 60}}, prior="succeeded",
+         delete_job=True, phase="Succeeded"),
+    Case("finished: TTL not due, recheck", [], spec={"runPolicy": {"ttlSecondsAfterFinished": 600}}, prior="succeeded",
+         recheck=500.0, phase="Succeeded"),
+    Case("finished: TTL 0 on the pass that fails it", W1_FAILED, spec={"runPolicy": {"ttlSecondsAfterFinished": 0}},
+         status={"restarts": 3}, phase="Failed", delete_job=True),
+    Case("finished: kept forever without a TTL", [], prior="succeeded", phase="Succeeded"),
+    Case("finished: a PS still there is deleted again", [pod("ps", 0)], prior="succeeded", deletes=["tj-ps-0"],
+         events=[], phase="Succeeded"),
+    Case("failed: nothing created again", [], prior="failed", creates=[], services=[], with_services=False, phase="Failed"),
+    # a template Kubernetes would refuse
+    Case("malformed template: Failed InvalidSpec", [], spec={"worker": {"template": {"spec": {"containers": "x"}}}},
+         prior="fresh", with_services=False, phase="Failed", conditions={"Failed": ("True", "InvalidSpec")}),
+]
+
+
+def run_case(case: Case) -> tuple[list[Action], dict[str, Any]]:
+    observed = case.observed()
+    actions = plan(case.job(), UID, observed, SETTINGS)
+    return actions, status_after(actions, dict(observed.status))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_rule(case: Case) -> None:
+    actions, status = run_case(case)
+    assert creates(actions) == case.creates
+    assert created_services(actions) == case.services
+    assert deletes(actions) == case.deletes
+    if case.events is not None:
+        assert events(actions) == case.events
+    if case.phase is not None:
+        assert status.get("phase") == case.phase
+    for kind, expected in case.conditions.items():
+        assert condition(status, kind) == expected, status.get("conditions")
+    if case.restarts is not None:
+        assert status["restarts"] == case.restarts
+    assert any(isinstance(a, DeleteJob) for a in actions) is case.delete_job
+    rechecks = [a.after_s for a in actions if isinstance(a, Recheck)]
+    if case.recheck is not None:
+        assert rechecks == [pytest.approx(case.recheck)]
+    if case.check is not None:
+        case.check(actions, status)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_idempotent(case: Case) -> None:
+    observed = case.observed()
+    first = plan(case.job(), UID, observed, SETTINGS)
+    assert plan(case.job(), UID, observed, SETTINGS) == first
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_planning_again_on_its_own_status_counts_nothing_twice(case: Case) -> None:
+    """Same pods (the deletes and creates did not land yet), the status this pass wrote."""
+    observed = case.observed()
+    actions, status = run_case(case)
+    again = plan(case.job(), UID, replace(observed, status=status), SETTINGS)
+    assert status_after(again, status).get("restarts") == status.get("restarts")
+    assert "Restarting" not in events(again)
+    assert not set(creates(again)) & {p.name for p in observed.pods}
+    assert set(deletes(again)) <= set(deletes(actions)) | {p.name for p in observed.pods}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_status_is_declared_in_the_crd(case: Case) -> None:
+    actions, status = run_case(case)
+    for action in actions:
+        if isinstance(action, SetStatus):
+            json.dumps(action.status, allow_nan=False)
+    assert undeclared(status_schema(), status) == []
+
+
+def undeclared(schema: dict[str, Any], value: Any, where: str = "status") -> list[str]:
+    """Keys the API server would prune, and values of the wrong JSON type."""
+    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "boolean": bool}
+    if not isinstance(value, kinds[schema["type"]]) or (schema["type"] in ("integer", "number") and isinstance(value, bool)):
+        return [f"{where}: not {schema['type']}"]
+    problems: list[str] = []
+    if "enum" in schema and value not in schema["enum"]:
+        problems.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                problems.append(f"{where}.{key}: required")
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key, schema.get("additionalProperties"))
+            problems += [f"{where}.{key}: pruned"] if sub is None else undeclared(sub, item, f"{where}.{key}")
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            problems += undeclared(schema["items"], item, f"{where}[{i}]")
+    return problems
+
+
+def test_table_covers_every_rule_of_the_issue() -> None:
+    reasons = {r for c in CASES for r in c.events or []} | {v[1] for c in CASES for v in c.conditions.values()}
+    for reason in ("Created", "TrainingJobRunning", "Restarting", "BackoffLimitExceeded", "ReplicaFailed", "Succeeded",
+                   "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "InvalidSpec"):
+        assert reason in reasons, reason
+
+
+# ---- conditions and the status patch -------------------------------------------------------------
+
+
+def test_condition_times_move_only_on_change() -> None:
+    job = make_job()
+    created = prior("created", job)
+    [c0] = created["conditions"]
+    assert c0["lastTransitionTime"] == c0["lastUpdateTime"] == rfc3339(NOW - 200)
+    later = plan(job, UID, observe([pod("ps", 0, "Pending")], created, now=NOW), SETTINGS)
+    after = status_after(later, created)
+    assert after["conditions"][0] == c0  # unchanged condition, unchanged times
+    running = status_after(plan(job, UID, observe(up(), after, now=NOW), SETTINGS), after)
+    assert condition(running, "Running") == ("True", "TrainingJobRunning")
+    restarting = status_after(plan(job, UID, observe(W1_FAILED, running, now=NOW + 50), SETTINGS), running)
+    [run] = [c for c in restarting["conditions"] if c["type"] == "Running"]
+    assert (run["status"], run["lastTransitionTime"]) == ("False", rfc3339(NOW + 50))
+
+
+def test_a_steady_job_writes_no_status() -> None:
+    job = make_job()
+    running = prior("running", job)
+    actions = plan(job, UID, observe(up(), running, now=NOW), SETTINGS)
+    assert actions == []
+
+
+def test_the_patch_holds_only_changes_and_deletes_stale_metrics() -> None:
+    job = make_job()
+    running = status_after(plan(job, UID, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
+                           prior("running", job))
+    newer = JobProgress(finished=False, model_version=130, progress=0.5, metrics={"accuracy": 0.8, "loss": float("nan")})
+    [action] = plan(job, UID, observe(up(), running, coordinator=newer), SETTINGS)
+    assert isinstance(action, SetStatus)
+    assert action.status == {"modelVersion": 130, "progress": "50%", "metrics": {"accuracy": 0.8, "loss": None}}
+
+
+def test_coordinator_silent_keeps_the_last_progress() -> None:
+    job = make_job()
+    running = status_after(plan(job, UID, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
+                           prior("running", job))
+    assert plan(job, UID, observe(up(), running, coordinator=None), SETTINGS) == []
+
+
+def test_other_writers_status_keys_are_left_alone() -> None:
+    assert merge_patch({"kopf": {"progress": {}}, "phase": "Created"}, {"phase": "Running"}) == {"phase": "Running"}
+
+
+def test_a_garbled_status_does_not_crash_the_planner() -> None:
+    garbled = {"phase": "Sleeping", "conditions": "x", "restarts": "many", "replacing": [3, {"uid": 1}], "startTime": "noon"}
+    actions = plan(make_job(), UID, observe(up(), garbled), SETTINGS)
+    status = status_after(actions, garbled)
+    assert status["restarts"] == 0 and status["phase"] == "Running"
+
+
+def test_times() -> None:
+    assert rfc3339(NOW) == "2023-11-14T22:13:20Z"
+    assert parse_time(rfc3339(NOW)) == NOW
+    assert parse_time("2023-11-14T22:13:20.5+00:00") == NOW + 0.5
+    assert parse_time(None) is None and parse_time("soon") is None
+
+
+@pytest.mark.parametrize(
+    "training,mode",
+    [({}, "Sync"), ({"useAsync": True}, "Async"), ({"useAsync": True, "lrStalenessModulation": True}, "Async+StalenessLR"),
+     ({"getModelFrequency": 4}, "Sync+SSP4")],
+)
+def test_training_mode(training: dict[str, Any], mode: str) -> None:
+    assert training_mode(make_job({"training": training}).spec.training) == mode
+
+
+def test_pending_timeout_can_be_disabled() -> None:
+    job = make_job()
+    actions = plan(job, UID, observe(_unschedulable(NOW - 10_000), prior("running", job)), PlannerSettings(pending_timeout_s=None))
+    assert status_after(actions, prior("running", job))["phase"] == "Running"
+
+
+def test_invalid_spec() -> None:
+    actions = plan_invalid(observe([]), "spec.training.numEpochs: must be >= 1, got 0")
+    status = status_after(actions, {})
+    assert status["phase"] == "Failed"
+    assert condition(status, "Failed") == ("True", "InvalidSpec")
+    assert events(actions) == ["InvalidSpec"]
+    assert plan_invalid(observe([], status), "again") == []
+
+
+# ---- whole lifecycles on a simulated cluster ---------------------------------------------------------
+
+
+class Cluster:
+    """Plays the API server and the kubelet: executes actions, moves pods through phases."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.pods: dict[str, ObservedPod] = {}
+        self.services: set[str] = set()
+        self.status: dict[str, Any] = {}
+        self.now = NOW
+        self.coordinator: JobProgress | None = None
+        self.log: list[Action] = []
+        self.deleted_job = False
+        self.uids = 0
+
+    def step(self, seconds: float = 10.0) -> list[Action]:
+        self.now += seconds
+        observed = Observed(tuple(self.pods.values()), tuple(ObservedService(s) for s in sorted(self.services)),
+                            self.now, self.coordinator, self.status)
+        actions = plan(self.job, UID, observed, SETTINGS)
+        for action in actions:
+            if isinstance(action, CreatePod):
+                assert action.name not in self.pods, f"duplicate create of {action.name}"
+                self.uids += 1
+                role, index = action.manifest["metadata"]["labels"]["elasticps.io/replica-type"], int(
+                    action.manifest["metadata"]["labels"]["elasticps.io/replica-index"])
+                self.pods[action.name] = pod(role, index, "Pending", uid=f"uid-{self.uids}")
+            elif isinstance(action, CreateService):
+                self.services.add(action.manifest["metadata"]["name"])
+            elif isinstance(action, DeletePod):
+                if action.name in self.pods:  # graceful deletion: gone on the next step
+                    self.pods[action.name] = replace(self.pods[action.name], deleted=True)
+            elif isinstance(action, SetStatus):
+                self.status = apply_patch(self.status, action.status)
+            elif isinstance(action, DeleteJob):
+                self.deleted_job = True
+        self.log += actions
+        return actions
+
+    def kubelet(self) -> None:
+        """Finishes deletions and starts pending pods."""
+        for name, p in list(self.pods.items()):
+            if p.deleted:
+                del self.pods[name]
+            elif p.phase is PodPhase.PENDING:
+                self.pods[name] = replace(p, phase=PodPhase.RUNNING, ready=True)
+
+    def set_pod(self, name: str, phase: str, **kw: Any) -> None:
+        self.pods[name] = replace(self.pods[name], phase=PodPhase(phase), ready=False, **kw)
+
+
+def test_lifecycle_failure_replacement_scaling_success_ttl() -> None:
+    job = make_job({"runPolicy": {"ttlSecondsAfterFinished": 30, "backoffLimit": 2}})
+    cluster = Cluster(job)
+    cluster.step()
+    assert sorted(cluster.pods) == ALL and cluster.status["phase"] == "Created"
+    cluster.kubelet()
+    cluster.step()
+    assert cluster.status["phase"] == "Running"
+
+    # worker-1 is killed: deleted, then the same name comes back once the old pod is gone
+    cluster.set_pod("tj-worker-1", "Failed", exit_code=137)
+    old_uid = cluster.pods["tj-worker-1"].uid
+    cluster.step()
+    cluster.step()  # the delete is still in flight: nothing more
+    assert cluster.status["restarts"] == 1 and cluster.status["phase"] == "Restarting"
+    cluster.kubelet()
+    assert "tj-worker-1" not in cluster.pods
+    cluster.step()
+    assert cluster.pods["tj-worker-1"].uid != old_uid
+    cluster.kubelet()
+    cluster.step()
+    assert cluster.status["phase"] == "Running" and cluster.status["restarts"] == 1
+
+    # scale up and down: no restart spent, the others untouched
+    before = {n: p.uid for n, p in cluster.pods.items()}
+    cluster.job = job = make_job({"runPolicy": {"ttlSecondsAfterFinished": 30, "backoffLimit": 2}, "worker": {"replicas": 4}})
+    cluster.step()
+    cluster.kubelet()
+    cluster.step()
+    assert sorted(cluster.pods) == sorted(ALL + ["tj-worker-2", "tj-worker-3"])
+    assert all(cluster.pods[n].uid == u for n, u in before.items())
+    cluster.job = job = make_job({"runPolicy": {"ttlSecondsAfterFinished": 30, "backoffLimit": 2}, "worker": {"replicas": 3}})
+    cluster.step()
+    cluster.kubelet()
+    cluster.step()
+    assert sorted(cluster.pods) == sorted(ALL + ["tj-worker-2"])
+    assert cluster.status["restarts"] == 1 and cluster.status["workers"] == "3/3"
+    assert cluster.status["replicaStatuses"]["worker"]["active"] == 3
+
+    # training done: workers exit 0, the job succeeds, the PS is deleted, then the job after its TTL
+    cluster.coordinator = FINISHED
+    for i in range(3):
+        cluster.set_pod(f"tj-worker-{i}", "Succeeded", exit_code=0)
+    cluster.step()
+    assert cluster.status["phase"] == "Succeeded"
+    cluster.kubelet()
+    assert sorted(cluster.pods) == ["tj-worker-0", "tj-worker-1", "tj-worker-2"]  # None keeps them for their logs
+    cluster.coordinator = None  # PS 0 is gone
+    cluster.step(10)
+    assert not cluster.deleted_job
+    assert cluster.status["progress"] == "100%"
+    cluster.step(25)
+    assert cluster.deleted_job
+    assert sum(isinstance(a, Event) and a.reason == "Succeeded" for a in cluster.log) == 1
+
+
+def test_lifecycle_backoff_limit() -> None:
+    cluster = Cluster(make_job({"runPolicy": {"backoffLimit": 1, "cleanPodPolicy": "Running"}}))
+    cluster.step()
+    cluster.kubelet()
+    cluster.step()
+    for attempt in range(2):
+        cluster.set_pod("tj-worker-0", "Failed", exit_code=1)
+        cluster.step()
+        cluster.kubelet()
+        cluster.step()
+        cluster.kubelet()
+        cluster.step()
+    assert cluster.status["phase"] == "Failed"
+    assert condition(cluster.status, "Failed") == ("True", "BackoffLimitExceeded")
+    assert cluster.status["restarts"] == 1
+    cluster.kubelet()
+    assert sorted(cluster.pods) == ["tj-worker-0"]  # the failed pod stays, the running ones were stopped
+
+
+def test_lifecycle_suspend_and_resume() -> None:
+    cluster = Cluster(make_job({"runPolicy": {"activeDeadlineSeconds": 100}}))
+    cluster.step()
+    cluster.kubelet()
+    cluster.step()
+    cluster.job = make_job({"runPolicy": {"activeDeadlineSeconds": 100, "suspend": True}})
+    cluster.step()
+    cluster.kubelet()
+    assert cluster.pods == {} and cluster.status["phase"] == "Suspended"
+    cluster.step(500)  # suspended longer than the deadline: no failure
+    assert cluster.status["phase"] == "Suspended"
+    cluster.job = make_job({"runPolicy": {"activeDeadlineSeconds": 100}})
+    cluster.step()
+    cluster.kubelet()
+    cluster.step()
+    assert cluster.status["phase"] == "Running" and sorted(cluster.pods) == ALL
+    assert cluster.status["restarts"] == 0
+    cluster.step(95)
+    assert cluster.status["phase"] == "Failed"
+    assert condition(cluster.status, "Failed") == ("True", "DeadlineExceeded")
