@@ -7,7 +7,7 @@ JOB ?= examples/mnist.yaml
 MNIST_DIR ?= ../shared/data/mnist
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: run test unit lint typecheck bench proto manifests clean
+.PHONY: run test unit lint typecheck bench convergence proto manifests clean
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -41,6 +41,10 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Sync against async MNIST: test accuracy over wall time (docs/convergence.md).
+convergence: $(STAMP)
+	$(PY) -m bench.convergence
 
 # Regenerates elasticps/proto/*_pb2*.py and the .pyi stubs from elasticps.proto.
 proto: $(STAMP)

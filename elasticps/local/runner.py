@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
@@ -35,10 +35,19 @@ class JobFailed(Exception):
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    elapsed_s: float  # since the runner started
+    version: int  # the model version evaluated
+    records_done: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class RunResult:
     status: pb.JobStatus
     elapsed_s: float
     restarts: int
+    history: tuple[Evaluation, ...] = ()
 
 
 class LocalRunner:
@@ -49,6 +58,7 @@ class LocalRunner:
         self._processes: list[Process] = []
         self._restarts = 0
         self._started = time.monotonic()
+        self._history: list[Evaluation] = []
 
     def run(self) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +117,7 @@ class LocalRunner:
             try:
                 status = coordinator.status(timeout_s=2.0)
                 self._progress.update(status)
+                self._record(status)
             except grpc.RpcError:
                 pass  # PS 0 restarting: the next poll will tell
             self._handle_exits()
@@ -121,10 +132,23 @@ class LocalRunner:
                 if not status.finished:
                     raise JobFailed("workers exited but the coordinator says the training is not done")
                 self._progress.update(status)
-                return RunResult(status, time.monotonic() - self._started, self._restarts)
+                self._record(status)
+                return RunResult(status, time.monotonic() - self._started, self._restarts, tuple(self._history))
             if deadline_s and time.monotonic() - self._started > deadline_s:
                 raise JobFailed(f"DeadlineExceeded: the job ran longer than activeDeadlineSeconds={deadline_s}")
             time.sleep(POLL_S)
+
+    def _record(self, status: pb.JobStatus) -> None:
+        """Keeps each new evaluation with its time: the run's learning curve."""
+        if status.metrics and (not self._history or self._history[-1].version != status.metrics_version):
+            self._history.append(
+                Evaluation(
+                    elapsed_s=round(time.monotonic() - self._started, 2),
+                    version=status.metrics_version,
+                    records_done=status.records_done,
+                    metrics=dict(status.metrics),
+                )
+            )
 
     def _handle_exits(self) -> None:
         for process in self._processes:
@@ -184,4 +208,5 @@ def outcome(result: RunResult) -> dict[str, object]:
         "metrics_version": status.metrics_version,
         "tasks_requeued": status.tasks_requeued,
         "gradients_rejected": status.gradients_rejected,
+        "history": [asdict(evaluation) for evaluation in result.history],
     }

@@ -39,6 +39,9 @@ def test_job_trains_every_record_and_learns(tmp_path: Path, data: tuple[Path, Pa
     assert result["records_done"] == result["records_total"] == 8000
     metrics = result["metrics"]
     assert isinstance(metrics, dict) and metrics["accuracy"] > 0.85, result
+    history = result["history"]  # the learning curve: every evaluation, in time order
+    assert isinstance(history, list) and history[-1]["metrics"] == metrics
+    assert [h["elapsed_s"] for h in history] == sorted(h["elapsed_s"] for h in history)
     assert "Traceback" not in stderr
 
 
