@@ -122,7 +122,10 @@ class Worker:
         except Exception as err:
             result.success = False
             result.error = f"{type(err).__name__}: {err}"
-            self._coordinator.report(result)
+            try:  # best effort: the task goes back to the queue now rather than after a timeout
+                self._coordinator.report(result)
+            except Exception as report_error:
+                log.warning("could not report task %d as failed: %s", task.id, report_error)
             raise
         self._coordinator.report(result)
 
