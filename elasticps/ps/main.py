@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY, start_http_server
 
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.spec import DataReader, TrainingSpec
@@ -25,6 +26,7 @@ from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -48,6 +50,7 @@ class PSConfig:
     training_data: str
     validation_data: str
     rpc_threads: int
+    metrics_port: int
     training: TrainingSpec
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (hidden flag: the benchmark varies it)
 
@@ -69,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training_data", default="", help="training data path (PS 0: cut into tasks)")
     parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
+    parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument("--chunk_bytes", type=int, default=CHUNK_BYTES, help=argparse.SUPPRESS)
     add_training_flags(parser)
 
@@ -89,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         training_data=args.training_data,
         validation_data=args.validation_data,
         rpc_threads=args.rpc_threads,
+        metrics_port=args.metrics_port,
         training=training_from_args(args),
         chunk_bytes=args.chunk_bytes,
     )
@@ -131,7 +136,9 @@ def run(config: PSConfig) -> int:
     if store.restore():
         log.info("PS %d resumes at version %d", config.ps_id, store.version)
     server = create_server(config.rpc_threads)
-    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes), server)
+    metrics = PSMetrics(REGISTRY, config.ps_id)
+    metrics.model_version.set(store.version)
+    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes, metrics), server)
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)
@@ -144,6 +151,8 @@ def run(config: PSConfig) -> int:
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = bind(server, config.host, config.port)
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.host, registry=REGISTRY)
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     if config.port_file:

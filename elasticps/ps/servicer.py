@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.optimizers import OptimizerConfig, OptimizerError
 from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
 from elasticps.rpc import frames
@@ -32,9 +35,12 @@ SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 
 
 class ParameterServerServicer:
-    def __init__(self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES) -> None:
+    def __init__(
+        self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES, metrics: PSMetrics | None = None
+    ) -> None:
         self._store = store
         self._chunk_bytes = chunk_bytes
+        self._metrics = metrics or PSMetrics(CollectorRegistry(), store.settings.shard)
         self._cache_lock = threading.Lock()
         self._cached: tuple[int, list[bytes]] | None = None
 
@@ -53,19 +59,26 @@ class ParameterServerServicer:
     def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         store = self._store
         if not store.initialized:
+            self._metrics.pulled("uninitialized")
             yield pb.Frame(model=pb.ModelHead(initialized=False, version=0)).SerializeToString()
             return
         if request.version == store.version and request.wait_ms > 0:
             store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
         if request.version == store.version:
+            self._metrics.pulled("current")
             yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version)).SerializeToString()
             return
+        self._metrics.pulled("full")
         if store.settings.use_async:
             with store.reading() as (version, variables):
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
-                yield from frames.encode(head, variables, self._chunk_bytes)
+                for message in frames.encode(head, variables, self._chunk_bytes):
+                    self._metrics.bytes_sent.inc(len(message))
+                    yield message
             return
-        yield from self._consistent_frames()
+        for message in self._consistent_frames():
+            self._metrics.bytes_sent.inc(len(message))
+            yield message
 
     def _consistent_frames(self) -> list[bytes]:
         with self._cache_lock:
@@ -83,12 +96,20 @@ class ParameterServerServicer:
         if not decoded.first.HasField("push"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushGradients: the first frame needs a push head")
         head = decoded.first.push
+        self._metrics.bytes_received.inc(sum(t.nbytes for t in decoded.tensors.values()))
+        started = time.perf_counter()
         try:
             outcome = self._store.push(decoded.tensors, head.version, head.learning_rate)
         except UninitializedError as err:
+            self._metrics.pushed("uninitialized")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except GradientError as err:
+            self._metrics.pushed("invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        self._metrics.push_seconds.observe(time.perf_counter() - started)
+        self._metrics.pushed("accepted" if outcome.accepted else "rejected")
+        self._metrics.staleness.observe(outcome.staleness)
+        self._metrics.model_version.set(outcome.version)
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
 
 

@@ -31,6 +31,7 @@ class WorkerConfig:
     training_data: str
     validation_data: str
     num_threads: int
+    metrics_port: int
     training: TrainingSpec
 
 
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training_data", required=True, help="training data path")
     parser.add_argument("--validation_data", default="", help="validation data path (evaluation tasks)")
     parser.add_argument("--num_threads", type=int, default=0, help="TensorFlow threads (0: TensorFlow's default)")
+    parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     add_training_flags(parser)
 
 
@@ -69,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         training_data=args.training_data,
         validation_data=args.validation_data,
         num_threads=args.num_threads,
+        metrics_port=args.metrics_port,
         training=training_from_args(args),
     )
 
@@ -81,6 +84,9 @@ def run(config: WorkerConfig) -> int:
     from elasticps.ps.optimizers import OptimizerError
     from elasticps.worker import keras_trainer
     from elasticps.worker.model_loading import ModelError, load_model_module
+    from prometheus_client import REGISTRY, start_http_server
+
+    from elasticps.worker.metrics import WorkerMetrics
     from elasticps.worker.training import Worker
 
     name = f"worker-{config.worker_id}"
@@ -98,7 +104,10 @@ def run(config: WorkerConfig) -> int:
         return EXIT_USER_ERROR
     ps = PSClient(config.ps_addrs, worker=name)
     coordinator = CoordinatorClient(config.ps_addrs[0], worker=name)
-    worker = Worker(config.training, trainer, ps, coordinator, training, validation)
+    metrics = WorkerMetrics(REGISTRY, name)
+    if config.metrics_port:
+        start_http_server(config.metrics_port, registry=REGISTRY)
+    worker = Worker(config.training, trainer, ps, coordinator, training, validation, metrics=metrics)
     try:
         worker.run()
     finally:

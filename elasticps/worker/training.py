@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from elasticps.api.spec import TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
@@ -32,6 +33,7 @@ from elasticps.data.readers import Reader
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import PSClient, Pushed, ShardsUninitialized
 from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Worker:
         training_data: Reader,
         validation_data: Reader | None,
         heartbeat_s: float = 5.0,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._trainer = trainer
@@ -84,6 +87,7 @@ class Worker:
         self._update_pending = False
         self._stop = threading.Event()
         self.counters = Counters()
+        self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -144,6 +148,8 @@ class Worker:
                 loss = self._sync_step(x, y)
             loss_sum += loss * count
             self.counters.steps += 1
+            self._metrics.steps.inc()
+            self._metrics.records.inc(count)
         self._settle()
         result.loss_sum = loss_sum
         result.rejected = self.counters.rejected - rejected_before
@@ -151,13 +157,14 @@ class Worker:
     def _sync_step(self, x: Any, y: Any) -> float:
         while True:
             self._pull(wait_ms=SYNC_WAIT_MS if self._update_pending else 0)
-            loss, gradients = self._trainer.gradients(x, y)
+            loss, gradients = self._gradients(x, y)
             pushed = self._push(gradients)
             if pushed.all_accepted:
                 self._update_pending = pushed.versions == self._versions
                 return loss
             self._update_pending = False
             self.counters.rejected += 1  # the PS moved on: pull and retrain this minibatch
+            self._metrics.rejected.inc()
 
     def _async_step(self, x: Any, y: Any, since_pull: int) -> float:
         if since_pull == 0:
@@ -166,7 +173,7 @@ class Worker:
             # made async MNIST diverge). Between pulls (SSP) the push overlaps the next minibatch.
             self._settle()
             self._pull()
-        loss, gradients = self._trainer.gradients(x, y)
+        loss, gradients = self._gradients(x, y)
         versions = list(self._versions)
         self._settle()
         self._in_flight = self._ps.push_gradients_async(gradients, versions, self._settings.learning_rate)
@@ -174,9 +181,14 @@ class Worker:
             self._trainer.apply_local(gradients)
         return loss
 
+    def _gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        with self._metrics.step_seconds.time():
+            return self._trainer.gradients(x, y)
+
     def _push(self, gradients: dict[str, np.ndarray]) -> Pushed:
         try:
-            return self._ps.push_gradients(gradients, self._versions, self._settings.learning_rate)
+            with self._metrics.push_seconds.time():
+                return self._ps.push_gradients(gradients, self._versions, self._settings.learning_rate)
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
             return Pushed([False] * self._ps.num_shards, list(self._versions))
@@ -193,7 +205,8 @@ class Worker:
 
     # ---- the model ---------------------------------------------------------------------------
     def _pull(self, initialise: bool = False, wait_ms: int = 0) -> None:
-        pulled = self._ps.pull(self._versions, wait_ms=wait_ms)
+        with self._metrics.pull_seconds.time():
+            pulled = self._ps.pull(self._versions, wait_ms=wait_ms)
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
@@ -205,6 +218,7 @@ class Worker:
         if pulled.tensors:
             self._trainer.assign(pulled.tensors)
         self._versions = pulled.versions
+        self._metrics.model_version.set(pulled.versions[0])
 
     def _reinitialise(self, shards: list[int]) -> None:
         log.warning("PS shards %s lost their model: pushing ours again", shards)

@@ -1,0 +1,49 @@
+"""Prometheus metrics of one PS shard: pushes, pulls, rejected gradients, staleness, version, bytes.
+
+Created once per process by ``ps/main.py`` on a registry (tests pass their own) and handed to the
+servicer, which records every call. Served over HTTP on ``--metrics_port`` for Prometheus to scrape.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Staleness is a count of model versions: 0 for a current gradient, ~number of workers in async.
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+
+class PSMetrics:
+    def __init__(self, registry: CollectorRegistry, shard: int) -> None:
+        labels = {"shard": str(shard)}
+        self.pushes = Counter(
+            "elasticps_ps_pushes", "Gradient pushes by outcome", ["shard", "outcome"], registry=registry
+        )
+        self.pulls = Counter("elasticps_ps_pulls", "Model pulls by kind", ["shard", "kind"], registry=registry)
+        self.staleness = Histogram(
+            "elasticps_ps_gradient_staleness",
+            "PS version minus the gradient's version, per accepted or rejected push",
+            ["shard"],
+            buckets=_STALENESS_BUCKETS,
+            registry=registry,
+        ).labels(**labels)
+        self.model_version = Gauge(
+            "elasticps_ps_model_version", "Updates applied to this shard", ["shard"], registry=registry
+        ).labels(**labels)
+        self.bytes_received = Counter(
+            "elasticps_ps_tensor_bytes_received", "Tensor bytes received (pushes)", ["shard"], registry=registry
+        ).labels(**labels)
+        self.bytes_sent = Counter(
+            "elasticps_ps_tensor_bytes_sent", "Tensor bytes sent (pulls)", ["shard"], registry=registry
+        ).labels(**labels)
+        self.push_seconds = Histogram(
+            "elasticps_ps_push_seconds", "Time to check and apply one push", ["shard"], registry=registry
+        ).labels(**labels)
+        self._shard = str(shard)
+
+    def pushed(self, outcome: str) -> None:
+        """outcome: accepted | rejected (stale, sync) | invalid (INVALID_ARGUMENT) | uninitialized."""
+        self.pushes.labels(shard=self._shard, outcome=outcome).inc()
+
+    def pulled(self, kind: str) -> None:
+        """kind: full | current (nothing newer) | uninitialized."""
+        self.pulls.labels(shard=self._shard, kind=kind).inc()

@@ -1,0 +1,50 @@
+"""`elasticps ps` as a real process: its port file, health service and Prometheus endpoint."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from local_jobs import write_data
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_ps_serves_health_and_metrics(tmp_path: Path) -> None:
+    train, _ = write_data(tmp_path, records=100)
+    port_file, metrics_port = tmp_path / "port", free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "elasticps", "ps", "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+         f"--metrics_port={metrics_port}", "--data_reader=npz", f"--training_data={train}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr
+            time.sleep(0.05)
+        with grpc.insecure_channel(f"127.0.0.1:{int(port_file.read_text())}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert 'elasticps_ps_model_version{shard="0"} 0.0' in text
+        assert "elasticps_ps_gradient_staleness_bucket" in text
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0  # SIGTERM: a clean stop

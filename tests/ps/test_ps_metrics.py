@@ -1,0 +1,51 @@
+"""The PS's Prometheus metrics, recorded by the real servicer over real gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from elasticps.ps.client import PSClient
+from elasticps.ps.metrics import PSMetrics
+from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.ps.servicer import ParameterServerServicer, add_to_server
+from elasticps.ps.store import ParameterStore, StoreSettings
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    found = registry.get_sample_value(name, {"shard": "0", **labels})
+    return 0.0 if found is None else found
+
+
+def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[..., int]) -> None:
+    registry = CollectorRegistry()
+    store = ParameterStore(StoreSettings(grads_to_wait=1))
+    servicer = ParameterServerServicer(store, metrics=PSMetrics(registry, 0))
+    port = grpc_servers(lambda server: add_to_server(servicer, server))
+    client = PSClient([f"127.0.0.1:{port}"], worker="w", deadline_s=5)
+    model = {"w": np.zeros(1000, dtype=np.float32)}
+    gradient = {"w": np.ones(1000, dtype=np.float32)}
+    try:
+        client.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.1}))
+        client.pull([-1])  # full
+        client.pull([0])  # current
+        assert client.push_gradients(gradient, [0]).all_accepted  # version 0 -> 1
+        assert not client.push_gradients(gradient, [0]).all_accepted  # stale by one: rejected
+        with pytest.raises(grpc.RpcError):
+            client.push_gradients({"w": np.full(1000, np.nan, dtype=np.float32)}, [1])
+    finally:
+        client.close()
+    assert value(registry, "elasticps_ps_pulls_total", kind="full") == 1
+    assert value(registry, "elasticps_ps_pulls_total", kind="current") == 1
+    assert value(registry, "elasticps_ps_pushes_total", outcome="accepted") == 1
+    assert value(registry, "elasticps_ps_pushes_total", outcome="rejected") == 1
+    assert value(registry, "elasticps_ps_pushes_total", outcome="invalid") == 1
+    assert value(registry, "elasticps_ps_gradient_staleness_count") == 2
+    assert value(registry, "elasticps_ps_gradient_staleness_sum") == 1  # 0 for the first, 1 for the stale
+    assert value(registry, "elasticps_ps_model_version") == 1
+    assert value(registry, "elasticps_ps_tensor_bytes_received_total") == 3 * 4000
+    assert value(registry, "elasticps_ps_tensor_bytes_sent_total") >= 4000
