@@ -13,8 +13,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.rpc.channels import bind, create_server
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ class WorkerConfig:
     validation_data: str
     num_threads: int
     metrics_port: int
+    health_port: int
     training: TrainingSpec
 
 
@@ -49,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation_data", default="", help="validation data path (evaluation tasks)")
     parser.add_argument("--num_threads", type=int, default=0, help="TensorFlow threads (0: TensorFlow's default)")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    parser.add_argument(
+        "--health_port", type=int, default=0, help="serve the gRPC health-checking service on this port (0: off)"
+    )
     add_training_flags(parser)
 
 
@@ -72,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         validation_data=args.validation_data,
         num_threads=args.num_threads,
         metrics_port=args.metrics_port,
+        health_port=args.health_port,
         training=training_from_args(args),
     )
 
@@ -107,11 +116,25 @@ def run(config: WorkerConfig) -> int:
     metrics = WorkerMetrics(REGISTRY, name)
     if config.metrics_port:
         start_http_server(config.metrics_port, registry=REGISTRY)
+    health_server = _serve_health(config.health_port) if config.health_port else None
     worker = Worker(config.training, trainer, ps, coordinator, training, validation, metrics=metrics)
     try:
         worker.run()
     finally:
         ps.close()
         coordinator.close()
+        if health_server is not None:
+            health_server.stop(grace=None)
     log.info("%s done: %s", name, worker.counters)
     return 0
+
+
+def _serve_health(port: int) -> grpc.Server:
+    """The standard gRPC health service, SERVING from start-up to exit (pod probes ask it)."""
+    server = create_server(max_workers=2)
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    bind(server, "0.0.0.0", port)
+    server.start()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server

@@ -48,3 +48,40 @@ def test_ps_serves_health_and_metrics(tmp_path: Path) -> None:
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0  # SIGTERM: a clean stop
+
+
+def test_worker_serves_health_while_training(tmp_path: Path) -> None:
+    train, _ = write_data(tmp_path, records=20000)
+    port_file, health_port = tmp_path / "port", free_port()
+    ps = subprocess.Popen(
+        [sys.executable, "-m", "elasticps", "ps", "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+         "--data_reader=npz", f"--training_data={train}", "--num_epochs=20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert ps.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "elasticps", "worker", f"--ps_addrs=127.0.0.1:{int(port_file.read_text())}",
+             "--model_def=elasticps.zoo.mlp", "--data_reader=npz", f"--training_data={train}",
+             f"--health_port={health_port}", "--num_epochs=20"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        status = None
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while status is None:
+                assert worker.poll() is None and time.monotonic() < deadline + 60, worker.stderr
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                except grpc.RpcError:
+                    time.sleep(0.1)
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        for process in (worker, ps):
+            if process is not None:
+                process.kill()
+                process.wait()
