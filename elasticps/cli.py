@@ -1,4 +1,5 @@
-"""The ``elasticps`` command: ``run`` a TrainingJob locally, or serve as a ``ps`` or a ``worker``.
+"""The ``elasticps`` command: ``run`` a TrainingJob locally, serve as a ``ps`` or a ``worker``, or run
+the Kubernetes ``operator``.
 
 User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
 traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C.
@@ -20,6 +21,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
+    from elasticps.operator import main as operator_main
     from elasticps.ps import main as ps_main
     from elasticps.worker import main as worker_main
 
@@ -34,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--result_file", type=Path, default=None, help="also write the outcome as JSON here")
     ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
     worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
+    operator_main.add_arguments(
+        commands.add_parser("operator", help="run the Kubernetes operator (kopf) for TrainingJob resources")
+    )
     return parser
 
 
@@ -43,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "run":
         return _run(args.job, args.run_dir, args.result_file)
+    if args.command == "operator":
+        from elasticps.operator import main as operator_main
+
+        return operator_main.run(operator_main.config_from_args(args), args.liveness)
     if args.command == "ps":
         from elasticps.ps import main as ps_main
 

@@ -1,7 +1,16 @@
-"""The Kubernetes operator: a thin kopf adapter (to come) over the pure planner in ``planning``.
+"""The Kubernetes operator: a thin kopf adapter over the pure planner in ``planning``.
 
 ``planning.plan(job, uid, observed, settings) -> actions`` decides; ``manifests`` builds the pods and
-Services it creates. Neither imports kopf or the Kubernetes client, so both are unit-tested without a
-cluster; the adapter lists the job's pods and Services, asks PS 0's coordinator for progress, runs
-``plan`` and executes the actions. Start it with ``kopf run -m elasticps.operator.<adapter module>``.
+Services it creates; ``status`` keeps the conditions. None of them imports kopf or the Kubernetes
+client, so all are unit-tested without a cluster. The adapter around them:
+
+- ``handlers``: the kopf handlers, mere triggers (job created/resumed/changed, a pod of a job changed);
+- ``queueing``: one pass at a time per job, bursts of events coalesced, an idle-aware resync;
+- ``reconciling``: one pass (read the job, its pods and Services fresh, ask PS 0 via ``probing``,
+  turn what was read into ``Observed`` via ``observing``, plan);
+- ``executing``: the actions carried out in the planner's order, Events about each pod;
+- ``cluster_api``: the few API calls, as JSON, over the official client; ``counting`` counts them;
+- ``config``, ``runtime``, ``main``: ``elasticps operator`` (flags -> config -> kopf).
+
+Start it with ``elasticps operator`` or ``kopf run -m elasticps.operator.handlers --all-namespaces``.
 """

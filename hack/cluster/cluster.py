@@ -356,6 +356,11 @@ def cmd_up(args: argparse.Namespace) -> None:
         # Node addresses are what the apiserver dials for logs/exec: keep them
         # on loopback. Pod IPs are fake and never dialled (no kube-proxy/CNI).
         "--node-ip=127.0.0.1", f"--node-port={ports['kwok']}", "--cidr=10.244.0.1/16",
+        # Heartbeats through node Leases, as kubelets do. Without this flag kwok v0.7.0 renews no
+        # Lease yet picks its lease-based heartbeat stage (node status every ~10-20 min), so the
+        # node lifecycle controller marks every node NotReady a few minutes after `up`: pods lose
+        # their Ready condition (kwok never restores it) and get the unreachable NoExecute taint.
+        "--node-lease-duration-seconds=40",
     ], logs))
     for name, url in (("kube-controller-manager", f"https://127.0.0.1:{ports['kcm']}/healthz"),
                       ("kube-scheduler", f"https://127.0.0.1:{ports['scheduler']}/healthz"),

@@ -1,0 +1,45 @@
+"""The operator process's configuration: one frozen value, built from ``elasticps operator``'s flags.
+
+Callers: ``main`` (flags -> :class:`OperatorConfig`) hands it to kopf as the operator's memo; the
+startup handler in ``handlers`` reads it (or uses the defaults under a bare
+``kopf run -m elasticps.operator.handlers``) and passes the parts down explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticps.api.replicas import PS_PORT
+from elasticps.operator.planning import PlannerSettings
+
+# Where PS 0's coordinator answers: the headless Service of PS 0 (stable across PS restarts).
+DEFAULT_COORDINATOR_ADDRESS = "{job}-ps-0.{namespace}.svc:" + str(PS_PORT)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """``namespaces``: watch only these (empty: every namespace).
+
+    ``coordinator_address``: a template with ``{job}`` and ``{namespace}``; the default dials the PS 0
+    Service's DNS name, which resolves only inside the cluster. An operator run outside the cluster
+    (or a test playing PS 0) points it elsewhere, e.g. ``unix:///run/{namespace}.{job}.sock``.
+    ``coordinator_timeout_s``: a pass waits at most this long for PS 0; no answer means "unknown".
+    ``debounce_s``: a burst of pod events within this window makes one pass.
+    ``resync_s``: a job with no pass for this long gets one anyway (the idle-aware timer).
+    ``stats_file``: where the API request counts are written as JSON (none: only logged).
+    """
+
+    namespaces: tuple[str, ...] = ()
+    coordinator_address: str = DEFAULT_COORDINATOR_ADDRESS
+    coordinator_timeout_s: float = 1.0
+    debounce_s: float = 0.2
+    resync_s: float = 10.0
+    max_backoff_s: float = 30.0
+    request_timeout_s: float = 30.0
+    stats_file: Path | None = None
+    stats_log_interval_s: float = 60.0
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+
+    def coordinator_for(self, namespace: str, job: str) -> str:
+        return self.coordinator_address.format(job=job, namespace=namespace)

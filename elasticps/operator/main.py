@@ -1,0 +1,76 @@
+"""``elasticps operator``: flags -> a frozen :class:`OperatorConfig` -> kopf running our handlers.
+
+The same as ``kopf run -m elasticps.operator.handlers --all-namespaces --standalone`` (module mode,
+never file mode: see DESIGN.md), with the config passed to the handlers as kopf's operator memo
+instead of being read from the environment. Stops on SIGINT/SIGTERM (kopf's own handling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from elasticps.operator.config import DEFAULT_COORDINATOR_ADDRESS, OperatorConfig
+from elasticps.operator.planning import PlannerSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: every namespace)",
+    )
+    parser.add_argument(
+        "--coordinator_address",
+        default=DEFAULT_COORDINATOR_ADDRESS,
+        help="where PS 0's coordinator answers; {job} and {namespace} are filled in (default: %(default)s)",
+    )
+    parser.add_argument("--coordinator_timeout", type=float, default=1.0, help="seconds a pass waits for PS 0")
+    parser.add_argument("--resync_seconds", type=float, default=10.0, help="a pass of every job at least this often")
+    parser.add_argument(
+        "--pending_timeout",
+        type=float,
+        default=600.0,
+        help="seconds an unschedulable pod may stay pending before the job fails (0: forever)",
+    )
+    parser.add_argument("--stats_file", type=Path, default=None, help="write the API request counts here (JSON)")
+    parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    for value, flag in ((args.coordinator_timeout, "--coordinator_timeout"), (args.resync_seconds, "--resync_seconds")):
+        if value <= 0:
+            raise SystemExit(f"error: {flag} must be > 0, got {value}")
+    try:
+        args.coordinator_address.format(job="j", namespace="n")
+    except (KeyError, IndexError, ValueError) as err:
+        raise SystemExit(f"error: --coordinator_address: only {{job}} and {{namespace}} may be used ({err})") from None
+    return OperatorConfig(
+        namespaces=tuple(args.namespace),
+        coordinator_address=args.coordinator_address,
+        coordinator_timeout_s=args.coordinator_timeout,
+        resync_s=args.resync_seconds,
+        stats_file=args.stats_file,
+        planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
+    )
+
+
+def run(config: OperatorConfig, liveness: str = "") -> int:
+    import kopf
+
+    from elasticps.operator import handlers  # noqa: F401 - registers the handlers
+
+    # kopf logs every handler call at INFO, aiohttp every liveness probe; ours say what matters.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("kopf").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    kopf.run(
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        standalone=True,
+        liveness_endpoint=liveness or None,
+        memo=kopf.Memo(config=config),
+    )
+    return 0

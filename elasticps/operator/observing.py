@@ -1,0 +1,143 @@
+"""What the API server returned, turned into the planner's ``Observed``: pure.
+
+Callers: ``reconciling`` (one pass per job) feeds it the raw JSON of the job's pods and Services
+(listed fresh by the ``elasticps.io/job-name`` label) and PS 0's answer. Nothing here decides: it
+only reads the fields ``planning.ObservedPod`` documents.
+
+- The exit code is the ``elasticps`` container's ``state.terminated.exitCode``.
+- ``unschedulable_since`` / ``message`` come from the ``PodScheduled=False`` condition with reason
+  ``Unschedulable`` (its ``lastTransitionTime``), which is where the scheduler writes why.
+- A pod of the same name owned by an *earlier* job of the same name (a different uid, still being
+  garbage-collected) is reported as ``deleted``: the planner then waits for it instead of creating
+  a pod that would collide with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from elasticps.api.replicas import Role
+from elasticps.api.spec import KIND
+from elasticps.operator.manifests import CONTAINER, LABEL_INDEX, LABEL_ROLE
+from elasticps.operator.planning import JobProgress, ObservedPod, ObservedService, PodPhase
+from elasticps.operator.status import parse_time
+from elasticps.proto import elasticps_pb2 as pb
+
+
+def observe_pods(items: Iterable[Mapping[str, Any]], job_name: str, job_uid: str) -> tuple[ObservedPod, ...]:
+    pods = (observe_pod(item, job_name, job_uid) for item in items)
+    return tuple(p for p in pods if p is not None)
+
+
+def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> ObservedPod | None:
+    """One pod, or None when it is not a replica of this job (a stray label)."""
+    meta = _map(item.get("metadata"))
+    status = _map(item.get("status"))
+    name = str(meta.get("name", ""))
+    where = _role_index(_map(meta.get("labels")), name, job_name)
+    if where is None:
+        return None
+    role, index = where
+    try:
+        phase = PodPhase(status.get("phase", "Pending"))
+    except ValueError:
+        phase = PodPhase.UNKNOWN
+    exit_code, exit_reason = _terminated(status)
+    reason = str(status.get("reason") or exit_reason or "")
+    message = str(status.get("message") or "")
+    unschedulable_since = None
+    ready = False
+    for condition in _list(status.get("conditions")):
+        cond = _map(condition)
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            unschedulable_since = parse_time(cond.get("lastTransitionTime"))
+            reason = reason or "Unschedulable"
+            message = str(cond.get("message") or message)
+        elif cond.get("type") == "Ready":
+            ready = cond.get("status") == "True"
+    owner = _controller_uid(meta)
+    foreign = owner is not None and job_uid != "" and owner != job_uid
+    return ObservedPod(
+        name=name,
+        role=role,
+        index=index,
+        phase=phase,
+        exit_code=exit_code,
+        reason=reason,
+        unschedulable_since=unschedulable_since,
+        deleted=bool(meta.get("deletionTimestamp")) or foreign,
+        message=message,
+        ready=ready,
+        uid=str(meta.get("uid") or ""),
+    )
+
+
+def observe_services(items: Iterable[Mapping[str, Any]]) -> tuple[ObservedService, ...]:
+    names = (_map(item.get("metadata")).get("name") for item in items)
+    return tuple(ObservedService(str(n)) for n in names if n)
+
+
+def job_progress(reply: pb.JobStatus) -> JobProgress:
+    """PS 0's ``GetJobStatus`` reply as the planner reads it; the training loss joins the metrics."""
+    fraction = reply.records_done / reply.records_total if reply.records_total > 0 else 0.0
+    metrics = {str(k): float(v) for k, v in reply.metrics.items() if math.isfinite(v)}
+    if reply.records_done and math.isfinite(reply.loss):
+        metrics.setdefault("loss", float(reply.loss))
+    return JobProgress(
+        finished=reply.finished,
+        model_version=int(reply.model_version),
+        progress=fraction,
+        epoch=int(reply.epoch),
+        metrics=metrics,
+    )
+
+
+def ps0_running(pods: Iterable[ObservedPod]) -> bool:
+    """Whether PS 0 could answer at all (else the adapter does not dial it)."""
+    return any(p.role is Role.PS and p.index == 0 and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
+
+
+def _role_index(labels: Mapping[str, Any], name: str, job_name: str) -> tuple[Role, int] | None:
+    role_label, index_label = labels.get(LABEL_ROLE), labels.get(LABEL_INDEX)
+    if isinstance(role_label, str) and isinstance(index_label, str) and index_label.isdigit():
+        try:
+            role = Role(role_label)
+        except ValueError:
+            return None
+        if name == f"{job_name}-{role.value}-{int(index_label)}":
+            return role, int(index_label)
+    for role in Role:  # labels edited by hand: the name still says which replica it is
+        prefix = f"{job_name}-{role.value}-"
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return role, int(name[len(prefix):])
+    return None
+
+
+def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str]:
+    for item in _list(status.get("containerStatuses")):
+        container = _map(item)
+        if container.get("name") != CONTAINER:
+            continue
+        terminated = _map(_map(container.get("state")).get("terminated"))
+        code = terminated.get("exitCode")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code, str(terminated.get("reason") or "")
+    return None, ""
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str | None:
+    for ref in _list(meta.get("ownerReferences")):
+        owner = _map(ref)
+        if owner.get("controller") and owner.get("kind") == KIND:
+            return str(owner.get("uid") or "")
+    return None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -1,0 +1,116 @@
+"""One reconcile pass of one TrainingJob: read the world fresh, ask the planner, carry out its actions.
+
+Callers: the work queue (``queueing``), from a worker thread, never two passes of one job at once.
+A pass:
+1. reads the job (GET: its ``.status`` must be what the previous pass wrote, not a watch event
+   that may lag behind it); gone or being deleted -> nothing to do (garbage collection removes the
+   pods and Services through their ownerReferences);
+2. parses its spec once (``SpecError`` -> ``plan_invalid``: Failed, reason InvalidSpec, no retry loop);
+3. lists the job's pods and Services by the ``elasticps.io/job-name`` label (fresh, not from a cache);
+4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer);
+5. ``plan(job, uid, observed, settings)`` and ``executing.execute`` (which patches status once);
+   the outcome says whether the job is now finished (the queue then stops its idle resync).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from elasticps.api.parsing import SpecError, parse_job
+from elasticps.operator.cluster_api import ClusterApi
+from elasticps.operator.counting import current_job
+from elasticps.operator.executing import JobRef, Outcome, execute
+from elasticps.operator.observing import observe_pods, observe_services, ps0_running
+from elasticps.api.spec import JobPhase
+from elasticps.operator.planning import Action, JobProgress, Observed, PlannerSettings, SetStatus, plan, plan_invalid
+from elasticps.operator.probing import CoordinatorProbe
+
+log = logging.getLogger(__name__)
+
+FINISHED = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
+
+
+@dataclass(frozen=True)
+class JobKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Reconcile:
+    """``Reconcile(api, probe, settings)(key) -> Outcome``: the pass, with its collaborators bound."""
+
+    def __init__(
+        self,
+        api: ClusterApi,
+        probe: CoordinatorProbe,
+        settings: PlannerSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
+
+    def __call__(self, key: JobKey) -> Outcome:
+        token = current_job.set(str(key))
+        try:
+            return self._pass(key)
+        finally:
+            current_job.reset(token)
+
+    def _pass(self, key: JobKey) -> Outcome:
+        body = self.api.get_job(key.namespace, key.name)
+        if body is None:
+            return Outcome(gone=True)
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return Outcome()
+        ref = JobRef(key.namespace, key.name, str(meta.get("uid") or ""))
+        status: dict[str, Any] = body["status"] if isinstance(body.get("status"), dict) else {}
+        generation = meta.get("generation") if isinstance(meta.get("generation"), int) else None
+        try:
+            job = parse_job(_document(body, key))
+        except SpecError as err:
+            observed = Observed(pods=(), services=(), now=self.clock(), status=status, generation=generation)
+            return self._execute(plan_invalid(observed, str(err)), ref, {}, observed.now, status)
+
+        pod_items = self.api.list_pods(key.namespace, key.name)
+        services = observe_services(self.api.list_services(key.namespace, key.name))
+        pods = observe_pods(pod_items, key.name, ref.uid)
+        progress: JobProgress | None = None
+        if ps0_running(pods):
+            progress = self.probe.progress(key.namespace, key.name)
+        observed = Observed(
+            pods=pods,
+            services=services,
+            now=self.clock(),
+            coordinator=progress,
+            status=status,
+            generation=generation,
+        )
+        actions = plan(job, ref.uid, observed, self.settings)
+        return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
+
+    def _execute(
+        self, actions: list[Action], ref: JobRef, uids: dict[str, str], now: float, status: dict[str, Any]
+    ) -> Outcome:
+        if actions:
+            log.debug("%s/%s: %s", ref.namespace, ref.name, ", ".join(type(a).__name__ for a in actions))
+        outcome = execute(actions, self.api, ref, uids, now)
+        patched = next((a.status for a in actions if isinstance(a, SetStatus)), {})
+        outcome.finished = patched.get("phase", status.get("phase")) in FINISHED
+        return outcome
+
+
+def _document(body: dict[str, Any], key: JobKey) -> dict[str, Any]:
+    """The part of the object the spec parser reads (it knows nothing of uid, status, managedFields)."""
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": key.name, "namespace": key.namespace},
+        "spec": body.get("spec"),
+    }

@@ -1,0 +1,308 @@
+"""The kopf adapter's own parts, without a cluster: reading pods, counting requests, the work queue and
+the order actions are carried out in. (The cluster tests beside it run the whole thing for real.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from elasticps.api.replicas import Role
+from elasticps.operator.cluster_api import ApiError
+from elasticps.operator.counting import RequestCounter, describe
+from elasticps.operator.executing import JobRef, Outcome, execute
+from elasticps.operator.observing import job_progress, observe_pod, ps0_running
+from elasticps.operator.planning import (
+    CreatePod,
+    CreateService,
+    DeletePod,
+    Event,
+    PlannerSettings,
+    PodPhase,
+    Recheck,
+    SetStatus,
+)
+from elasticps.operator.queueing import WorkQueue
+from elasticps.operator.reconciling import JobKey, Reconcile
+from elasticps.proto import elasticps_pb2 as pb
+
+UID = "job-uid"
+
+
+def pod_json(name: str, phase: str = "Running", **extra: Any) -> dict[str, Any]:
+    role, index = name.split("-")[-2:]
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"elasticps.io/job-name": "tj", "elasticps.io/replica-type": role, "elasticps.io/replica-index": index},
+            "ownerReferences": [{"kind": "TrainingJob", "name": "tj", "uid": UID, "controller": True}],
+        },
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}]},
+    }
+    for key, value in extra.items():
+        body[key] = {**body[key], **value}
+    return body
+
+
+# ---- observing ----------------------------------------------------------------------------------------
+def test_a_running_pod() -> None:
+    pod = observe_pod(pod_json("tj-worker-3"), "tj", UID)
+    assert pod is not None
+    assert (pod.name, pod.role, pod.index, pod.phase, pod.ready, pod.uid) == (
+        "tj-worker-3", Role.WORKER, 3, PodPhase.RUNNING, True, "uid-tj-worker-3"
+    )
+    assert pod.exit_code is None and not pod.deleted
+
+
+def test_a_failed_pod_has_its_containers_exit_code() -> None:
+    status = {"phase": "Failed", "containerStatuses": [
+        {"name": "sidecar", "state": {"terminated": {"exitCode": 2}}},
+        {"name": "elasticps", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
+    ]}  # fmt: skip
+    pod = observe_pod(pod_json("tj-worker-0", status=status), "tj", UID)
+    assert pod is not None and pod.phase is PodPhase.FAILED and pod.exit_code == 137 and pod.reason == "OOMKilled"
+
+
+def test_an_unschedulable_pod_says_why_and_since_when() -> None:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "lastTransitionTime": "2024-05-01T12:00:00Z", "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}  # fmt: skip
+    pod = observe_pod(pod_json("tj-worker-0", status={"phase": "Pending", "conditions": [condition]}), "tj", UID)
+    assert pod is not None and pod.phase is PodPhase.PENDING
+    assert pod.unschedulable_since == 1714564800.0 and pod.reason == "Unschedulable"
+    assert pod.message.startswith("0/4 nodes are available")
+
+
+def test_a_pod_of_an_earlier_job_of_the_same_name_counts_as_going() -> None:
+    old = pod_json("tj-worker-0", metadata={"ownerReferences": [{"kind": "TrainingJob", "uid": "old", "controller": True}]})
+    pod = observe_pod(old, "tj", UID)
+    assert pod is not None and pod.deleted
+
+
+def test_deleting_pods_and_stray_labels() -> None:
+    going = observe_pod(pod_json("tj-ps-0", metadata={"deletionTimestamp": "2024-05-01T12:00:00Z"}), "tj", UID)
+    assert going is not None and going.deleted and not ps0_running([going])
+    relabelled = pod_json("tj-worker-2", metadata={"labels": {"elasticps.io/job-name": "tj"}})
+    found = observe_pod(relabelled, "tj", UID)
+    assert found is not None and (found.role, found.index) == (Role.WORKER, 2)
+    assert observe_pod(pod_json("other-worker-0"), "tj", UID) is None
+
+
+def test_coordinator_reply() -> None:
+    reply = pb.JobStatus(finished=True, epoch=2, records_done=250, records_total=1000, model_version=9, loss=0.5)
+    reply.metrics["accuracy"] = 0.75
+    progress = job_progress(reply)
+    assert (progress.finished, progress.epoch, progress.model_version, progress.progress) == (True, 2, 9, 0.25)
+    assert progress.metrics == {"accuracy": 0.75, "loss": 0.5}
+    assert job_progress(pb.JobStatus(loss=float("nan"))).metrics == {}
+
+
+# ---- counting -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "url", "expected"),
+    [
+        ("GET", "https://h/api/v1/namespaces/ns/pods?labelSelector=a%3Db", ("list", "pods", None)),
+        ("GET", "https://h/api/v1/pods?watch=true&timeoutSeconds=300", ("watch", "pods", None)),
+        ("POST", "https://h/api/v1/namespaces/ns/events", ("create", "events", None)),
+        ("DELETE", "https://h/api/v1/namespaces/ns/pods/p", ("delete", "pods", None)),
+        ("GET", "https://h/apis/elasticps.io/v1alpha1/namespaces/ns/trainingjobs/j", ("get", "trainingjobs", "ns/j")),
+        ("PATCH", "https://h/apis/elasticps.io/v1alpha1/namespaces/ns/trainingjobs/j/status",
+         ("patch", "trainingjobs/status", "ns/j")),
+        ("GET", "https://h/apis/elasticps.io/v1alpha1", ("get", "/apis/elasticps.io/v1alpha1", None)),
+    ],
+)
+def test_requests_are_described_like_audit_log_verbs(method: str, url: str, expected: tuple[str, str, str | None]) -> None:
+    assert describe(method, url) == expected
+
+
+def test_counts_by_source_kind_and_job() -> None:
+    counter = RequestCounter()
+    counter.record("elasticps", "GET", "https://h/api/v1/namespaces/ns/pods", job="ns/j")
+    counter.record("kopf", "PATCH", "https://h/apis/elasticps.io/v1alpha1/namespaces/ns/trainingjobs/j")
+    counter.record("kopf", "GET", "https://h/api/v1/pods?watch=true")
+    snap = counter.snapshot()
+    assert snap["total"] == 3 and snap["by_source"] == {"elasticps": 1, "kopf": 2}
+    assert snap["jobs"]["ns/j"]["requests"] == {"elasticps list pods": 1, "kopf patch trainingjobs": 1}
+
+
+# ---- executing ----------------------------------------------------------------------------------------
+class FakeApi:
+    def __init__(self, existing: tuple[str, ...] = (), refuse: dict[str, ApiError] | None = None) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.existing = set(existing)
+        self.refuse = refuse or {}
+
+    def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
+        name = manifest["metadata"].get("name") or manifest.get("reason", "")
+        self.calls.append((f"create {plural}", name))
+        if name in self.refuse:
+            raise self.refuse[name]
+        return name not in self.existing
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> bool:
+        self.calls.append(("delete pods", f"{name}@{uid}"))
+        return True
+
+    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        self.calls.append(("patch status", str(sorted(patch))))
+        return True
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete job", name))
+        return True
+
+
+def pod_action(name: str, role: str) -> CreatePod:
+    return CreatePod({"metadata": {"name": name, "labels": {"elasticps.io/replica-type": role}}})
+
+
+def test_actions_run_deletes_services_ps_workers_events_status_in_that_order() -> None:
+    api = FakeApi(existing=("tj-worker-1",))
+    actions = [
+        pod_action("tj-worker-1", "worker"), pod_action("tj-ps-0", "ps"), CreateService({"metadata": {"name": "tj-ps-0"}}),
+        DeletePod("tj-worker-0", "replacing it"), Event("Restarting", "..."), SetStatus({"phase": "Restarting"}),
+        Recheck(5.0),
+    ]  # fmt: skip
+    outcome = execute(actions, api, JobRef("ns", "tj", UID), {"tj-worker-0": "u0"}, now=0.0)  # type: ignore[arg-type]
+    assert [c for c in api.calls if c[0] != "create events"] == [
+        ("delete pods", "tj-worker-0@u0"),  # only the pod that was observed
+        ("create services", "tj-ps-0"),
+        ("create pods", "tj-ps-0"),
+        ("create pods", "tj-worker-1"),  # 409: already there, no event for it
+        ("patch status", "['phase']"),
+    ]
+    events = [c[1] for c in api.calls if c[0] == "create events"]
+    assert events == ["SuccessfulDeletePod", "SuccessfulCreateService", "SuccessfulCreatePod", "Restarting"]
+    assert outcome == Outcome(recheck_after=5.0)
+
+
+def test_a_refused_create_is_reported_and_retried_but_the_status_is_written() -> None:
+    api = FakeApi(refuse={"tj-ps-0": ApiError(422, "Invalid", "spec.containers[0].image: Required value")})
+    outcome = execute([pod_action("tj-ps-0", "ps"), SetStatus({"phase": "Created"})], api, JobRef("ns", "tj", UID), {}, 0.0)  # type: ignore[arg-type]
+    assert outcome.retry and "422" in outcome.errors[0]
+    assert ("create events", "FailedCreatePod") in api.calls and ("patch status", "['phase']") in api.calls
+
+
+def test_nothing_more_in_a_terminating_namespace() -> None:
+    terminating = ApiError(403, "Forbidden", "namespace is being terminated", ("NamespaceTerminating",))
+    api = FakeApi(refuse={"tj-ps-0": terminating})
+    outcome = execute([pod_action("tj-ps-0", "ps"), SetStatus({"phase": "Created"})], api, JobRef("ns", "tj", UID), {}, 0.0)  # type: ignore[arg-type]
+    assert outcome == Outcome() and api.calls == [("create pods", "tj-ps-0")]
+
+
+# ---- one pass ------------------------------------------------------------------------------------------
+class JobApi(FakeApi):
+    def __init__(self, spec: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.spec, self.pods = spec, pods
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append(("get job", name))
+        meta = {"name": name, "namespace": namespace, "uid": UID, "generation": 3}
+        return {"apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": meta, "spec": self.spec}
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        self.calls.append(("list pods", job))
+        return self.pods
+
+    def list_services(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        self.calls.append(("list services", job))
+        return [{"metadata": {"name": "tj-ps-0"}}]
+
+
+class NoCoordinator:
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def progress(self, namespace: str, job: str) -> None:
+        self.asked += 1
+        return None
+
+
+def test_a_spec_the_parser_refuses_fails_the_job_once_without_listing_anything() -> None:
+    api = JobApi({"model": {"modelDef": "m"}, "data": {"training": "/d"}, "training": {"getModelFrequency": 0}}, [])
+    outcome = Reconcile(api, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+    assert outcome == Outcome(finished=True)  # Failed: no idle resync from now on
+    assert [c[0] for c in api.calls] == ["get job", "create events", "patch status"]
+    assert ("create events", "InvalidSpec") in api.calls
+
+
+def test_a_pass_lists_pods_asks_ps0_only_when_it_runs_and_creates_what_is_missing() -> None:
+    spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}, "worker": {"replicas": 2}}
+    probe = NoCoordinator()
+    api = JobApi(spec, [pod_json("tj-ps-0", "Pending"), pod_json("tj-worker-0")])
+    Reconcile(api, probe, PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+    assert probe.asked == 0
+    assert ("create pods", "tj-worker-1") in api.calls and ("create pods", "tj-worker-0") not in api.calls
+    api.pods = [pod_json("tj-ps-0"), pod_json("tj-worker-0"), pod_json("tj-worker-1")]
+    Reconcile(api, probe, PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+    assert probe.asked == 1
+
+
+# ---- the work queue -------------------------------------------------------------------------------------
+class Passes:
+    """A pass function recording its calls; ``outcomes`` are returned in turn, then Outcome()."""
+
+    def __init__(self, *outcomes: Outcome | Exception) -> None:
+        self.calls: list[JobKey] = []
+        self.outcomes = list(outcomes)
+        self.lock = threading.Lock()
+
+    def __call__(self, key: JobKey) -> Outcome:
+        with self.lock:
+            self.calls.append(key)
+            item = self.outcomes.pop(0) if self.outcomes else Outcome()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+async def settle(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def test_a_burst_of_requests_makes_one_pass() -> None:
+    async def scenario() -> Passes:
+        passes = Passes()
+        queue = WorkQueue(passes, debounce_s=0.05, resync_s=60)
+        for _ in range(50):
+            queue.request(JobKey("ns", "a"))
+        queue.request(JobKey("ns", "b"))
+        await settle(0.3)
+        await queue.close()
+        return passes
+
+    passes = asyncio.run(scenario())
+    assert sorted(passes.calls, key=str) == [JobKey("ns", "a"), JobKey("ns", "b")]
+
+
+def test_recheck_failures_gone_and_idle_resync() -> None:
+    async def scenario() -> tuple[Passes, WorkQueue]:
+        key = JobKey("ns", "a")
+        passes = Passes(Outcome(recheck_after=0.2), RuntimeError("apiserver down"), Outcome(), Outcome(gone=True))
+        queue = WorkQueue(passes, debounce_s=0.01, resync_s=0.5, max_backoff_s=0.1)
+        queue.request(key)
+        # pass 1 asks for a recheck in 0.2 s; pass 2 fails and is retried after the (capped) backoff;
+        # pass 3 is a plain pass; pass 4, after an idle resync of 0.5 s, finds the job gone.
+        await settle(1.5)
+        return passes, queue
+
+    passes, queue = asyncio.run(scenario())
+    assert len(passes.calls) == 4 and queue.jobs == []
+
+
+def test_a_finished_job_is_not_resynced_but_still_served_on_request() -> None:
+    async def scenario() -> Passes:
+        key = JobKey("ns", "done")
+        passes = Passes(Outcome(finished=True), Outcome(finished=True))
+        queue = WorkQueue(passes, debounce_s=0.01, resync_s=0.1)
+        queue.request(key)
+        await settle(0.6)  # a running job would have had ~5 resyncs by now
+        queue.request(key)  # e.g. one of its pods changed
+        await settle(0.1)
+        await queue.close()
+        return passes
+
+    assert len(asyncio.run(scenario()).calls) == 2

@@ -1,0 +1,298 @@
+"""The operator end to end: real kubectl against a real API server, scheduler and garbage collector.
+
+kwok's pods run nothing: where a test needs a container to exit it patches the pod's status (phase
+and terminated exit code) through the status subresource, as a kubelet would; where it needs PS 0's
+coordinator it answers ``GetJobStatus`` itself (``FakeCoordinator``). Waits poll with timeouts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster_kit import ROOT, Kubectl, Operator, condition, phases, training_job, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+EXAMPLES = ROOT / "manifests" / "examples"
+LABELS = ("elasticps.io/job-name", "elasticps.io/replica-type", "elasticps.io/replica-index")
+
+
+def running(kubectl: Kubectl, ns: str, name: str, workers: int, ps: int = 1, timeout: float = 60) -> dict[str, Any]:
+    """Waits until the job says Running with every pod ready, and returns it."""
+
+    def check() -> dict[str, Any] | None:
+        job = kubectl.job(ns, name)
+        status = job.get("status", {})
+        done = status.get("phase") == "Running" and status.get("workers") == f"{workers}/{workers}"
+        return job if done and status.get("ps") == f"{ps}/{ps}" else None
+
+    return wait_for(check, timeout, f"{ns}/{name} Running with {ps} PS and {workers} workers ready")
+
+
+def uids(pods: list[dict[str, Any]]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def example(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
+    return loaded
+
+
+# ---- (a) the examples ---------------------------------------------------------------------------------
+def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str) -> None:
+    kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "mnist-async.yaml"))
+    job = running(kubectl, ns, "mnist-async", workers=2, ps=2)
+    uid = job["metadata"]["uid"]
+    owner = {"apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "name": "mnist-async", "uid": uid,
+             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+    services = {s["metadata"]["name"]: s for s in kubectl.json("get", "services", "-n", ns)["items"]}
+    assert set(services) == {"mnist-async-ps-0", "mnist-async-ps-1"}
+    for i in range(2):
+        svc = services[f"mnist-async-ps-{i}"]
+        assert svc["spec"]["clusterIP"] == "None"  # headless: stable DNS per PS
+        assert svc["spec"]["selector"]["elasticps.io/replica-index"] == str(i)
+        assert [p["port"] for p in svc["spec"]["ports"]] == [2222]
+        assert svc["metadata"]["ownerReferences"] == [owner]
+
+    pods = {p["metadata"]["name"]: p for p in kubectl.pods(ns, "mnist-async")}
+    assert set(pods) == {"mnist-async-ps-0", "mnist-async-ps-1", "mnist-async-worker-0", "mnist-async-worker-1"}
+    for name, pod in pods.items():
+        role, index = name.split("-")[-2:]
+        assert {k: pod["metadata"]["labels"][k] for k in LABELS} == dict(zip(LABELS, ["mnist-async", role, index]))
+        assert pod["metadata"]["ownerReferences"] == [owner]
+        assert pod["spec"]["restartPolicy"] == "Never"  # the operator replaces pods itself
+        [container] = pod["spec"]["containers"]
+        assert container["name"] == "elasticps" and container["image"] == "elasticps:latest"
+        args = container["args"]
+        assert {"--use_async", "--lr_staleness_modulation", "--get_model_frequency=4"} <= set(args), args
+        if role == "ps":
+            assert args[0] == "ps" and f"--ps_id={index}" in args and "--num_ps=2" in args
+        else:
+            assert args[0] == "worker" and f"--worker_id={index}" in args
+            assert f"--ps_addrs=mnist-async-ps-0.{ns}.svc:2222,mnist-async-ps-1.{ns}.svc:2222" in args
+
+    table = kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "MODE", "WORKERS", "PS", "VERSION", "PROGRESS", "AGE"]
+    assert table[1].split()[:5] == ["mnist-async", "Running", "Async+StalenessLR+SSP4", "2/2", "2/2"]
+
+    events = [(e["reason"], e["message"]) for e in kubectl.events(ns, "mnist-async")]
+    assert ("SuccessfulCreatePod", "Created pod: mnist-async-worker-1") in events
+    assert ("SuccessfulCreateService", "Created service: mnist-async-ps-0") in events
+
+
+def test_gpu_example_lands_on_the_gpu_node(kubectl: Kubectl, ns: str) -> None:
+    kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "gpu.yaml"))
+    running(kubectl, ns, "mnist-gpu", workers=2)
+    pods = {p["metadata"]["name"]: p for p in kubectl.pods(ns, "mnist-gpu")}
+    for i in range(2):
+        worker = pods[f"mnist-gpu-worker-{i}"]
+        assert worker["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        node = kubectl.json("get", "node", worker["spec"]["nodeName"])
+        assert "nvidia.com/gpu" in node["status"]["allocatable"]  # kwok-gpu-0 here
+    assert "limits" not in pods["mnist-gpu-ps-0"]["spec"]["containers"][0]["resources"]
+
+
+# ---- (b) failures ---------------------------------------------------------------------------------------
+def test_deleted_worker_is_replaced_under_its_name(kubectl: Kubectl, ns: str) -> None:
+    kubectl.apply(ns, training_job("tj", workers=2))
+    running(kubectl, ns, "tj", workers=2)
+    before = uids(kubectl.pods(ns, "tj"))
+    kubectl("delete", "pod", "tj-worker-0", "-n", ns, "--wait=false")
+
+    def replaced() -> bool:
+        now = uids(kubectl.pods(ns, "tj"))
+        return now.keys() == before.keys() and now["tj-worker-0"] != before["tj-worker-0"]
+
+    wait_for(replaced, 60, "a new tj-worker-0")
+    job = running(kubectl, ns, "tj", workers=2)
+    assert job["status"]["restarts"] == 0  # a pod deleted by hand is recreated, not a failure
+    after = uids(kubectl.pods(ns, "tj"))
+    assert {k: v for k, v in after.items() if k != "tj-worker-0"} == {k: v for k, v in before.items() if k != "tj-worker-0"}
+    creations = [e for e in kubectl.events(ns, "tj") if e["message"] == "Created pod: tj-worker-0"]
+    assert len(creations) == 2, creations
+
+
+def test_failures_beyond_backoff_limit_fail_the_job(kubectl: Kubectl, ns: str) -> None:
+    kubectl.apply(ns, training_job("tj", workers=2, worker={"restartPolicy": "OnFailure"}, runPolicy={"backoffLimit": 1}))
+    running(kubectl, ns, "tj", workers=2)
+    first = uids(kubectl.pods(ns, "tj"))["tj-worker-1"]
+    kubectl.set_pod_exit(ns, "tj-worker-1", 1)
+
+    def replacement_running() -> bool:
+        pod = {p["metadata"]["name"]: p for p in kubectl.pods(ns, "tj")}.get("tj-worker-1")
+        return pod is not None and pod["metadata"]["uid"] != first and pod["status"].get("phase") == "Running"
+
+    wait_for(replacement_running, 60, "tj-worker-1 replaced and running")
+    job = running(kubectl, ns, "tj", workers=2)
+    assert job["status"]["restarts"] == 1
+    kubectl.set_pod_exit(ns, "tj-worker-1", 1)
+
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("phase") == "Failed" and j, 60, "tj Failed")
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["restarts"] == 1 and job["status"].get("completionTime")
+    reasons = {e["reason"]: e for e in kubectl.events(ns, "tj")}
+    assert reasons["Restarting"]["type"] == "Warning" and "exit code 1" in reasons["Restarting"]["message"]
+    assert reasons["BackoffLimitExceeded"]["type"] == "Warning"
+    # cleanPodPolicy None: every pod is kept, the failed one with it.
+    assert phases(kubectl.pods(ns, "tj")) == {"tj-ps-0": "Running", "tj-worker-0": "Running", "tj-worker-1": "Failed"}
+
+
+# ---- (c) scaling --------------------------------------------------------------------------------------
+def test_kubectl_scale_adds_workers_without_restarting_others(kubectl: Kubectl, ns: str) -> None:
+    kubectl.apply(ns, training_job("tj", workers=2))
+    running(kubectl, ns, "tj", workers=2)
+    before = uids(kubectl.pods(ns, "tj"))
+
+    kubectl("scale", "trainingjob/tj", "-n", ns, "--replicas=4")
+    job = running(kubectl, ns, "tj", workers=4)
+    after = uids(kubectl.pods(ns, "tj"))
+    assert sorted(after) == ["tj-ps-0", *(f"tj-worker-{i}" for i in range(4))]
+    assert {k: after[k] for k in before} == before  # the PS and the first two workers kept running
+    assert job["status"]["restarts"] == 0 and job["spec"]["worker"]["replicas"] == 4
+    assert kubectl("get", "trainingjob/tj", "-n", ns, "-o", "jsonpath={.status.replicaStatuses.worker.active}").stdout == "4"
+
+    kubectl("scale", "trainingjob/tj", "-n", ns, "--replicas=3")
+    wait_for(lambda: "tj-worker-3" not in uids(kubectl.pods(ns, "tj")), 60, "tj-worker-3 deleted")
+    running(kubectl, ns, "tj", workers=3)
+    assert uids(kubectl.pods(ns, "tj")) == {k: v for k, v in after.items() if k != "tj-worker-3"}
+
+
+# ---- (d) success ----------------------------------------------------------------------------------------
+def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, coordinator: Any) -> None:
+    ps0 = coordinator(ns, "tj")
+    ps0.set(finished=False, model_version=42, records_done=500, records_total=1000, epoch=0, loss=0.5)
+    kubectl.apply(ns, training_job("tj", workers=2, runPolicy={"cleanPodPolicy": "None"}))
+    running(kubectl, ns, "tj", workers=2)
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("modelVersion") == 42 and j, 30, "progress")
+    assert job["status"]["progress"] == "50%" and job["status"]["metrics"] == {"loss": 0.5}
+    assert kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()[1].split()[5:7] == ["42", "50%"]
+
+    ps0.set(finished=True, model_version=80, records_done=1000, records_total=1000, epoch=1, loss=0.25)
+    for i in range(2):
+        kubectl.set_pod_exit(ns, f"tj-worker-{i}", 0)
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("phase") == "Succeeded" and j, 60, "Succeeded")
+    assert job["status"].get("completionTime") and job["status"]["progress"] == "100%"
+    done = condition(job, "Succeeded")
+    assert done is not None and done["status"] == "True"
+    running_cond = condition(job, "Running")
+    assert running_cond is not None and running_cond["status"] == "False"
+    # PS pods never exit on their own: deleted on success; finished workers kept (cleanPodPolicy None).
+    wait_for(lambda: "tj-ps-0" not in phases(kubectl.pods(ns, "tj")), 60, "tj-ps-0 deleted")
+    assert phases(kubectl.pods(ns, "tj")) == {"tj-worker-0": "Succeeded", "tj-worker-1": "Succeeded"}
+
+
+# ---- (e) validation -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"worker": {"replicas": -1}}, "spec.worker.replicas", "greater than or equal to 0"),
+        ({"worker": {"restartPolicy": "Sometimes"}}, "spec.worker.restartPolicy", "Sometimes"),
+        ({"training": {"getModelFrequency": 0}}, "spec.training.getModelFrequency", "greater than or equal to 1"),
+        ({"ps": {"replicas": 0}}, "spec.ps.replicas", "must be >= 1"),
+        ({"training": {"lrStalenessModulation": True}}, "spec.training.lrStalenessModulation", "needs useAsync"),
+    ],
+    ids=["negative-replicas", "unknown-restart-policy", "zero-get-model-frequency", "no-ps", "staleness-lr-in-sync"],
+)
+def test_the_api_server_refuses_bad_fields(kubectl: Kubectl, ns: str, spec: dict[str, Any], field: str, words: str) -> None:
+    refused = kubectl.apply(ns, training_job("bad", **spec), check=False)
+    assert refused.returncode != 0
+    assert field in refused.stderr and words in refused.stderr, refused.stderr
+    assert kubectl("get", "trainingjobs", "-n", ns, "-o", "name").stdout == ""
+
+
+def test_a_job_the_operator_cannot_run_fails_with_invalid_spec(kubectl: Kubectl, ns: str) -> None:
+    # The schema keeps pod templates opaque, so this reaches the operator: Failed, once, no crash loop.
+    kubectl.apply(ns, training_job("tj", worker={"template": {"spec": {"containers": "not-a-list"}}}))
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj")).get("status", {}).get("phase") == "Failed" and j, 30, "Failed")
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec"
+    assert "spec.worker.template.spec.containers" in failed["message"]
+    assert kubectl.pods(ns, "tj") == []
+
+
+# ---- (f) scheduling -------------------------------------------------------------------------------------
+def test_a_worker_no_node_can_hold_stays_pending_with_the_schedulers_reason(kubectl: Kubectl, ns: str) -> None:
+    kubectl.apply(ns, training_job("tj", workers=1, worker={"resources": {"limits": {"nvidia.com/gpu": 8}}}))
+
+    def unschedulable() -> dict[str, Any] | None:
+        job = kubectl.job(ns, "tj")
+        found = condition(job, "Unschedulable")
+        return job if found is not None and found["status"] == "True" else None
+
+    job = wait_for(unschedulable, 60, "condition Unschedulable")
+    message = condition(job, "Unschedulable")["message"]  # type: ignore[index]
+    assert message.startswith("tj-worker-0 cannot be scheduled: 0/") and "nodes are available" in message
+    assert "Insufficient nvidia.com/gpu" in message
+    assert phases(kubectl.pods(ns, "tj"))["tj-worker-0"] == "Pending"
+    assert job["status"]["phase"] == "Created"  # not Failed before the pending timeout (10 min)
+    assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in kubectl.events(ns, "tj"))
+
+
+# ---- (g) the operator killed ----------------------------------------------------------------------------
+def test_operator_killed_mid_job_leaves_no_duplicates_and_the_job_goes_on(
+    kubectl: Kubectl, ns: str, operator: Operator
+) -> None:
+    kubectl.apply(ns, training_job("tj", workers=4))
+    wait_for(lambda: kubectl.pods(ns, "tj"), 30, "the first pod")
+    operator.kill()  # SIGKILL while it is creating the pods
+    operator.start()
+    running(kubectl, ns, "tj", workers=4)
+    pods = kubectl.pods(ns, "tj")
+    assert len(pods) == 5 and len(set(uids(pods))) == 5
+
+    before = uids(pods)
+    operator.kill()  # and again while it runs: meanwhile a worker goes and the job is scaled
+    kubectl("delete", "pod", "tj-worker-1", "-n", ns, "--wait=false")
+    kubectl("scale", "trainingjob/tj", "-n", ns, "--replicas=5")
+    wait_for(lambda: "tj-worker-1" not in uids(kubectl.pods(ns, "tj")), 60, "tj-worker-1 gone")
+    operator.start()
+    job = running(kubectl, ns, "tj", workers=5)
+    after = uids(kubectl.pods(ns, "tj"))
+    assert sorted(after) == ["tj-ps-0", *(f"tj-worker-{i}" for i in range(5))]
+    assert after["tj-worker-1"] != before["tj-worker-1"]
+    assert {k: after[k] for k in before if k != "tj-worker-1"} == {k: v for k, v in before.items() if k != "tj-worker-1"}
+    assert job["status"]["restarts"] == 0
+
+
+# ---- (h) a 32-worker job: time to Running and API requests ------------------------------------------------
+def test_32_worker_job_time_to_running_and_api_requests(
+    kubectl: Kubectl, ns: str, operator: Operator, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "big.yaml"
+    manifest.write_text(yaml.safe_dump(training_job("big", workers=32, n_ps=2)))
+    key = f"{ns}/big"
+
+    t0 = time.monotonic()
+    kubectl("apply", "-n", ns, "-f", str(manifest))
+
+    def all_running() -> bool:
+        found = phases(kubectl.pods(ns, "big"))
+        return len(found) == 34 and set(found.values()) == {"Running"}
+
+    wait_for(all_running, 120, "34 pods Running", interval=0.1)
+    seconds = time.monotonic() - t0
+    running(kubectl, ns, "big", workers=32, ps=2, timeout=60)
+
+    def settled() -> dict[str, Any] | None:  # the count stops moving once the operator is idle
+        first = operator.stats().get("jobs", {}).get(key)
+        time.sleep(1.5)
+        second = operator.stats().get("jobs", {}).get(key)
+        return second if first and first == second else None
+
+    counts = wait_for(settled, 30, "the operator's request count to settle", interval=0)
+    line = (
+        f"32-worker job (2 PS + 32 workers): all 34 pods Running {seconds:.1f} s after `kubectl apply`; "
+        f"operator API requests for the job until Running/32 ready: {counts['total']} "
+        f"({', '.join(f'{k}: {v}' for k, v in sorted(counts['requests'].items()))})"
+    )
+    print("\n" + line)
+    request.config._elasticps_measurements = [*getattr(request.config, "_elasticps_measurements", []), line]  # type: ignore[attr-defined]
+    assert counts["requests"]["elasticps create pods"] == 34
+    assert counts["requests"]["elasticps create services"] == 2
