@@ -20,6 +20,7 @@ start-up, so parallel runs and other people's services do not collide.
 
 Environment:
   ELASTICPS_CLUSTER_DIR  state dir (default ~/.cache/elasticps/cluster-run)
+  KUBEBUILDER_ASSETS     envtest-style dir; binaries found there are used first
   ELASTICPS_CLUSTER_BIN  dir holding the binaries (default: build.sh's
                          assets dir for the versions pinned in versions.sh)
   CPU_NODES, GPU_NODES, GPUS_PER_NODE   fake node layout (3, 1, 2)
@@ -72,6 +73,11 @@ def bin_dir() -> Path:
 
 
 def binary(name: str) -> str:
+    # envtest's convention: binaries a user brought (setup-envtest gives kube-apiserver, etcd,
+    # kubectl) win over ours; the rest still comes from the cache.
+    brought = os.environ.get("KUBEBUILDER_ASSETS")
+    if brought and os.access(Path(brought) / name, os.X_OK):
+        return str(Path(brought) / name)
     path = bin_dir() / name
     if not os.access(path, os.X_OK):
         sys.exit(f"{path} missing: run hack/cluster/build.sh first (or set ELASTICPS_CLUSTER_BIN)")
