@@ -237,7 +237,7 @@ def status_schema() -> dict[str, Any]:
         "properties": {
             "type": {
                 "type": "string",
-                "description": "Created, Running, Restarting, Succeeded, Suspended, Failed or Unschedulable",
+                "description": "Created, Running, Restarting, Succeeded, Suspended, Failed, Unschedulable or CannotStart",
             },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "CamelCase, machine-readable"},

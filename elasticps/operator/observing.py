@@ -45,9 +45,11 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
     except ValueError:
         phase = PodPhase.UNKNOWN
     exit_code, exit_reason = _terminated(status)
+    waiting_reason, waiting_message = _waiting(status)
     reason = str(status.get("reason") or exit_reason or "")
     message = str(status.get("message") or "")
     unschedulable_since = None
+    scheduled_at = None
     ready = False
     for condition in _list(status.get("conditions")):
         cond = _map(condition)
@@ -57,6 +59,13 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
             message = str(cond.get("message") or message)
         elif cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
+        elif cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            scheduled_at = parse_time(cond.get("lastTransitionTime"))
+    cannot_start_since = None
+    if phase is PodPhase.PENDING and waiting_reason in CANNOT_START_REASONS:
+        # The kubelet keeps retrying these for ever; since when: the pod was scheduled (or created).
+        cannot_start_since = scheduled_at or parse_time(meta.get("creationTimestamp"))
+        reason, message = waiting_reason, waiting_message or message
     owner = _controller_uid(meta)
     foreign = owner is not None and job_uid != "" and owner != job_uid
     return ObservedPod(
@@ -71,6 +80,7 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
         message=message,
         ready=ready,
         uid=str(meta.get("uid") or ""),
+        cannot_start_since=cannot_start_since,
     )
 
 
@@ -113,6 +123,23 @@ def _role_index(labels: Mapping[str, Any], name: str, job_name: str) -> tuple[Ro
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return role, int(name[len(prefix):])
     return None
+
+
+# Waiting reasons a container does not leave by itself: the image or the pod's config is wrong.
+CANNOT_START_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+     "CreateContainerError"}
+)
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[str, str]:
+    for item in _list(status.get("containerStatuses")):
+        container = _map(item)
+        if container.get("name") != CONTAINER:
+            continue
+        waiting = _map(_map(container.get("state")).get("waiting"))
+        return str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+    return "", ""
 
 
 def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str]:

@@ -27,7 +27,9 @@ Rules, in the order a pass applies them (the first that ends the job wins):
    ``status.replacing``; a later pass, once the old pod is gone, creates it again and drops it
    from ``replacing``. A job that fails applies ``cleanPodPolicy`` (None keeps every pod).
 7. A pending pod the scheduler cannot place: condition Unschedulable at once, with the scheduler's
-   message; Failed (reason Unschedulable) after ``settings.pending_timeout_s``.
+   message; Failed (reason Unschedulable) after ``settings.pending_timeout_s``. A pod whose container
+   cannot start (image pull, bad config): condition CannotStart at once, with the kubelet's reason
+   and message; Failed with that reason after the same time.
 8. Scaling: pods above ``spec.<role>.replicas`` are deleted, highest index first; missing pods and
    PS Services are created. Neither touches the other pods nor the restart count.
 9. Phase: Restarting from a replacement's delete until every desired pod runs again (or exited 0);
@@ -43,7 +45,7 @@ holds only what changed (``None`` deletes a key), and is left out when nothing d
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Union
@@ -71,7 +73,10 @@ class ObservedPod:
     ``exit_code``: the ``elasticps`` container's terminated exit code, when it has one.
     ``reason``/``message``: why it failed or cannot be scheduled (pod status reason, or the
     PodScheduled condition's reason and message). ``unschedulable_since``: the PodScheduled=False
-    (reason Unschedulable) condition's lastTransitionTime, as epoch seconds. ``deleted``: it has a
+    (reason Unschedulable) condition's lastTransitionTime, as epoch seconds. ``cannot_start_since``:
+    when a scheduled pod's container has been waiting on an error it will not get out of by itself
+    (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...; the reason and the kubelet's
+    message go in ``reason``/``message``). ``deleted``: it has a
     deletionTimestamp. ``ready``: its Ready condition is True. ``uid``: metadata.uid (optional; tells
     a replacement from the pod it replaces).
     """
@@ -87,6 +92,7 @@ class ObservedPod:
     message: str = ""
     ready: bool = False
     uid: str = ""
+    cannot_start_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,8 @@ class Recheck:
 Action = Union[CreateService, CreatePod, DeletePod, SetStatus, Event, DeleteJob, Recheck]
 
 RUNNING_PHASES = (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
-UNSCHEDULABLE = "Unschedulable"  # a condition type beside the phases
+UNSCHEDULABLE = "Unschedulable"  # condition types beside the phases: pods stuck Pending, by cause
+CANNOT_START = "CannotStart"
 
 
 def plan(job: TrainingJob, uid: str, observed: Observed, settings: PlannerSettings = PlannerSettings()) -> list[Action]:
@@ -240,7 +247,7 @@ class _Pass:
             self.status.phase = JobPhase.CREATED
             self.status.start_time = self.now
             self.events.append(Event("Resumed", "TrainingJob is resumed: creating its pods again."))
-        if self._past_deadline() or self._succeeded() or self._failures() or self._unschedulable():
+        if self._past_deadline() or self._succeeded() or self._failures() or self._stuck():
             return self._actions()
         self._scale_down()
         if self._create_missing():
@@ -366,30 +373,46 @@ class _Pass:
             self.deletes.append(DeletePod(pod.name, "replacing it"))  # the earlier delete did not land
         return True
 
-    def _unschedulable(self) -> bool:
+    def _stuck(self) -> bool:
+        """Pods stuck Pending: a condition at once, Failed after ``settings.pending_timeout_s``."""
+        unschedulable = self._stuck_on(
+            UNSCHEDULABLE, lambda p: p.unschedulable_since, "cannot be scheduled", "Scheduled", "Every pod is scheduled."
+        )
+        cannot_start = self._stuck_on(
+            CANNOT_START, lambda p: p.cannot_start_since, "cannot start", "Started", "Every pod's container starts."
+        )
+        return unschedulable or cannot_start
+
+    def _stuck_on(
+        self, kind: str, since_of: Callable[[ObservedPod], float | None], what: str, cleared: str, cleared_message: str
+    ) -> bool:
         stuck = [
             p
             for p in self.pods
-            if p.phase is PodPhase.PENDING and p.unschedulable_since is not None and not p.deleted
+            if p.phase is PodPhase.PENDING and since_of(p) is not None and not p.deleted
             and p.index < self.desired(p.role)
         ]
         if not stuck:
-            if self.status.is_true(UNSCHEDULABLE):
-                self.status.set(UNSCHEDULABLE, False, "Scheduled", "Every pod is scheduled.")
+            if self.status.is_true(kind):
+                self.status.set(kind, False, cleared, cleared_message)
             return False
-        first = min(stuck, key=lambda p: (p.unschedulable_since or 0.0, p.name))
-        since = first.unschedulable_since or 0.0
-        message = f"{first.name} cannot be scheduled: {first.message or first.reason or 'no node fits'}"
+        first = min(stuck, key=lambda p: (since_of(p) or 0.0, p.name))
+        since = since_of(first) or 0.0
+        detail = first.message or first.reason or "no node fits"
+        if kind == CANNOT_START and first.reason:
+            detail = f"{first.reason}: {first.message}" if first.message else first.reason
+        message = f"{first.name} {what}: {detail}"
         if len(stuck) > 1:
             message += f" (and {len(stuck) - 1} more pods)"
-        if not self.status.is_true(UNSCHEDULABLE):
-            self.events.append(Event(UNSCHEDULABLE, message, "Warning"))
-        self.status.set(UNSCHEDULABLE, True, UNSCHEDULABLE, message)
+        reason = kind if kind == UNSCHEDULABLE else (first.reason or kind)
+        if not self.status.is_true(kind):
+            self.events.append(Event(reason, message, "Warning"))
+        self.status.set(kind, True, reason, message)
         timeout = self.settings.pending_timeout_s
         if timeout is None:
             return False
         if self.now - since >= timeout:
-            return self._fail(UNSCHEDULABLE, f"{message}; pending for {self.now - since:.0f} s (limit {timeout:.0f} s).")
+            return self._fail(reason, f"{message}; pending for {self.now - since:.0f} s (limit {timeout:.0f} s).")
         self.rechecks.append(since + timeout - self.now)
         return False
 

@@ -75,6 +75,24 @@ def test_an_unschedulable_pod_says_why_and_since_when() -> None:
     assert pod.message.startswith("0/4 nodes are available")
 
 
+def test_a_pod_whose_image_cannot_be_pulled_says_why_and_since_when() -> None:
+    status = {"phase": "Pending",
+              "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2024-05-01T12:00:00Z"}],
+              "containerStatuses": [{"name": "elasticps", "state": {"waiting": {
+                  "reason": "ImagePullBackOff", "message": 'Back-off pulling image "elasticps:nope"'}}}]}  # fmt: skip
+    pod = observe_pod(pod_json("tj-worker-0", status=status), "tj", UID)
+    assert pod is not None and pod.cannot_start_since == 1714564800.0
+    assert (pod.reason, pod.message) == ("ImagePullBackOff", 'Back-off pulling image "elasticps:nope"')
+    assert pod.unschedulable_since is None
+
+
+def test_a_container_creating_normally_is_not_stuck() -> None:
+    status = {"phase": "Pending", "containerStatuses": [
+        {"name": "elasticps", "state": {"waiting": {"reason": "ContainerCreating"}}}]}  # fmt: skip
+    pod = observe_pod(pod_json("tj-worker-0", status=status), "tj", UID)
+    assert pod is not None and pod.cannot_start_since is None
+
+
 def test_a_pod_of_an_earlier_job_of_the_same_name_counts_as_going() -> None:
     old = pod_json("tj-worker-0", metadata={"ownerReferences": [{"kind": "TrainingJob", "uid": "old", "controller": True}]})
     pod = observe_pod(old, "tj", UID)

@@ -232,6 +232,11 @@ def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) 
     assert c["message"] == "tj-worker-1 cannot be scheduled: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
 
 
+def _check_cannot_start_message(actions: list[Action], status: dict[str, Any]) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "CannotStart"]
+    assert c["message"] == 'tj-worker-1 cannot start: ImagePullBackOff: Back-off pulling image "elasticps:nope"'
+
+
 def _check_completion(actions: list[Action], status: dict[str, Any]) -> None:
     assert status["completionTime"] == rfc3339(NOW)
     assert status["progress"] == "100%" and status["metrics"] == {"accuracy": 0.97}
@@ -255,6 +260,12 @@ def _unschedulable(since: float) -> list[ObservedPod]:
     return [pod("ps", 0), pod("worker", 0),
             pod("worker", 1, "Pending", unschedulable_since=since, reason="Unschedulable",
                 message="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")]
+
+
+def _cannot_start(since: float) -> list[ObservedPod]:
+    return [pod("ps", 0), pod("worker", 0),
+            pod("worker", 1, "Pending", cannot_start_since=since, reason="ImagePullBackOff",
+                message='Back-off pulling image "elasticps:nope"')]
 
 
 CASES = [
@@ -369,6 +380,16 @@ CASES = [
          status={"conditions": [{"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"},
                                 {"type": "Unschedulable", "status": "True", "reason": "Unschedulable", "message": "x"}]},
          conditions={"Unschedulable": ("False", "Scheduled")}, events=[]),
+    # a container that cannot start (image pull, bad config)
+    Case("image pull failing: CannotStart at once, with the kubelet's reason", _cannot_start(NOW - 30), phase="Running",
+         conditions={"CannotStart": ("True", "ImagePullBackOff")}, events=["ImagePullBackOff"], recheck=570.0,
+         check=_check_cannot_start_message),
+    Case("image pull failing past pending_timeout_s: Failed with that reason", _cannot_start(NOW - 601), phase="Failed",
+         conditions={"Failed": ("True", "ImagePullBackOff")}, deletes=[], events=["ImagePullBackOff", "ImagePullBackOff"]),
+    Case("image pulled after all: CannotStart turns False", up(),
+         status={"conditions": [{"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"},
+                                {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}]},
+         conditions={"CannotStart": ("False", "Started")}, events=[]),
     # deadline
     Case("activeDeadlineSeconds passed: Failed, running pods stopped", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 3700)}, phase="Failed", conditions={"Failed": ("True", "DeadlineExceeded")},
