@@ -79,10 +79,19 @@ class ClusterApi:
         return self._ok(status, body)
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return self._list(f"/api/v1/namespaces/{namespace}/pods", job)
+        return self._list(_collection(namespace, "pods"), job)
 
     def list_services(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        return self._list(f"/api/v1/namespaces/{namespace}/services", job)
+        return self._list(_collection(namespace, "services"), job)
+
+    def list_network_policies(self, namespace: str, job: str) -> list[dict[str, Any]] | None:
+        """The job's NetworkPolicies; None when the operator may not list them (403: no RBAC rule)."""
+        try:
+            return self._list(_collection(namespace, "networkpolicies"), job)
+        except ApiError as err:
+            if err.status == 403:
+                return None
+            raise
 
     def _list(self, path: str, job: str) -> list[dict[str, Any]]:
         status, body = self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")])
@@ -91,8 +100,9 @@ class ClusterApi:
 
     # ---- writes --------------------------------------------------------------------------------------
     def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
-        """Creates a core/v1 object (``pods``, ``services``, ``events``); False when it already exists."""
-        status, body = self._call("POST", f"/api/v1/namespaces/{namespace}/{plural}", body=manifest)
+        """Creates a core/v1 object (``pods``, ``services``, ``events``) or a ``networkpolicies`` one
+        (networking.k8s.io/v1); False when it already exists."""
+        status, body = self._call("POST", _collection(namespace, plural), body=manifest)
         if status == 409:
             return False
         self._ok(status, body)
@@ -160,6 +170,12 @@ class ClusterApi:
         causes = details.get("causes") if isinstance(details, dict) else None
         reasons = tuple(str(c.get("reason")) for c in causes if isinstance(c, dict)) if isinstance(causes, list) else ()
         raise ApiError(status, str(body.get("reason") or ""), str(body.get("message") or body), reasons)
+
+
+def _collection(namespace: str, plural: str) -> str:
+    if plural == "networkpolicies":
+        return f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+    return f"/api/v1/namespaces/{namespace}/{plural}"
 
 
 def _job_path(namespace: str, name: str) -> str:

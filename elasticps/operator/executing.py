@@ -1,8 +1,8 @@
 """Carries out one pass's actions against the API server, in the order the planner's contract wants.
 
 Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``). Order:
-deletes, then creates (Services, then PS pods, then workers, so a worker's first dial finds its PS
-Service), then Events, then the one status patch, then ``DeleteJob``; ``Recheck`` is handed back
+deletes, then creates (the NetworkPolicy, so the PS pods are never reachable from outside the job;
+then Services, then PS pods, then workers, so a worker's first dial finds its PS Service), then Events, then the one status patch, then ``DeleteJob``; ``Recheck`` is handed back
 to the work queue. Decisions stay with the planner; this module only reports what it did:
 
 - 409 on a create and 404 on a delete are success (an earlier pass, or someone else, did it).
@@ -29,6 +29,7 @@ from elasticps.operator.cluster_api import ApiError, ClusterApi
 from elasticps.operator.manifests import LABEL_ROLE
 from elasticps.operator.planning import (
     Action,
+    CreateNetworkPolicy,
     CreatePod,
     CreateService,
     DeleteJob,
@@ -68,7 +69,7 @@ def execute(
 ) -> Outcome:
     outcome = Outcome()
     events: list[Event] = []
-    created: dict[str, list[str]] = {"pods": [], "services": []}
+    created: dict[str, list[str]] = {"pods": [], "services": [], "networkpolicies": []}
     deleted: list[str] = []
 
     def failed(what: str, err: ApiError) -> None:
@@ -87,20 +88,19 @@ def execute(
                 events.append(Event("FailedDeletePod", f"Error deleting pod {action.name}: {err.message}", "Warning"))
 
     for action in _creation_order(actions):
-        kind = "pods" if isinstance(action, CreatePod) else "services"
-        what = "pod" if kind == "pods" else "service"
+        kind, what, title = _KINDS[type(action)]
         name = str(action.manifest["metadata"]["name"])
         try:
             if api.create(job.namespace, kind, action.manifest):
                 created[kind].append(name)
-                events.append(Event(f"SuccessfulCreate{what.title()}", f"Created {what}: {name}"))
+                events.append(Event(f"SuccessfulCreate{title}", f"Created {what}: {name}"))
         except ApiError as err:
             if err.namespace_terminating:
                 # The namespace and the job in it are going: nothing more to create, nothing to retry.
                 log.debug("%s/%s: namespace terminating, %s %s not created", job.namespace, job.name, what, name)
                 return Outcome()
             failed(f"creating {what} {name}", err)
-            events.append(Event(f"FailedCreate{what.title()}", f"Error creating {what} {name}: {err.message}", "Warning"))
+            events.append(Event(f"FailedCreate{title}", f"Error creating {what} {name}: {err.message}", "Warning"))
 
     _log_changes(job, created, deleted, actions)
     events.extend(a for a in actions if isinstance(a, Event))
@@ -125,7 +125,8 @@ def _log_changes(
 ) -> None:
     """One INFO line per pass that changed something: what it created or deleted, the new phase."""
     parts = []
-    for what, names in (("created services", created["services"]), ("created pods", created["pods"]),
+    for what, names in (("created network policies", created["networkpolicies"]),
+                        ("created services", created["services"]), ("created pods", created["pods"]),
                         ("deleted pods", deleted)):  # fmt: skip
         if names:
             parts.append(f"{what} {_names(names)}")
@@ -141,11 +142,20 @@ def _names(names: Sequence[str], limit: int = 4) -> str:
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
-def _creation_order(actions: Sequence[Action]) -> list[CreateService | CreatePod]:
+# action type -> (API plural, word in messages, Event reason suffix)
+_KINDS: dict[type, tuple[str, str, str]] = {
+    CreateNetworkPolicy: ("networkpolicies", "network policy", "NetworkPolicy"),
+    CreateService: ("services", "service", "Service"),
+    CreatePod: ("pods", "pod", "Pod"),
+}
+
+
+def _creation_order(actions: Sequence[Action]) -> list[CreateNetworkPolicy | CreateService | CreatePod]:
+    policies = [a for a in actions if isinstance(a, CreateNetworkPolicy)]
     services = [a for a in actions if isinstance(a, CreateService)]
     pods = [a for a in actions if isinstance(a, CreatePod)]
     ps_first = sorted(pods, key=lambda a: a.manifest["metadata"].get("labels", {}).get(LABEL_ROLE) != "ps")
-    return [*services, *ps_first]
+    return [*policies, *services, *ps_first]
 
 
 def event_manifest(job: JobRef, event: Event, now: float) -> dict[str, object]:

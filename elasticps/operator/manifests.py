@@ -1,6 +1,7 @@
-"""The Pods and Services of a TrainingJob, as plain manifests (dicts) for the Kubernetes API: pure.
+"""The Pods, Services and NetworkPolicy of a TrainingJob, as plain manifests (dicts) for the API: pure.
 
-Callers: the planner (``planning.py``) puts them into ``CreatePod`` / ``CreateService`` actions. Names,
+Callers: the planner (``planning.py``) puts them into ``CreatePod`` / ``CreateService`` /
+``CreateNetworkPolicy`` actions. Names,
 labels and command lines come from ``elasticps.api.replicas``, so a pod runs the same
 ``elasticps ps`` / ``elasticps worker`` arguments as a process of ``elasticps run``.
 
@@ -8,14 +9,28 @@ Children of job ``J`` (every one labelled and owned by the job, ``controller: tr
 - Service ``J-ps-i``: headless (``clusterIP: None``), selecting PS pod i only, port 2222, with
   ``publishNotReadyAddresses`` so ``J-ps-i.<ns>.svc`` resolves as soon as the pod has an address
   (workers dial the PS before it is ready and retry; a DNS miss would cost them gRPC's re-resolution delay).
-- Pod ``J-ps-i``: ``elasticps ps --host=0.0.0.0 --port=2222 ...`` with a gRPC readiness probe (the PS
-  serves grpc.health.v1); pod ``J-worker-i``: ``elasticps worker --ps_addrs=J-ps-0.<ns>.svc:2222,...``.
+- Pod ``J-ps-i``: ``elasticps ps --host=0.0.0.0 --port=2222 --metrics_port=9090 ...``, ports ``grpc``
+  2222 and ``metrics`` 9090, readiness and liveness probes of Kubernetes' native gRPC kind on 2222
+  (the PS serves grpc.health.v1 there). Pod ``J-worker-i``: ``elasticps worker
+  --ps_addrs=J-ps-0.<ns>.svc:2222,... --health_port=2223 --metrics_port=9090``, ports ``health`` 2223
+  and ``metrics`` 9090, gRPC probes on 2223 (the worker starts its health server only once TensorFlow
+  is imported and the model built: its liveness probe waits and tolerates long).
+- Every pod carries Prometheus' scrape annotations (``prometheus.io/scrape``, ``port`` 9090,
+  ``path`` /metrics) and runs locked down: non-root (uid/gid 1000, fsGroup 1000), no privilege
+  escalation, every capability dropped, the RuntimeDefault seccomp profile, a read-only root
+  filesystem with an ``emptyDir`` at ``/tmp`` (Python and TensorFlow need a writable temp dir).
+- NetworkPolicy ``J-ps``: the job's PS pods accept gRPC (2222) only from the job's own pods and
+  from the operator's pods (``OPERATOR_PEER``: it asks PS 0's coordinator for progress), and
+  metrics (9090) from anywhere, so Prometheus can scrape them.
 
 The role's ``template`` (a pod template: ``metadata.labels/annotations`` and ``spec``) is the base
 of the pod: nodeSelector, tolerations, affinity, volumes, serviceAccountName, imagePullSecrets,
 sidecars and the like are kept as written. The container named ``elasticps`` in it (if any) is merged
 with ours: its env, volumeMounts, securityContext ... stay; image, command and args are ours; resources
 are merged key by key with ``spec.<role>.resources`` winning. Our labels win over the template's.
+The template wins where it speaks of the rest: its annotations, probes, ports on other numbers,
+pod and container ``securityContext`` keys (merged key by key over ours), and a volume named
+``tmp`` or a mount at ``/tmp`` of its own.
 ``restartPolicy`` is always ``Never``: the planner replaces failed pods itself, so each replacement is
 seen, counted against ``backoffLimit``, and judged by exit code under ``ExitCode``.
 """
@@ -33,7 +48,31 @@ LABEL_ROLE = "elasticps.io/replica-type"
 LABEL_INDEX = "elasticps.io/replica-index"
 CONTAINER = "elasticps"
 PORT_NAME = "grpc"
+HEALTH_PORT = 2223  # the worker's grpc.health.v1 server (the PS answers health on PS_PORT itself)
+METRICS_PORT = 9090  # Prometheus /metrics, PS and worker alike
 DEFAULT_COMMAND = ("elasticps",)
+TMP_VOLUME = "tmp"
+RUN_AS = 1000
+
+# Who may dial a PS besides the job's own pods: the operator (PS 0's GetJobStatus), found by the
+# labels its Deployment's pods carry (manifests/operator.yaml and the chart, unless nameOverride is
+# set), in any namespace (it usually runs in elasticps-system).
+OPERATOR_LABELS = {"app.kubernetes.io/name": "elasticps", "app.kubernetes.io/component": "operator"}
+OPERATOR_PEER: dict[str, Any] = {"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_LABELS}}
+
+SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
 
 
 class TemplateError(ValueError):
@@ -65,10 +104,73 @@ def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
 
 
 def replica(job: TrainingJob, role: Role, index: int) -> Replica:
-    """The replica a pod runs in a cluster: the PS listens on every address, port 2222."""
+    """The replica a pod runs in a cluster: the PS listens on every address, port 2222; both serve
+    metrics on 9090 and the worker its health on 2223 (the probes' ports)."""
+    metrics = f"--metrics_port={METRICS_PORT}"
     if role is Role.PS:
-        return ps_replica(job, index, host="0.0.0.0", port=PS_PORT)
-    return worker_replica(job, index, cluster_ps_addresses(job))
+        return ps_replica(job, index, host="0.0.0.0", port=PS_PORT, extra=(metrics,))
+    return worker_replica(job, index, cluster_ps_addresses(job), extra=(f"--health_port={HEALTH_PORT}", metrics))
+
+
+def probes(role: Role) -> dict[str, dict[str, Any]]:
+    """Readiness and liveness, both gRPC health checks (Kubernetes >= 1.27, GA).
+
+    The PS serves as soon as its checkpoint is restored: ready within seconds, dead after a minute
+    of silence. The worker's health server starts after TensorFlow's import (~10 s) and the model's
+    build, so its liveness waits 30 s and then allows 2 minutes of failed checks.
+    """
+    if role is Role.PS:
+        check = {"grpc": {"port": PS_PORT}, "timeoutSeconds": 5}
+        return {
+            "readinessProbe": {**check, "periodSeconds": 5},
+            "livenessProbe": {**check, "initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 6},
+        }
+    check = {"grpc": {"port": HEALTH_PORT}, "timeoutSeconds": 5}
+    return {
+        "readinessProbe": {**check, "initialDelaySeconds": 5, "periodSeconds": 5},
+        "livenessProbe": {**check, "initialDelaySeconds": 30, "periodSeconds": 10, "failureThreshold": 12},
+    }
+
+
+def container_ports(role: Role) -> list[dict[str, Any]]:
+    first = {"name": PORT_NAME, "containerPort": PS_PORT} if role is Role.PS else {"name": "health", "containerPort": HEALTH_PORT}
+    return [{**first, "protocol": "TCP"}, {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+
+
+def network_policy_name(job: TrainingJob) -> str:
+    return f"{job.name}-ps"
+
+
+def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """NetworkPolicy ``{job}-ps``: the job's PS pods take gRPC from the job's pods and the operator only.
+
+    Selecting the PS pods makes them isolated for ingress; what the rules list is all they accept:
+    port 2222 from pods labelled ``elasticps.io/job-name={job}`` in the job's namespace and from
+    ``operator_peer`` (default :data:`OPERATOR_PEER`), port 9090 from anywhere (Prometheus). The
+    kubelet's probes are not subject to it. Workers are not selected: nothing dials them.
+    """
+    peer = copy.deepcopy(OPERATOR_PEER if operator_peer is None else operator_peer)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(job),
+            "namespace": job.namespace,
+            "labels": {LABEL_JOB: job.name},
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_JOB: job.name, LABEL_ROLE: Role.PS.value}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {LABEL_JOB: job.name}}}, peer],
+                    "ports": [{"protocol": "TCP", "port": PS_PORT}],
+                },
+                {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+            ],
+        },
+    }
 
 
 def service_manifest(job: TrainingJob, uid: str, index: int) -> dict[str, Any]:
@@ -114,18 +216,23 @@ def pod_manifest(
         "labels": {**_mapping(t_meta.get("labels"), f"{where}.metadata.labels"), **own},
         "ownerReferences": [owner_reference(job, uid)],
     }
-    annotations = _mapping(t_meta.get("annotations"), f"{where}.metadata.annotations")
-    if annotations:
-        metadata["annotations"] = annotations
+    metadata["annotations"] = {**SCRAPE_ANNOTATIONS, **_mapping(t_meta.get("annotations"), f"{where}.metadata.annotations")}
 
     containers = t_spec.get("containers", [])
     if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
         raise TemplateError(f"{where}.spec.containers: must be a list of containers")
     base: dict[str, Any] = next((c for c in containers if c.get("name") == CONTAINER), {})
     others = [c for c in containers if c.get("name") != CONTAINER]
+    volumes = t_spec.get("volumes", [])
+    if not isinstance(volumes, list):
+        raise TemplateError(f"{where}.spec.volumes: must be a list")
+    if not any(isinstance(v, dict) and v.get("name") == TMP_VOLUME for v in volumes):
+        volumes = [*volumes, {"name": TMP_VOLUME, "emptyDir": {}}]
     pod_spec = {
         **t_spec,
+        "securityContext": {**POD_SECURITY, **_mapping(t_spec.get("securityContext"), f"{where}.spec.securityContext")},
         "restartPolicy": "Never",
+        "volumes": volumes,
         "containers": [_container(job, rep, spec, base, command, f"{where}.spec.containers[{CONTAINER}]"), *others],
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -145,13 +252,22 @@ def _container(
         container["resources"] = resources
     else:
         container.pop("resources", None)
-    if rep.role is Role.PS:
-        ports = base.get("ports", [])
-        if not isinstance(ports, list):
-            raise TemplateError(f"{where}.ports: must be a list")
-        kept = [p for p in ports if not (isinstance(p, dict) and p.get("containerPort") == PS_PORT)]
-        container["ports"] = [{"name": PORT_NAME, "containerPort": PS_PORT, "protocol": "TCP"}, *kept]
-        container.setdefault("readinessProbe", {"grpc": {"port": PS_PORT}, "periodSeconds": 5})
+    ports = base.get("ports", [])
+    if not isinstance(ports, list):
+        raise TemplateError(f"{where}.ports: must be a list")
+    ours = container_ports(rep.role)
+    taken = [p["containerPort"] for p in ours] + [p["name"] for p in ours]  # a list: template values may be unhashable
+    kept = [p for p in ports if not (isinstance(p, dict) and (p.get("containerPort") in taken or p.get("name") in taken))]
+    container["ports"] = [*ours, *kept]
+    for kind, probe in probes(rep.role).items():
+        container.setdefault(kind, probe)
+    security = _mapping(base.get("securityContext"), f"{where}.securityContext")
+    container["securityContext"] = {**CONTAINER_SECURITY, **security}
+    mounts = base.get("volumeMounts", [])
+    if not isinstance(mounts, list):
+        raise TemplateError(f"{where}.volumeMounts: must be a list")
+    if not any(isinstance(m, dict) and m.get("mountPath") == "/tmp" for m in mounts):
+        container["volumeMounts"] = [*mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     return container
 
 

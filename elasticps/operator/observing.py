@@ -1,6 +1,7 @@
 """What the API server returned, turned into the planner's ``Observed``: pure.
 
-Callers: ``reconciling`` (one pass per job) feeds it the raw JSON of the job's pods and Services
+Callers: ``reconciling`` (one pass per job) feeds it the raw JSON of the job's pods, Services and
+NetworkPolicies
 (listed fresh by the ``elasticps.io/job-name`` label) and PS 0's answer. Nothing here decides: it
 only reads the fields ``planning.ObservedPod`` documents.
 
@@ -87,6 +88,14 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
 def observe_services(items: Iterable[Mapping[str, Any]]) -> tuple[ObservedService, ...]:
     names = (_map(item.get("metadata")).get("name") for item in items)
     return tuple(ObservedService(str(n)) for n in names if n)
+
+
+def observe_names(items: Iterable[Mapping[str, Any]] | None) -> tuple[str, ...] | None:
+    """The names of listed objects (the job's NetworkPolicies); None stays None (not listable)."""
+    if items is None:
+        return None
+    names = (_map(item.get("metadata")).get("name") for item in items)
+    return tuple(str(n) for n in names if n)
 
 
 def job_progress(reply: pb.JobStatus) -> JobProgress:

@@ -31,7 +31,9 @@ Rules, in the order a pass applies them (the first that ends the job wins):
    cannot start (image pull, bad config): condition CannotStart at once, with the kubelet's reason
    and message; Failed with that reason after the same time.
 8. Scaling: pods above ``spec.<role>.replicas`` are deleted, highest index first; missing pods and
-   PS Services are created. Neither touches the other pods nor the restart count.
+   PS Services are created, and the job's NetworkPolicy ``{job}-ps`` when it is missing (only when
+   the adapter could list NetworkPolicies: ``Observed.network_policies`` None leaves them alone, so an
+   operator without that RBAC rule still runs jobs). Neither touches the other pods nor the restart count.
 9. Phase: Restarting from a replacement's delete until every desired pod runs again (or exited 0);
    otherwise Running once every PS and at least one worker run (an elastic job trains on what it has).
 
@@ -52,7 +54,14 @@ from typing import Any, Union
 
 from elasticps.api.replicas import Role, should_restart
 from elasticps.api.spec import CleanPodPolicy, JobPhase, TrainingJob, TrainingSpec
-from elasticps.operator.manifests import TemplateError, pod_manifest, role_spec, selector, service_manifest
+from elasticps.operator.manifests import (
+    TemplateError,
+    network_policy_manifest,
+    pod_manifest,
+    role_spec,
+    selector,
+    service_manifest,
+)
 from elasticps.operator.status import StatusDraft
 
 # ---- what the adapter observes ----------------------------------------------------------------------
@@ -114,7 +123,9 @@ class JobProgress:
 @dataclass(frozen=True)
 class Observed:
     """One observation of a job. ``status`` is the job's ``.status`` as read (what earlier passes
-    wrote); ``coordinator`` is None when PS 0 did not answer; ``now`` is epoch seconds."""
+    wrote); ``coordinator`` is None when PS 0 did not answer; ``now`` is epoch seconds.
+    ``network_policies``: the names of the job's NetworkPolicies, or None when they could not be
+    listed (no RBAC for them): the planner then neither creates nor expects one."""
 
     pods: tuple[ObservedPod, ...]
     services: tuple[ObservedService, ...]
@@ -122,12 +133,16 @@ class Observed:
     coordinator: JobProgress | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
     generation: int | None = None
+    network_policies: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class PlannerSettings:
     pending_timeout_s: float | None = 600.0  # an unschedulable pod fails the job after this; None: never
     command: tuple[str, ...] = ("elasticps",)
+    # Who besides the job's pods may dial its PS (a NetworkPolicyPeer); None: the operator's pods,
+    # by manifests.OPERATOR_LABELS, in any namespace.
+    operator_peer: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 # ---- what the adapter does --------------------------------------------------------------------------
@@ -136,6 +151,11 @@ class PlannerSettings:
 @dataclass(frozen=True)
 class CreateService:
     manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreateNetworkPolicy:
+    manifest: dict[str, Any]  # networking.k8s.io/v1; 409 AlreadyExists: an earlier pass created it
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,7 @@ class Recheck:
     after_s: float  # plan again by then: a deadline, a pending timeout or the TTL falls due
 
 
-Action = Union[CreateService, CreatePod, DeletePod, SetStatus, Event, DeleteJob, Recheck]
+Action = Union[CreateNetworkPolicy, CreateService, CreatePod, DeletePod, SetStatus, Event, DeleteJob, Recheck]
 
 RUNNING_PHASES = (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
 UNSCHEDULABLE = "Unschedulable"  # condition types beside the phases: pods stuck Pending, by cause
@@ -436,6 +456,11 @@ class _Pass:
     def _create_missing(self) -> bool:
         services = {s.name for s in self.obs.services}
         try:
+            if self.obs.network_policies is not None:
+                peer = None if self.settings.operator_peer is None else dict(self.settings.operator_peer)
+                policy = network_policy_manifest(self.job, self.uid, peer)
+                if policy["metadata"]["name"] not in self.obs.network_policies:
+                    self.creates.append(CreateNetworkPolicy(policy))
             for index in range(self.desired(Role.PS)):
                 manifest = service_manifest(self.job, self.uid, index)
                 if manifest["metadata"]["name"] not in services:

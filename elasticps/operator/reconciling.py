@@ -6,7 +6,8 @@ A pass:
    that may lag behind it); gone or being deleted -> nothing to do (garbage collection removes the
    pods and Services through their ownerReferences);
 2. parses its spec once (``SpecError`` -> ``plan_invalid``: Failed, reason InvalidSpec, no retry loop);
-3. lists the job's pods and Services by the ``elasticps.io/job-name`` label (fresh, not from a cache);
+3. lists the job's pods, Services and NetworkPolicies by the ``elasticps.io/job-name`` label (fresh,
+   not from a cache; NetworkPolicies the operator may not list are "not observed", not an error);
 4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer);
 5. ``plan(job, uid, observed, settings)`` and ``executing.execute`` (which patches status once);
    the outcome says whether the job is now finished (the queue then stops its idle resync).
@@ -24,7 +25,7 @@ from elasticps.api.parsing import SpecError, parse_job
 from elasticps.operator.cluster_api import ClusterApi
 from elasticps.operator.counting import current_job
 from elasticps.operator.executing import JobRef, Outcome, execute
-from elasticps.operator.observing import observe_pods, observe_services, ps0_running
+from elasticps.operator.observing import observe_names, observe_pods, observe_services, ps0_running
 from elasticps.api.spec import JobPhase
 from elasticps.operator.planning import Action, JobProgress, Observed, PlannerSettings, SetStatus, plan, plan_invalid
 from elasticps.operator.probing import CoordinatorProbe
@@ -80,6 +81,7 @@ class Reconcile:
 
         pod_items = self.api.list_pods(key.namespace, key.name)
         services = observe_services(self.api.list_services(key.namespace, key.name))
+        policies = observe_names(self.api.list_network_policies(key.namespace, key.name))
         pods = observe_pods(pod_items, key.name, ref.uid)
         progress: JobProgress | None = None
         if ps0_running(pods):
@@ -91,6 +93,7 @@ class Reconcile:
             coordinator=progress,
             status=status,
             generation=generation,
+            network_policies=policies,
         )
         actions = plan(job, ref.uid, observed, self.settings)
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)

@@ -15,6 +15,7 @@ from elasticps.operator.counting import RequestCounter, describe
 from elasticps.operator.executing import JobRef, Outcome, execute
 from elasticps.operator.observing import job_progress, observe_pod, ps0_running
 from elasticps.operator.planning import (
+    CreateNetworkPolicy,
     CreatePod,
     CreateService,
     DeletePod,
@@ -176,23 +177,25 @@ def pod_action(name: str, role: str) -> CreatePod:
     return CreatePod({"metadata": {"name": name, "labels": {"elasticps.io/replica-type": role}}})
 
 
-def test_actions_run_deletes_services_ps_workers_events_status_in_that_order() -> None:
+def test_actions_run_deletes_policy_services_ps_workers_events_status_in_that_order() -> None:
     api = FakeApi(existing=("tj-worker-1",))
     actions = [
         pod_action("tj-worker-1", "worker"), pod_action("tj-ps-0", "ps"), CreateService({"metadata": {"name": "tj-ps-0"}}),
-        DeletePod("tj-worker-0", "replacing it"), Event("Restarting", "..."), SetStatus({"phase": "Restarting"}),
+        CreateNetworkPolicy({"metadata": {"name": "tj-ps"}}), DeletePod("tj-worker-0", "replacing it"), Event("Restarting", "..."), SetStatus({"phase": "Restarting"}),
         Recheck(5.0),
     ]  # fmt: skip
     outcome = execute(actions, api, JobRef("ns", "tj", UID), {"tj-worker-0": "u0"}, now=0.0)  # type: ignore[arg-type]
     assert [c for c in api.calls if c[0] != "create events"] == [
         ("delete pods", "tj-worker-0@u0"),  # only the pod that was observed
+        ("create networkpolicies", "tj-ps"),  # before any PS pod can be reached
         ("create services", "tj-ps-0"),
         ("create pods", "tj-ps-0"),
         ("create pods", "tj-worker-1"),  # 409: already there, no event for it
         ("patch status", "['phase']"),
     ]
     events = [c[1] for c in api.calls if c[0] == "create events"]
-    assert events == ["SuccessfulDeletePod", "SuccessfulCreateService", "SuccessfulCreatePod", "Restarting"]
+    assert events == ["SuccessfulDeletePod", "SuccessfulCreateNetworkPolicy", "SuccessfulCreateService",
+                      "SuccessfulCreatePod", "Restarting"]
     assert outcome == Outcome(recheck_after=5.0)
 
 
@@ -215,6 +218,7 @@ class JobApi(FakeApi):
     def __init__(self, spec: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         super().__init__()
         self.spec, self.pods = spec, pods
+        self.policies: list[dict[str, Any]] | None = [{"metadata": {"name": "tj-ps"}}]
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         self.calls.append(("get job", name))
@@ -228,6 +232,19 @@ class JobApi(FakeApi):
     def list_services(self, namespace: str, job: str) -> list[dict[str, Any]]:
         self.calls.append(("list services", job))
         return [{"metadata": {"name": "tj-ps-0"}}]
+
+    def list_network_policies(self, namespace: str, job: str) -> list[dict[str, Any]] | None:
+        self.calls.append(("list networkpolicies", job))
+        return self.policies
+
+
+def test_a_pass_creates_the_network_policy_only_when_it_can_list_them() -> None:
+    spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}}
+    for listed, created in (([], True), ([{"metadata": {"name": "tj-ps"}}], False), (None, False)):
+        api = JobApi(spec, [])
+        api.policies = listed
+        Reconcile(api, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+        assert (("create networkpolicies", "tj-ps") in api.calls) is created, listed
 
 
 class NoCoordinator:

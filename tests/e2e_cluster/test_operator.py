@@ -86,6 +86,44 @@ def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str
     assert ("SuccessfulCreateService", "Created service: mnist-async-ps-0") in events
 
 
+def test_pods_are_probed_scraped_and_locked_down(kubectl: Kubectl, ns: str) -> None:
+    # The API server accepts (and keeps) the gRPC probes, security contexts and the /tmp emptyDir.
+    kubectl.apply(ns, training_job("tj", workers=1))
+    running(kubectl, ns, "tj", workers=1)
+    pods = {p["metadata"]["name"]: p for p in kubectl.pods(ns, "tj")}
+    for name, port in (("tj-ps-0", 2222), ("tj-worker-0", 2223)):
+        pod = pods[name]
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        [container] = pod["spec"]["containers"]
+        assert container["readinessProbe"]["grpc"]["port"] == container["livenessProbe"]["grpc"]["port"] == port
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert "--metrics_port=9090" in container["args"]
+
+
+def test_a_network_policy_guards_the_ps_of_each_job(kubectl: Kubectl, ns: str) -> None:
+    # kwok enforces nothing: what can be checked is that the policy exists, is owned, and has its shape.
+    kubectl.apply(ns, training_job("tj", workers=1))
+    job = running(kubectl, ns, "tj", workers=1)
+    policy = kubectl.json("get", "networkpolicy", "tj-ps", "-n", ns)
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"elasticps.io/job-name": "tj", "elasticps.io/replica-type": "ps"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    grpc, metrics = spec["ingress"]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}]
+    assert grpc["from"][0] == {"podSelector": {"matchLabels": {"elasticps.io/job-name": "tj"}}}
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9090}]}
+    selected = kubectl.json("get", "pods", "-n", ns, "-l", "elasticps.io/job-name=tj,elasticps.io/replica-type=ps")
+    assert [p["metadata"]["name"] for p in selected["items"]] == ["tj-ps-0"]
+    assert any(e["reason"] == "SuccessfulCreateNetworkPolicy" for e in kubectl.events(ns, "tj"))
+
+    kubectl("delete", "networkpolicy", "tj-ps", "-n", ns)  # deleted by hand: the next pass puts it back
+    wait_for(lambda: kubectl("get", "networkpolicy", "tj-ps", "-n", ns, check=False).returncode == 0, 60,
+             "tj-ps recreated")  # fmt: skip
+
+
 def test_gpu_example_lands_on_the_gpu_node(kubectl: Kubectl, ns: str) -> None:
     kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "gpu.yaml"))
     running(kubectl, ns, "mnist-gpu", workers=2)

@@ -1,4 +1,5 @@
-"""Pod and Service manifests: names, labels, owners, command lines, resources, and the template merge.
+"""Pod, Service and NetworkPolicy manifests: names, labels, owners, command lines, probes, ports,
+security, resources, and the template merge.
 
 (The folder is not named tests/operator: see DESIGN.md.)
 """
@@ -6,9 +7,11 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from elasticps.api.parsing import parse_job
 from elasticps.api.replicas import Role, cluster_ps_addresses, ps_replica, worker_replica
@@ -18,7 +21,9 @@ from elasticps.operator.manifests import (
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,
+    OPERATOR_LABELS,
     TemplateError,
+    network_policy_manifest,
     pod_manifest,
     selector,
     service_manifest,
@@ -69,21 +74,95 @@ def test_pod_name_labels_owner(role: Role, index: int, name: str) -> None:
     assert container(pod)["command"] == ["elasticps"]
 
 
-def test_ps_pod_runs_the_ps_replica_on_port_2222_with_a_grpc_probe() -> None:
+GRPC = {"name": "grpc", "containerPort": 2222, "protocol": "TCP"}
+HEALTH = {"name": "health", "containerPort": 2223, "protocol": "TCP"}
+METRICS = {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
+
+
+def test_ps_pod_runs_the_ps_replica_on_port_2222_with_grpc_probes_and_metrics() -> None:
     job = make_job(ps={"replicas": 2}, worker={"replicas": 3})
     c = container(pod_manifest(job, UID, Role.PS, 1))
-    assert c["args"] == list(ps_replica(job, 1, host="0.0.0.0", port=2222).args)
+    assert c["args"] == [*ps_replica(job, 1, host="0.0.0.0", port=2222).args, "--metrics_port=9090"]
     assert "--num_workers=3" in c["args"] and "--num_ps=2" in c["args"]
-    assert c["ports"] == [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}]
-    assert c["readinessProbe"]["grpc"] == {"port": 2222}
+    assert c["ports"] == [GRPC, METRICS]
+    assert c["readinessProbe"]["grpc"] == c["livenessProbe"]["grpc"] == {"port": 2222}
 
 
-def test_worker_pod_dials_every_ps_through_its_service() -> None:
+def test_worker_pod_dials_every_ps_through_its_service_and_serves_health() -> None:
     job = make_job(ps={"replicas": 2})
     c = container(pod_manifest(job, UID, Role.WORKER, 0))
-    assert c["args"] == list(worker_replica(job, 0, cluster_ps_addresses(job)).args)
+    assert c["args"] == [*worker_replica(job, 0, cluster_ps_addresses(job)).args, "--health_port=2223", "--metrics_port=9090"]
     assert "--ps_addrs=mnist-ps-0.team.svc:2222,mnist-ps-1.team.svc:2222" in c["args"]
-    assert "ports" not in c and "readinessProbe" not in c
+    assert c["ports"] == [HEALTH, METRICS]
+    assert c["readinessProbe"]["grpc"] == c["livenessProbe"]["grpc"] == {"port": 2223}
+    # TensorFlow's import comes before the health server: the liveness probe is patient
+    live = c["livenessProbe"]
+    assert live["initialDelaySeconds"] + live["periodSeconds"] * live["failureThreshold"] >= 120
+
+
+@pytest.mark.parametrize("role", [Role.PS, Role.WORKER])
+def test_pods_are_scraped_by_prometheus(role: Role) -> None:
+    pod = pod_manifest(make_job(), UID, role, 0)
+    assert pod["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9090", "prometheus.io/path": "/metrics"}
+
+
+@pytest.mark.parametrize("role", [Role.PS, Role.WORKER])
+def test_pods_run_as_non_root_read_only_with_a_writable_tmp(role: Role) -> None:
+    pod = pod_manifest(make_job(), UID, role, 0)
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    c = container(pod)
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+def test_the_template_may_loosen_security_and_bring_its_own_tmp() -> None:
+    template = {
+        "metadata": {"annotations": {"prometheus.io/scrape": "false"}},
+        "spec": {
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+            "volumes": [{"name": "tmp", "hostPath": {"path": "/scratch"}}],
+            "containers": [{"name": CONTAINER, "securityContext": {"readOnlyRootFilesystem": False},
+                            "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}]}],
+        },
+    }
+    pod = pod_manifest(make_job(worker={"template": template}), UID, Role.WORKER, 0)
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+    assert pod["spec"]["securityContext"]["runAsUser"] == 0 and pod["spec"]["securityContext"]["runAsNonRoot"] is False
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "hostPath": {"path": "/scratch"}}]
+    c = container(pod)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/tmp"}]
+
+
+def test_network_policy_lets_only_the_job_and_the_operator_reach_its_ps() -> None:
+    policy = network_policy_manifest(make_job(), UID)
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["metadata"]["name"] == "mnist-ps" and policy["metadata"]["namespace"] == "team"
+    assert policy["metadata"]["ownerReferences"] == [OWNER]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {LABEL_JOB: "mnist", LABEL_ROLE: "ps"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    grpc, metrics = spec["ingress"]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}]
+    assert grpc["from"] == [
+        {"podSelector": {"matchLabels": {LABEL_JOB: "mnist"}}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "elasticps",
+                                                                   "app.kubernetes.io/component": "operator"}}},
+    ]
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9090}]}  # no "from": anyone (Prometheus)
+    # it selects every PS pod of the job and no worker
+    for role, selected in ((Role.PS, True), (Role.WORKER, False)):
+        labels = pod_manifest(make_job(ps={"replicas": 2}), UID, role, 1)["metadata"]["labels"]
+        assert (spec["podSelector"]["matchLabels"].items() <= labels.items()) is selected
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}
+    assert network_policy_manifest(make_job(), UID, peer)["spec"]["ingress"][0]["from"][1] == peer
 
 
 def test_command_is_configurable() -> None:
@@ -141,18 +220,19 @@ def test_template_is_merged_in() -> None:
     assert job.spec.worker.template == before  # the spec is not modified
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["labels"] == {"team": "ml", LABEL_JOB: "mnist", LABEL_ROLE: "worker", LABEL_INDEX: "2"}  # ours win
-    assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert meta["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9090",
+                                   "prometheus.io/path": "/metrics", "sidecar.istio.io/inject": "false"}
     assert spec["serviceAccountName"] == "trainer"
     assert spec["nodeSelector"] == {"accelerator": "h100"}
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert spec["volumes"] == TEMPLATE["spec"]["volumes"]
+    assert spec["volumes"] == [*TEMPLATE["spec"]["volumes"], {"name": "tmp", "emptyDir": {}}]
     assert spec["restartPolicy"] == "Never"  # the planner replaces pods itself
     ours, sidecar = spec["containers"]
     assert ours["name"] == CONTAINER and sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
     assert ours["image"] == "elasticps:latest"
     assert ours["args"][0] == "worker"
     assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]
-    assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}]
     assert ours["resources"] == {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
 
 
@@ -165,10 +245,12 @@ def test_template_without_our_container_gets_it_first() -> None:
 def test_template_probe_and_ports_are_kept_for_the_ps() -> None:
     probe = {"tcpSocket": {"port": 2222}}
     template = {"spec": {"containers": [{"name": CONTAINER, "readinessProbe": probe,
-                                         "ports": [{"containerPort": 9090, "name": "metrics"}, {"containerPort": 2222}]}]}}
+                                         "ports": [{"containerPort": 9090, "name": "metrics"}, {"containerPort": 2222},
+                                                   {"containerPort": 6006, "name": "tensorboard"}]}]}}
     c = container(pod_manifest(make_job(ps={"template": template}), UID, Role.PS, 0))
     assert c["readinessProbe"] == probe
-    assert c["ports"] == [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}, {"containerPort": 9090, "name": "metrics"}]
+    assert c["livenessProbe"]["grpc"] == {"port": 2222}
+    assert c["ports"] == [GRPC, METRICS, {"containerPort": 6006, "name": "tensorboard"}]  # 2222 and 9090 are ours
 
 
 @pytest.mark.parametrize(
@@ -179,6 +261,9 @@ def test_template_probe_and_ports_are_kept_for_the_ps() -> None:
         ({"metadata": {"labels": "a=b"}}, "spec.worker.template.metadata.labels: must be a mapping"),
         ({"spec": {"containers": {"name": "x"}}}, "spec.worker.template.spec.containers: must be a list"),
         ({"spec": {"containers": [{"name": CONTAINER, "resources": []}]}}, "resources: must be a mapping"),
+        ({"spec": {"volumes": {"name": "x"}}}, "spec.worker.template.spec.volumes: must be a list"),
+        ({"spec": {"securityContext": "root"}}, "spec.worker.template.spec.securityContext: must be a mapping"),
+        ({"spec": {"containers": [{"name": CONTAINER, "volumeMounts": "x"}]}}, "volumeMounts: must be a list"),
     ],
 )
 def test_malformed_template_is_a_template_error(template: dict[str, Any], where: str) -> None:
@@ -205,3 +290,10 @@ def test_ps_service_is_headless_and_selects_one_pod() -> None:
 
 def test_worker_selector() -> None:
     assert selector(make_job(), Role.WORKER) == "elasticps.io/job-name=mnist,elasticps.io/replica-type=worker"
+
+
+def test_the_operator_peer_matches_the_operators_deployment() -> None:
+    # The policy lets the operator dial PS 0 by its pods' labels: those of manifests/operator.yaml.
+    path = Path(__file__).resolve().parents[2] / "manifests" / "operator.yaml"
+    [deployment] = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "Deployment"]
+    assert OPERATOR_LABELS.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()

@@ -21,6 +21,7 @@ from elasticps.api.schema import status_schema
 from elasticps.api.spec import TrainingJob
 from elasticps.operator.planning import (
     Action,
+    CreateNetworkPolicy,
     CreatePod,
     CreateService,
     DeleteJob,
@@ -88,6 +89,7 @@ def observe(
     coordinator: JobProgress | None = None,
     ps: int = 1,
     with_services: bool = True,
+    network_policies: tuple[str, ...] | None = None,
 ) -> Observed:
     return Observed(
         pods=tuple(pods),
@@ -95,6 +97,7 @@ def observe(
         now=now,
         coordinator=coordinator,
         status=status or {},
+        network_policies=network_policies,
     )
 
 
@@ -124,6 +127,10 @@ def creates(actions: Sequence[Action]) -> list[str]:
 
 def deletes(actions: Sequence[Action]) -> list[str]:
     return [a.name for a in actions if isinstance(a, DeletePod)]
+
+
+def created_policies(actions: Sequence[Action]) -> list[str]:
+    return [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreateNetworkPolicy)]
 
 
 def created_services(actions: Sequence[Action]) -> list[str]:
@@ -186,8 +193,10 @@ class Case:
     status: dict[str, Any] = field(default_factory=dict)  # merged over the prior status
     coordinator: JobProgress | None = None
     with_services: bool = True
+    network_policies: tuple[str, ...] | None = ("tj-ps",)  # None: the adapter could not list them
     creates: list[str] = field(default_factory=list)
     services: list[str] = field(default_factory=list)
+    policies: list[str] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     phase: str | None = None
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -204,7 +213,7 @@ class Case:
         job = self.job()
         status = _merge(prior(self.prior, job), self.status)
         return observe(self.pods, status, coordinator=self.coordinator, ps=job.spec.ps.replicas,
-                       with_services=self.with_services)
+                       with_services=self.with_services, network_policies=self.network_policies)
 
 
 def _failed(index: int, code: int | None, **kw: Any) -> ObservedPod:
@@ -251,9 +260,24 @@ def _check_fresh(actions: list[Action], status: dict[str, Any]) -> None:
     assert status["replacing"] == [] and "completionTime" not in status
     ps = next(a for a in actions if isinstance(a, CreatePod) and a.name == "tj-ps-0")
     assert ps.manifest["metadata"]["ownerReferences"][0]["uid"] == UID
-    # services first, then PS pods, then workers
-    kinds = [type(a).__name__ for a in actions if isinstance(a, (CreatePod, CreateService))]
-    assert kinds == ["CreateService", "CreatePod", "CreatePod", "CreatePod"]
+    # the network policy and services first, then PS pods, then workers
+    kinds = [type(a).__name__ for a in actions if isinstance(a, (CreateNetworkPolicy, CreatePod, CreateService))]
+    assert kinds == ["CreateNetworkPolicy", "CreateService", "CreatePod", "CreatePod", "CreatePod"]
+
+
+def _check_policy(actions: list[Action], status: dict[str, Any]) -> None:
+    [policy] = [a.manifest for a in actions if isinstance(a, CreateNetworkPolicy)]
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"elasticps.io/job-name": "tj", "elasticps.io/replica-type": "ps"}}
+    assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": {"matchLabels": {"elasticps.io/job-name": "tj"}}}
+
+
+def test_the_operator_peer_of_the_network_policy_is_a_setting() -> None:
+    peer = {"ipBlock": {"cidr": "10.0.0.0/8"}}
+    actions = plan(make_job(), UID, observe(up(), prior("running", make_job()), network_policies=()),
+                   PlannerSettings(operator_peer=peer))
+    [policy] = [a.manifest for a in actions if isinstance(a, CreateNetworkPolicy)]
+    assert policy["spec"]["ingress"][0]["from"][1] == peer
 
 
 def _unschedulable(since: float) -> list[ObservedPod]:
@@ -270,7 +294,7 @@ def _cannot_start(since: float) -> list[ObservedPod]:
 
 CASES = [
     # creation
-    Case("fresh job: services, pods, Created", [], prior="fresh", with_services=False,
+    Case("fresh job: services, pods, Created", [], prior="fresh", with_services=False, network_policies=(), policies=["tj-ps"],
          services=["tj-ps-0"], creates=ALL, phase="Created",
          conditions={"Created": ("True", "TrainingJobCreated")}, restarts=0, events=["Created"], check=_check_fresh),
     Case("fresh job with 2 PS and 3 workers", [], spec={"ps": {"replicas": 2}, "worker": {"replicas": 3}},
@@ -414,10 +438,17 @@ CASES = [
     Case("finished: kept forever without a TTL", [], prior="succeeded", phase="Succeeded"),
     Case("finished: a PS still there is deleted again", [pod("ps", 0)], prior="succeeded", deletes=["tj-ps-0"],
          events=[], phase="Succeeded"),
-    Case("failed: nothing created again", [], prior="failed", creates=[], services=[], with_services=False, phase="Failed"),
+    Case("failed: nothing created again", [], prior="failed", creates=[], services=[], with_services=False,
+         network_policies=(), phase="Failed"),
+    # the NetworkPolicy {job}-ps
+    Case("network policy missing: created", up(), network_policies=(), policies=["tj-ps"], check=_check_policy),
+    Case("network policy there: nothing", up(), policies=[]),
+    Case("network policies not listable: left alone", up(), network_policies=None, policies=[]),
+    Case("suspended: no network policy created", [], spec={"runPolicy": {"suspend": True}}, prior="suspended",
+         network_policies=(), phase="Suspended"),
     # a template Kubernetes would refuse
     Case("malformed template: Failed InvalidSpec", [], spec={"worker": {"template": {"spec": {"containers": "x"}}}},
-         prior="fresh", with_services=False, phase="Failed", conditions={"Failed": ("True", "InvalidSpec")}),
+         prior="fresh", with_services=False, network_policies=(), phase="Failed", conditions={"Failed": ("True", "InvalidSpec")}),
 ]
 
 
@@ -432,6 +463,7 @@ def test_rule(case: Case) -> None:
     actions, status = run_case(case)
     assert creates(actions) == case.creates
     assert created_services(actions) == case.services
+    assert created_policies(actions) == case.policies
     assert deletes(actions) == case.deletes
     if case.events is not None:
         assert events(actions) == case.events
