@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 JOB ?= examples/mnist.yaml
 MNIST_DIR ?= ../shared/data/mnist
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
+VARIANT ?= cpu
 
-.PHONY: run test unit lint typecheck bench convergence proto manifests clean
+.PHONY: run test unit lint typecheck bench convergence proto manifests docs image clean
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -70,6 +71,16 @@ proto: $(STAMP)
 # Regenerates the CRD from the typed spec (a test keeps the committed file equal to it).
 manifests: $(STAMP)
 	$(PY) -m elasticps.api.schema > manifests/crd.yaml
+	cp manifests/crd.yaml helm/elasticps/crds/crd.yaml
+
+# The container image for the operator, the PS and the workers (Dockerfile; hack/image/build.sh):
+# make image, or make image VARIANT=gpu.
+# The TrainingJob reference, generated from the CRD's schema (a test keeps it current).
+docs: $(STAMP)
+	$(PY) -m elasticps.api.reference > docs/trainingjob.md
+
+image: $(STAMP)
+	VARIANT=$(VARIANT) PY=$(PY) bash hack/image/build.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache

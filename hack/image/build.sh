@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the elasticps image (the Dockerfile) with an engine from hack/image/engine.sh.
+#
+#   bash hack/image/build.sh                 # CPU image elasticps:latest
+#   VARIANT=gpu bash hack/image/build.sh     # GPU image elasticps:latest-gpu (TensorFlow with CUDA)
+#
+# No registry is needed: the base image is BASE if the engine has it (e.g. debian:bookworm-slim
+# pulled elsewhere), else one made here by debootstrap from Debian's archive and `docker import`;
+# the Python packages are downloaded on this machine into build/wheels, pinned by
+# requirements/image-cpu.lock, and installed offline inside the build.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VARIANT=${VARIANT:-cpu}
+TAG=${TAG:-elasticps:latest$([ "$VARIANT" = gpu ] && echo -gpu || true)}
+PY=${PY:-.venv/bin/python}
+BASE=${BASE:-debian:bookworm-slim}
+STATE=${ELASTICPS_DOCKER_DIR:-$HOME/.cache/elasticps/docker}
+
+eval "$(bash hack/image/engine.sh start)"
+
+if ! docker image inspect "$BASE" >/dev/null 2>&1; then
+  BASE=elasticps-base:bookworm
+  if ! docker image inspect "$BASE" >/dev/null 2>&1; then
+    echo "making the base image $BASE with debootstrap (about a minute) ..."
+    command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
+    rootfs="$STATE/rootfs-bookworm"
+    rm -rf "$rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" \
+      http://deb.debian.org/debian >"$STATE/debootstrap.log" 2>&1
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import - "$BASE" >/dev/null
+    rm -rf "$rootfs"
+  fi
+fi
+
+echo "downloading the pinned wheels into build/wheels ..."
+rm -rf build/wheels && mkdir -p build/wheels
+if [ "$VARIANT" = gpu ]; then
+  # TensorFlow with CUDA replaces tensorflow-cpu; every package both sets share keeps its pin.
+  grep -v '^tensorflow-cpu==' requirements/image-cpu.lock >build/gpu-constraints.txt
+  "$PY" -m pip download -q --only-binary=:all: -c build/gpu-constraints.txt -d build/wheels ".[gpu]"
+else
+  "$PY" -m pip download -q --only-binary=:all: --no-deps -r requirements/image-cpu.lock -d build/wheels
+fi
+"$PY" -m pip wheel -q --no-deps -w build/wheels .
+
+echo "building $TAG from $BASE ..."
+docker build -q --network host --build-arg "BASE=$BASE" --build-arg "VARIANT=$VARIANT" -t "$TAG" . >/dev/null
+docker image inspect "$TAG" --format "$TAG: {{.Size}} bytes"
