@@ -39,6 +39,7 @@ class OperatorConfig:
     request_timeout_s: float = 30.0
     stats_file: Path | None = None
     stats_log_interval_s: float = 60.0
+    metrics_port: int = 0  # Prometheus metrics (reconcile passes, latency, actions); 0: off
     planner: PlannerSettings = field(default_factory=PlannerSettings)
 
     def coordinator_for(self, namespace: str, job: str) -> str:

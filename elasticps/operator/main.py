@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an unschedulable pod may stay pending before the job fails (0: forever)",
     )
     parser.add_argument("--stats_file", type=Path, default=None, help="write the API request counts here (JSON)")
+    parser.add_argument(
+        "--metrics_port", type=int, default=0, help="serve Prometheus metrics (reconcile passes, latency) here; 0: off"
+    )
     parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
 
 
@@ -53,6 +56,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         coordinator_timeout_s=args.coordinator_timeout,
         resync_s=args.resync_seconds,
         stats_file=args.stats_file,
+        metrics_port=args.metrics_port,
         planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
     )
 

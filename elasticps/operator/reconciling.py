@@ -21,10 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from elasticps.api.parsing import SpecError, parse_job
 from elasticps.operator.cluster_api import ClusterApi
 from elasticps.operator.counting import current_job
 from elasticps.operator.executing import JobRef, Outcome, execute
+from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import observe_names, observe_pods, observe_services, ps0_running
 from elasticps.api.spec import JobPhase
 from elasticps.operator.planning import Action, JobProgress, Observed, PlannerSettings, SetStatus, plan, plan_invalid
@@ -53,15 +56,24 @@ class Reconcile:
         probe: CoordinatorProbe,
         settings: PlannerSettings,
         clock: Callable[[], float] = time.time,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
+        self.metrics = metrics or OperatorMetrics(CollectorRegistry())
 
     def __call__(self, key: JobKey) -> Outcome:
         token = current_job.set(str(key))
+        started = time.perf_counter()
         try:
-            return self._pass(key)
+            outcome = self._pass(key)
+        except Exception:
+            self.metrics.reconciles.labels(outcome="error").inc()
+            raise
         finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
             current_job.reset(token)
+        self.metrics.reconciles.labels(outcome="ok").inc()
+        return outcome
 
     def _pass(self, key: JobKey) -> Outcome:
         body = self.api.get_job(key.namespace, key.name)
@@ -103,6 +115,8 @@ class Reconcile:
     ) -> Outcome:
         if actions:
             log.debug("%s/%s: %s", ref.namespace, ref.name, ", ".join(type(a).__name__ for a in actions))
+        for action in actions:
+            self.metrics.actions.labels(kind=type(action).__name__).inc()
         outcome = execute(actions, self.api, ref, uids, now)
         patched = next((a.status for a in actions if isinstance(a, SetStatus)), {})
         outcome.finished = patched.get("phase", status.get("phase")) in FINISHED

@@ -13,10 +13,13 @@ import contextlib
 import logging
 from typing import Any
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 from elasticps.operator.cluster_api import ClusterApi, load_client_config
 from elasticps.operator.config import OperatorConfig
 from elasticps.operator.counting import RequestCounter
 from elasticps.operator.executing import Outcome
+from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.queueing import WorkQueue
 from elasticps.operator.reconciling import JobKey, Reconcile
@@ -30,8 +33,13 @@ class OperatorRuntime:
         self.counter = counter
         self.api = ClusterApi(client_config or load_client_config(), counter, timeout_s=config.request_timeout_s)
         self.probe = CoordinatorProbe(config.coordinator_address, config.coordinator_timeout_s)
+        # Its own registry: tests build several runtimes in one process; one HTTP server per runtime.
+        registry = CollectorRegistry()
+        self.metrics = OperatorMetrics(registry)
+        if config.metrics_port:
+            start_http_server(config.metrics_port, registry=registry)
         self.queue = WorkQueue(
-            Reconcile(self.api, self.probe, config.planner),
+            Reconcile(self.api, self.probe, config.planner, metrics=self.metrics),
             debounce_s=config.debounce_s,
             resync_s=config.resync_s,
             max_backoff_s=config.max_backoff_s,

@@ -52,7 +52,7 @@ class PSConfig:
     rpc_threads: int
     metrics_port: int
     training: TrainingSpec
-    chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (hidden flag: the benchmark varies it)
+    chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
 
     @property
     def grads_to_wait(self) -> int:
@@ -73,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
-    parser.add_argument("--chunk_bytes", type=int, default=CHUNK_BYTES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
+    )
     add_training_flags(parser)
 
 

@@ -297,7 +297,9 @@ def test_helm_default_renders_the_cluster_wide_operator(helm: str) -> None:
     assert account["metadata"]["name"] == "elasticps-operator" and account["metadata"]["namespace"] == "elasticps-system"
     [deployment] = by_kind(docs, "Deployment")
     check_operator_deployment(deployment)
-    assert "annotations" not in deployment["spec"]["template"]["metadata"]  # metrics off by default
+    # Metrics on by default: the operator serves them and the pod says where.
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    assert "--metrics_port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for doc in docs:
         validate(doc)
 
@@ -340,6 +342,7 @@ def test_helm_values_reach_the_deployment(helm: str) -> None:
         "prometheus.io/scrape": "true", "prometheus.io/port": "9100", "prometheus.io/path": "/metrics"
     }  # fmt: skip
     assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    assert "--metrics_port=9100" in container["args"]
     assert "--resync_seconds=30" in container["args"]
     [monitor] = by_kind(docs, "PodMonitor")
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"

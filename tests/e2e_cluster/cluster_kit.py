@@ -116,6 +116,7 @@ class Operator:
     workdir: Path
     liveness_port: int
     coordinator_dir: Path
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -139,6 +140,7 @@ class Operator:
             "--coordinator_address", f"unix://{self.coordinator_dir}/{{namespace}}.{{job}}.sock",
             "--coordinator_timeout", "0.5",
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+            "--metrics_port", str(self.metrics_port),
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -218,3 +220,9 @@ class FakeCoordinator:
 
 def dedent(text: str) -> str:
     return textwrap.dedent(text).lstrip()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text: str = reply.read().decode()
+        return text

@@ -79,7 +79,10 @@ def operator(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Iter
     workdir = tmp_path_factory.mktemp("operator")
     coordinators = Path(f"/tmp/elasticps-coord-{uuid.uuid4().hex[:8]}")  # short: a unix socket path
     coordinators.mkdir()
-    op = Operator(env=kubectl.env, workdir=workdir, liveness_port=_free_port(), coordinator_dir=coordinators)
+    op = Operator(
+        env=kubectl.env, workdir=workdir, liveness_port=_free_port(), coordinator_dir=coordinators,
+        metrics_port=_free_port(),
+    )
     op.start()
     try:
         yield op

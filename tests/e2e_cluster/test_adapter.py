@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from elasticps.api.replicas import Role
 from elasticps.operator.cluster_api import ApiError
@@ -26,6 +27,7 @@ from elasticps.operator.planning import (
     SetStatus,
 )
 from elasticps.operator.queueing import WorkQueue
+from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.reconciling import JobKey, Reconcile
 from elasticps.proto import elasticps_pb2 as pb
 
@@ -274,6 +276,23 @@ def test_a_pass_lists_pods_asks_ps0_only_when_it_runs_and_creates_what_is_missin
     api.pods = [pod_json("tj-ps-0"), pod_json("tj-worker-0"), pod_json("tj-worker-1")]
     Reconcile(api, probe, PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
     assert probe.asked == 1
+
+
+def test_passes_their_time_and_actions_are_counted() -> None:
+    spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}, "worker": {"replicas": 2}}
+    registry = CollectorRegistry()
+    reconcile = Reconcile(
+        JobApi(spec, [pod_json("tj-ps-0", "Pending"), pod_json("tj-worker-0")]),  # type: ignore[arg-type]
+        NoCoordinator(), PlannerSettings(), clock=lambda: 1e9, metrics=OperatorMetrics(registry),  # type: ignore[arg-type]
+    )
+    reconcile(JobKey("ns", "tj"))
+    assert registry.get_sample_value("elasticps_operator_reconciles_total", {"outcome": "ok"}) == 1
+    assert registry.get_sample_value("elasticps_operator_reconcile_seconds_count") == 1
+    assert registry.get_sample_value("elasticps_operator_actions_total", {"kind": "CreatePod"}) == 1  # worker-1
+    reconcile.api = None  # type: ignore[assignment]  # the next pass fails: counted as an error
+    with pytest.raises(AttributeError):
+        reconcile(JobKey("ns", "tj"))
+    assert registry.get_sample_value("elasticps_operator_reconciles_total", {"outcome": "error"}) == 1
 
 
 # ---- the work queue -------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster_kit import ROOT, Kubectl, Operator, condition, phases, training_job, wait_for
+from cluster_kit import ROOT, Kubectl, Operator, condition, phases, scrape, training_job, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -334,3 +334,13 @@ def test_32_worker_job_time_to_running_and_api_requests(
     request.config._elasticps_measurements = [*getattr(request.config, "_elasticps_measurements", []), line]  # type: ignore[attr-defined]
     assert counts["requests"]["elasticps create pods"] == 34
     assert counts["requests"]["elasticps create services"] == 2
+
+
+def test_the_operator_serves_its_reconcile_metrics(kubectl: Kubectl, ns: str, operator: Operator) -> None:
+    kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "mnist-sync.yaml"))
+    running(kubectl, ns, "mnist-sync", workers=3, ps=1)
+    text = scrape(operator.metrics_port)
+    passes = [line for line in text.splitlines() if line.startswith('elasticps_operator_reconciles_total{outcome="ok"}')]
+    assert passes and float(passes[0].split()[-1]) >= 1
+    assert 'elasticps_operator_actions_total{kind="CreatePod"}' in text
+    assert "elasticps_operator_reconcile_seconds_bucket" in text
