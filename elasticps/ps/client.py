@@ -28,15 +28,12 @@ from elasticps.rpc.status import Failure, classify, retrying
 T = TypeVar("T")
 
 
-_SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
-
-
 class _FrameStub:
     """The ParameterServer methods with tensor streams as serialized Frame bytes (``frames``
     writes and parses them; see ``ps/servicer.py``), small messages through protobuf."""
 
     def __init__(self, channel: grpc.Channel) -> None:
-        path = f"/{_SERVICE}/"
+        path = f"/{frames.PS_SERVICE.full_name}/"
         self.PushModel: grpc.StreamUnaryMultiCallable[bytes, pb.ModelHead] = channel.stream_unary(
             path + "PushModel", request_serializer=None, response_deserializer=pb.ModelHead.FromString
         )

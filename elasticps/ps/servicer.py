@@ -31,7 +31,6 @@ from elasticps.rpc import frames
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 10_000  # a long poll never holds a server thread longer than this
-SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 
 
 class ParameterServerServicer:
@@ -127,10 +126,10 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             servicer.PushGradients, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
         ),
     }
-    declared = set(pb.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
+    declared = set(frames.PS_SERVICE.methods_by_name)
     if declared != set(handlers):  # the .proto is the one definition: fail loudly if they drift
         raise RuntimeError(f"ParameterServer methods {sorted(declared)} != handlers {sorted(handlers)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(frames.PS_SERVICE.full_name, handlers),))
 
 
 def _decode(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> frames.Decoded:

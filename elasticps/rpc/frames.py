@@ -21,6 +21,10 @@ from elasticps.proto import elasticps_pb2 as pb
 
 CHUNK_BYTES = 1 << 20
 
+# The service whose tensor streams travel as serialized Frames (its client and servicer register
+# its methods by these names, taken from the .proto).
+PS_SERVICE = pb.DESCRIPTOR.services_by_name["ParameterServer"]
+
 _TO_WIRE: dict[np.dtype[np.generic], pb.DType.ValueType] = {
     np.dtype("<f4"): pb.DTYPE_FLOAT32,
     np.dtype("<f8"): pb.DTYPE_FLOAT64,
