@@ -9,14 +9,15 @@ copies into its preallocated buffer. Same channel and server options as the PS
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
 
+from elasticps.files import write_atomically
 from elasticps.rpc.channels import bind, create_channel, create_server
 from elasticps.rpc.frames import CHUNK_BYTES
 
@@ -63,10 +64,7 @@ def serve(port_file: str) -> None:
     server.add_generic_rpc_handlers((handler,))
     port = bind(server, "127.0.0.1", 0)
     server.start()
-    temporary = port_file + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(f"{port}\n")
-    os.replace(temporary, port_file)
+    write_atomically(Path(port_file), f"{port}\n")
     threading.Event().wait()
 
 

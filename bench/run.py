@@ -56,7 +56,7 @@ from bench import report, stages  # noqa: E402
 from bench.grpc_raw import RawClient  # noqa: E402
 from bench.tcp_echo import EchoClient  # noqa: E402
 from elasticps.ps.client import PSClient  # noqa: E402
-from elasticps.ps.optimizers import OptimizerConfig  # noqa: E402
+from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.rpc.frames import CHUNK_BYTES  # noqa: E402
 
 MB = 1 << 20

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc import frames
 

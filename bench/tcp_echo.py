@@ -12,6 +12,9 @@ import os
 import socket
 import struct
 import sys
+from pathlib import Path
+
+from elasticps.files import write_atomically
 
 _LENGTH = struct.Struct("<Q")
 
@@ -33,10 +36,7 @@ def serve(port_file: str) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
-    temporary = port_file + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(f"{listener.getsockname()[1]}\n")
-    os.replace(temporary, port_file)
+    write_atomically(Path(port_file), f"{listener.getsockname()[1]}\n")
     conn, _ = listener.accept()
     _configure(conn)
     buffer = bytearray(0)

@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
+    from elasticps.api.modes import TrainingMode
     from elasticps.api.parsing import SpecError, load_job_file
     from elasticps.local.progress import Progress
     from elasticps.local.runner import JobFailed, LocalRunner, outcome, summary
@@ -73,7 +74,7 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
         return EXIT_USAGE
     run_dir = run_dir or Path(".elasticps") / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     spec = job.spec
-    mode = "async" if spec.training.use_async else "sync"
+    mode = TrainingMode.of(spec.training).label
     print(
         f"job {job.name}: {spec.ps.replicas} PS + {spec.worker.replicas} workers, {mode}, "
         f"model {spec.model.model_def}, {spec.training.num_epochs} epochs; logs in {run_dir}",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from elasticps.api.fields import camel, check_bounds, field_info
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import API_VERSION, KIND, TrainingJob, TrainingJobSpec
 
 T = TypeVar("T")
@@ -83,9 +84,8 @@ def parse_job(document: Any) -> TrainingJob:
 def _check_cross_fields(spec: TrainingJobSpec) -> None:
     if spec.ps.replicas < 1:
         raise SpecError(f"spec.ps.replicas: must be >= 1, got {spec.ps.replicas}")
-    if not spec.training.use_async and spec.training.lr_staleness_modulation:
-        # Accepted gradients in sync mode are current; modulation would silently do nothing.
-        raise SpecError("spec.training.lrStalenessModulation: needs useAsync: true")
+    for field, why in TrainingMode.of(spec.training).problems():
+        raise SpecError(f"spec.training.{field}: {why}")
     if not spec.model.model_def.strip():
         raise SpecError("spec.model.modelDef: must not be empty")
     if not spec.data.training.strip():

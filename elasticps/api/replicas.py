@@ -36,6 +36,17 @@ def replica_name(job: TrainingJob, role: Role, index: int) -> str:
     return f"{job.name}-{role.value}-{index}"
 
 
+def parse_replica_name(job_name: str, name: str) -> tuple[Role, int] | None:
+    """The role and index of replica ``name`` of job ``job_name`` (the inverse of
+    :func:`replica_name`), or None when ``name`` is not one of its replicas."""
+    for role in Role:
+        prefix = f"{job_name}-{role.value}-"
+        digits = name[len(prefix):]
+        if name.startswith(prefix) and digits.isascii() and digits.isdigit() and str(int(digits)) == digits:
+            return role, int(digits)
+    return None
+
+
 def cluster_ps_addresses(job: TrainingJob) -> list[str]:
     """Stable DNS names of the PS Services in a cluster (they survive PS restarts)."""
     return [

@@ -50,6 +50,14 @@ class DataReader(str, Enum):
     NPZ = "npz"
 
 
+class Strategy(str, Enum):
+    """How a job's workers share a model. ``parameterServer``: PS shards hold it and workers push
+    gradients and pull it (the only strategy so far; the planner, the schema and the Services and
+    NetworkPolicy read it instead of assuming PS pods)."""
+
+    PARAMETER_SERVER = "parameterServer"
+
+
 class JobPhase(str, Enum):
     """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types).
 
@@ -175,6 +183,9 @@ class RunPolicy:
 class TrainingJobSpec:
     model: ModelSpec = spec_field(help="the model module")
     data: DataSpec = spec_field(help="training and validation data")
+    strategy: Strategy = spec_field(
+        Strategy.PARAMETER_SERVER, help="how workers share the model: parameterServer (PS shards hold it)"
+    )
     image: str = spec_field("elasticps:latest", help="container image of the PS and worker pods")
     training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")
     ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
@@ -190,5 +201,17 @@ class TrainingJob:
 
     @property
     def grads_to_wait(self) -> int:
-        """The sync update size the PS uses: the spec's value, or one gradient per worker."""
-        return self.spec.training.grads_to_wait or max(1, self.spec.worker.replicas)
+        """The sync update size the PS uses (see :func:`effective_grads_to_wait`)."""
+        return effective_grads_to_wait(self.spec.training.grads_to_wait, self.spec.worker.replicas)
+
+    @property
+    def uses_ps(self) -> bool:
+        """Whether the job has PS replicas (and so PS Services and a NetworkPolicy for them)."""
+        return self.spec.strategy is Strategy.PARAMETER_SERVER
+
+
+def effective_grads_to_wait(requested: int, num_workers: int) -> int:
+    """The sync update size: ``requested`` (``spec.training.gradsToWait``), or one gradient per
+    worker when it is 0. The one place of that default: the planner renders it into the PS's flags
+    and ``elasticps ps`` applies it to its ``--num_workers``."""
+    return requested or max(1, num_workers)

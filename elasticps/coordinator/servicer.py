@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 
@@ -85,11 +85,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _write_journal(self) -> None:
         if self._journal is None:
             return
-        temporary = self._journal.with_suffix(".tmp")
         try:
-            self._journal.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(self._queue.state()))
-            os.replace(temporary, self._journal)
+            write_atomically(self._journal, json.dumps(self._queue.state()))
         except OSError as err:
             log.error("cannot write the coordinator journal %s: %s", self._journal, err)
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextvars
 import json
-import os
 import threading
 import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from elasticps.files import write_atomically
 
 # The job whose pass is running in this thread/task, as "namespace/name" (set by ``reconciling``).
 current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("elasticps_current_job", default=None)
@@ -97,9 +98,7 @@ class RequestCounter:
 
     def write(self, path: Path) -> None:
         """Writes the snapshot atomically (a reader never sees half a file)."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.snapshot(), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(self.snapshot(), indent=1, sort_keys=True) + "\n")
 
 
 def _by_source(counts: dict[tuple[str, str], int]) -> dict[str, int]:

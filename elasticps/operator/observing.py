@@ -19,9 +19,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from elasticps.api.replicas import Role
+from elasticps.api.replicas import Role, parse_replica_name
 from elasticps.api.spec import KIND
-from elasticps.operator.manifests import CONTAINER, LABEL_INDEX, LABEL_ROLE
+from elasticps.operator.manifests import CONTAINER
 from elasticps.operator.planning import JobProgress, ObservedPod, ObservedService, PodPhase
 from elasticps.operator.status import parse_time
 from elasticps.proto import elasticps_pb2 as pb
@@ -37,7 +37,7 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
     meta = _map(item.get("metadata"))
     status = _map(item.get("status"))
     name = str(meta.get("name", ""))
-    where = _role_index(_map(meta.get("labels")), name, job_name)
+    where = parse_replica_name(job_name, name)
     if where is None:
         return None
     role, index = where
@@ -117,21 +117,6 @@ def ps0_running(pods: Iterable[ObservedPod]) -> bool:
     """Whether PS 0 could answer at all (else the adapter does not dial it)."""
     return any(p.role is Role.PS and p.index == 0 and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
 
-
-def _role_index(labels: Mapping[str, Any], name: str, job_name: str) -> tuple[Role, int] | None:
-    role_label, index_label = labels.get(LABEL_ROLE), labels.get(LABEL_INDEX)
-    if isinstance(role_label, str) and isinstance(index_label, str) and index_label.isdigit():
-        try:
-            role = Role(role_label)
-        except ValueError:
-            return None
-        if name == f"{job_name}-{role.value}-{int(index_label)}":
-            return role, int(index_label)
-    for role in Role:  # labels edited by hand: the name still says which replica it is
-        prefix = f"{job_name}-{role.value}-"
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            return role, int(name[len(prefix):])
-    return None
 
 
 # Waiting reasons a container does not leave by itself: the image or the pod's config is wrong.

@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Union
 
-from elasticps.api.replicas import Role, should_restart
-from elasticps.api.spec import CleanPodPolicy, JobPhase, TrainingJob, TrainingSpec
+from elasticps.api.replicas import Role, parse_replica_name, should_restart
+from elasticps.api.modes import TrainingMode
+from elasticps.api.spec import CleanPodPolicy, JobPhase, TrainingJob
 from elasticps.operator.manifests import (
     TemplateError,
     network_policy_manifest,
@@ -215,16 +216,6 @@ def plan_invalid(observed: Observed, message: str) -> list[Action]:
     status.fail("InvalidSpec", message)
     patch = status.patch({})
     return [Event("InvalidSpec", message, "Warning"), *([SetStatus(patch)] if patch else [])]
-
-
-def training_mode(training: TrainingSpec) -> str:
-    """``status.mode``: Sync or Async, +StalenessLR, +SSP<k> for local steps between pulls."""
-    parts = ["Async" if training.use_async else "Sync"]
-    if training.lr_staleness_modulation:
-        parts.append("StalenessLR")
-    if training.get_model_frequency > 1:
-        parts.append(f"SSP{training.get_model_frequency}")
-    return "+".join(parts)
 
 
 # ---- one pass ---------------------------------------------------------------------------------------
@@ -449,8 +440,8 @@ class _Pass:
                 Event("ScaledDown", f"Workers scaled down to {self.desired(Role.WORKER)}: deleting {', '.join(names)}.")
             )
         for name in [n for n in self.status.replacing if n not in self.by_name]:
-            pod_role, index = _role_index(self.job, name)
-            if pod_role is None or index >= self.desired(pod_role):
+            parsed = parse_replica_name(self.job.name, name)
+            if parsed is None or parsed[1] >= self.desired(parsed[0]):
                 del self.status.replacing[name]
 
     def _create_missing(self) -> bool:
@@ -516,7 +507,7 @@ class _Pass:
         return actions
 
     def _observed_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"mode": training_mode(self.job.spec.training)}
+        fields: dict[str, Any] = {"mode": TrainingMode.of(self.job.spec.training).label}
         counts: dict[str, dict[str, int]] = {}
         ready: dict[Role, int] = {}
         for role in Role:
@@ -544,10 +535,3 @@ class _Pass:
             fields["metrics"] = {k: float(v) for k, v in coordinator.metrics.items() if math.isfinite(v)}
         return fields
 
-
-def _role_index(job: TrainingJob, name: str) -> tuple[Role | None, int]:
-    for role in Role:
-        prefix = f"{job.name}-{role.value}-"
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            return role, int(name[len(prefix):])
-    return None, 0

@@ -39,7 +39,6 @@ import operator
 import os
 import re
 import struct
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +47,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+
+from elasticps.files import atomic_writer
 
 __all__ = ["Checkpoint", "CheckpointError", "list_checkpoints", "load", "load_latest", "save"]
 
@@ -143,14 +144,6 @@ def _check_json(value: Any, where: str, target: Path) -> None:
     )
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_array(f: BinaryIO, hasher: Any, arr: npt.NDArray[Any]) -> None:
     contiguous = arr if arr.flags.c_contiguous else arr.copy(order="C")
     flat = contiguous.reshape(-1).view(np.uint8)
@@ -228,35 +221,22 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 3) -> Path:
     except (TypeError, ValueError) as e:  # pragma: no cover - _check_json catches these first
         raise CheckpointError(final, f"header is not JSON-serialisable: {e}") from e
 
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f"{_TEMP_PREFIX}{version:012d}.", suffix=_TEMP_SUFFIX, dir=directory
-    )
-    with _in_flight_lock:
-        _in_flight.add(tmp_name)
+    tmp_name = ""
     try:
-        try:
-            with os.fdopen(fd, "wb") as f:
-                hasher = hashlib.sha256()
-                for part in (MAGIC, _LEN.pack(len(header_bytes)), header_bytes):
-                    hasher.update(part)
-                    f.write(part)
-                for _, arr in arrays:
-                    _write_array(f, hasher, arr)
-                f.write(hasher.digest())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp_name, final)
-        except BaseException:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
-            raise
+        with atomic_writer(final, prefix=f"{_TEMP_PREFIX}{version:012d}.", suffix=_TEMP_SUFFIX) as (f, tmp):
+            tmp_name = str(tmp)
+            with _in_flight_lock:
+                _in_flight.add(tmp_name)
+            hasher = hashlib.sha256()
+            for part in (MAGIC, _LEN.pack(len(header_bytes)), header_bytes):
+                hasher.update(part)
+                f.write(part)
+            for _, arr in arrays:
+                _write_array(f, hasher, arr)
+            f.write(hasher.digest())
     finally:
         with _in_flight_lock:
             _in_flight.discard(tmp_name)
-    _fsync_dir(directory)
 
     _cleanup(directory, keep, final)
     return final

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.sharding import shard_of
 from elasticps.rpc import frames
 from elasticps.rpc.channels import create_channel

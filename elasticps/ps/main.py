@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -17,20 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY, start_http_server
 
 from elasticps.api.flags import add_training_flags, training_from_args
-from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.api.spec import DataReader, TrainingSpec, effective_grads_to_wait
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
+from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import bind, create_server
+from elasticps.rpc.health import add_health, serving
 from elasticps.rpc.frames import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class PSConfig:
 
     @property
     def grads_to_wait(self) -> int:
-        return self.training.grads_to_wait or max(1, self.num_workers)
+        return effective_grads_to_wait(self.training.grads_to_wait, self.num_workers)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,15 +150,14 @@ def run(config: PSConfig) -> int:
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
         coordinator = CoordinatorServicer(settings, version_fn=lambda: store.version, journal=journal)
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_servicer = add_health(server)
     port = bind(server, config.host, config.port)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.host, registry=REGISTRY)
     server.start()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    serving(health_servicer)
     if config.port_file:
-        _write_atomically(Path(config.port_file), f"{port}\n")
+        write_atomically(Path(config.port_file), f"{port}\n")
     log.info("PS %d/%d serving on %s:%d", config.ps_id, config.num_ps, config.host, port)
 
     stopped = threading.Event()
@@ -174,8 +173,3 @@ def run(config: PSConfig) -> int:
     store.flush_checkpoints()
     return 0
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+
+from elasticps.api.optimizer import HYPER_PARAMETERS, OptimizerConfig, OptimizerError, Param, normalized
 
 __all__ = ["Optimizer", "OptimizerConfig", "OptimizerError", "make_optimizer"]
 
@@ -45,61 +46,6 @@ Array = npt.NDArray[Any]
 
 _SLOT_PREFIX = "slot/"
 _STEP_PREFIX = "step/"
-
-
-class OptimizerError(ValueError):
-    """An optimizer configuration or state the PS cannot use.
-
-    The message names the offending optimizer, hyper-parameter, variable or
-    checkpoint key, since it usually ends up in a worker's or PS's log.
-    """
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Which optimizer the PS runs, with Keras's hyper-parameter names.
-
-    ``name`` is one of ``"sgd"``, ``"adam"``, ``"adagrad"``, ``"rmsprop"``.
-    ``params`` holds floats only, because it travels in the protobuf
-    ``map<string, double>``: booleans (``nesterov``, ``amsgrad``, ``centered``)
-    are 0.0 or 1.0.  Missing hyper-parameters take Keras's defaults;
-    :attr:`Optimizer.config` is the normalised form with all of them present.
-    """
-
-    name: str
-    params: Mapping[str, float]
-
-
-# A hyper-parameter: Keras's default, and a validity check with the rule it
-# enforces spelled out for the error message.
-@dataclass(frozen=True)
-class _Param:
-    default: float
-    check: Callable[[float], bool]
-    rule: str
-
-
-def _positive(default: float) -> _Param:
-    return _Param(default, lambda v: v > 0.0, "must be > 0")
-
-
-def _non_negative(default: float) -> _Param:
-    return _Param(default, lambda v: v >= 0.0, "must be >= 0")
-
-
-def _decay(default: float) -> _Param:
-    # Betas and rho: 1 would divide by zero in Adam's bias correction (or
-    # freeze the average), so [0, 1).
-    return _Param(default, lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
-
-
-def _momentum(default: float) -> _Param:
-    # Keras's SGD rejects momentum outside [0, 1]; RMSprop gets the same rule.
-    return _Param(default, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
-
-
-def _boolean(default: float) -> _Param:
-    return _Param(default, lambda v: v in (0.0, 1.0), "must be 0.0 (false) or 1.0 (true)")
 
 
 class _VariableState:
@@ -123,17 +69,15 @@ class Optimizer(abc.ABC):
     """
 
     # Hyper-parameters with Keras's defaults; filled in by each subclass.
-    PARAMS: ClassVar[Mapping[str, _Param]]
+    PARAMS: ClassVar[Mapping[str, Param]]
 
     config: OptimizerConfig
     learning_rate: float
 
     def __init__(self, config: OptimizerConfig) -> None:
-        # Normalised, validated copy: make_optimizer has already checked the
-        # names and values against PARAMS.
-        params = {key: float(config.params.get(key, spec.default)) for key, spec in self.PARAMS.items()}
-        self.config = OptimizerConfig(config.name, params)
-        self.learning_rate = params["learning_rate"]
+        # make_optimizer has normalised and checked it against PARAMS.
+        self.config = config
+        self.learning_rate = config.params["learning_rate"]
         self._vars: dict[str, _VariableState] = {}
 
     @abc.abstractmethod
@@ -253,11 +197,7 @@ class Optimizer(abc.ABC):
 
 
 class _SGD(Optimizer):
-    PARAMS = {
-        "learning_rate": _positive(0.01),
-        "momentum": _momentum(0.0),
-        "nesterov": _boolean(0.0),
-    }
+    PARAMS = HYPER_PARAMETERS["sgd"]
 
     def _slot_names(self) -> tuple[str, ...]:
         # Keras creates the momentum slot only when momentum != 0, and then
@@ -285,13 +225,7 @@ class _SGD(Optimizer):
 
 
 class _Adam(Optimizer):
-    PARAMS = {
-        "learning_rate": _positive(0.001),
-        "beta_1": _decay(0.9),
-        "beta_2": _decay(0.999),
-        "epsilon": _non_negative(1e-7),
-        "amsgrad": _boolean(0.0),
-    }
+    PARAMS = HYPER_PARAMETERS["adam"]
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("m", "v", "v_hat") if self._flag("amsgrad") else ("m", "v")
@@ -331,11 +265,7 @@ class _Adam(Optimizer):
 
 
 class _Adagrad(Optimizer):
-    PARAMS = {
-        "learning_rate": _positive(0.001),
-        "initial_accumulator_value": _non_negative(0.1),
-        "epsilon": _non_negative(1e-7),
-    }
+    PARAMS = HYPER_PARAMETERS["adagrad"]
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("accumulator",)
@@ -357,13 +287,7 @@ class _Adagrad(Optimizer):
 
 
 class _RMSprop(Optimizer):
-    PARAMS = {
-        "learning_rate": _positive(0.001),
-        "rho": _decay(0.9),
-        "momentum": _momentum(0.0),
-        "epsilon": _non_negative(1e-7),
-        "centered": _boolean(0.0),
-    }
+    PARAMS = HYPER_PARAMETERS["rmsprop"]
 
     def _slot_names(self) -> tuple[str, ...]:
         names = ["velocity"]
@@ -418,23 +342,6 @@ _OPTIMIZERS: dict[str, type[Optimizer]] = {
 
 
 def make_optimizer(config: OptimizerConfig) -> Optimizer:
-    """Validate ``config`` and build the optimizer (without variables yet).
-
-    Raises :class:`OptimizerError` naming an unknown optimizer, an unknown
-    hyper-parameter, or one whose value is out of range or not a finite number.
-    """
-    cls = _OPTIMIZERS.get(config.name)
-    if cls is None:
-        raise OptimizerError(f"unknown optimizer {config.name!r}; the PS supports {sorted(_OPTIMIZERS)}")
-    for key, value in config.params.items():
-        spec = cls.PARAMS.get(key)
-        if spec is None:
-            raise OptimizerError(
-                f"unknown hyper-parameter {key!r} for optimizer {config.name!r}; expected some of {sorted(cls.PARAMS)}"
-            )
-        # bool is an int, so True/False pass as 1.0/0.0; strings and None do not.
-        if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(float(value)):
-            raise OptimizerError(f"hyper-parameter {key!r} of optimizer {config.name!r} must be a finite number, got {value!r}")
-        if not spec.check(float(value)):
-            raise OptimizerError(f"hyper-parameter {key!r} of optimizer {config.name!r} {spec.rule}, got {value!r}")
-    return cls(config)
+    """Validate ``config`` (``api.optimizer.normalized``) and build the optimizer, without variables yet."""
+    config = normalized(config)
+    return _OPTIMIZERS[config.name](config)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.metrics import PSMetrics
-from elasticps.ps.optimizers import OptimizerConfig, OptimizerError
+from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
 from elasticps.rpc import frames
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from elasticps.ps import checkpoint
-from elasticps.ps.optimizers import Optimizer, OptimizerConfig, make_optimizer
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.staleness import modulated_lr, staleness
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from elasticps.ps.optimizers import OptimizerConfig  # noqa: E402
+from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
 

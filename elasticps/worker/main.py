@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.spec import DataReader, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
+from elasticps.rpc.health import add_health, serving
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def run(config: WorkerConfig) -> int:
     from elasticps.coordinator.client import CoordinatorClient
     from elasticps.data.readers import DataError, open_reader
     from elasticps.ps.client import PSClient
-    from elasticps.ps.optimizers import OptimizerError
+    from elasticps.api.optimizer import OptimizerError
     from elasticps.worker import keras_trainer
     from elasticps.worker.model_loading import ModelError, load_model_module
     from prometheus_client import REGISTRY, start_http_server
@@ -132,9 +132,8 @@ def run(config: WorkerConfig) -> int:
 def _serve_health(port: int) -> grpc.Server:
     """The standard gRPC health service, SERVING from start-up to exit (pod probes ask it)."""
     server = create_server(max_workers=2)
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    servicer = add_health(server)
     bind(server, "0.0.0.0", port)
     server.start()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    serving(servicer)
     return server

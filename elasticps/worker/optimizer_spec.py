@@ -19,7 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from elasticps.ps.optimizers import OptimizerConfig, OptimizerError, make_optimizer
+from elasticps.api.optimizer import OptimizerConfig, OptimizerError, normalized
 
 __all__ = ["optimizer_config"]
 
@@ -106,7 +106,7 @@ def optimizer_config(optimizer: keras.optimizers.Optimizer, learning_rate: float
 
     # Validate here, on the worker, so a bad value fails at start-up with the
     # user's traceback rather than on the PS; and return the normalised form.
-    return make_optimizer(OptimizerConfig(name, params)).config
+    return normalized(OptimizerConfig(name, params))
 
 
 def _number(value: object) -> float | None:

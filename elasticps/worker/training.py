@@ -32,7 +32,7 @@ from elasticps.coordinator.client import CoordinatorClient
 from elasticps.data.readers import Reader
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import PSClient, Pushed, ShardsUninitialized
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)

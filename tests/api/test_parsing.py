@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from job_builders import job_document
+
 from elasticps.api.parsing import SpecError, load_job_file, parse_job
 from elasticps.api.spec import (
     CleanPodPolicy,
@@ -27,12 +29,7 @@ from elasticps.api.spec import (
 
 
 def minimal() -> dict[str, Any]:
-    return {
-        "apiVersion": "elasticps.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "mnist"},
-        "spec": {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/mnist/train"}},
-    }
+    return job_document({"data": {"training": "/data/mnist/train"}})
 
 
 FULL_YAML = """

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from elasticps.api.parsing import parse_job
-from elasticps.api.replicas import Role, cluster_ps_addresses, replica_name, should_restart
+from job_builders import make_job
+
+from elasticps.api.replicas import Role, cluster_ps_addresses, parse_replica_name, replica_name, should_restart
 from elasticps.api.spec import RestartPolicy
 
 CODES = (0, 1, 2, 127, 128, 137, -9)
@@ -42,3 +44,26 @@ def test_names_and_cluster_addresses() -> None:
     )
     assert replica_name(job, Role.WORKER, 3) == "mnist-worker-3"
     assert cluster_ps_addresses(job) == ["mnist-ps-0.team.svc:2222", "mnist-ps-1.team.svc:2222"]
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("mnist-ps-0", (Role.PS, 0)),
+        ("mnist-worker-12", (Role.WORKER, 12)),
+        ("mnist-worker-", None),
+        ("mnist-worker-01", None),  # not a name replica_name makes
+        ("mnist-worker-x", None),
+        ("mnist-chief-0", None),
+        ("other-ps-0", None),
+        ("mnist-ps-٣", None),  # a non-ASCII digit
+    ],
+)
+def test_parse_replica_name(name: str, expected: tuple[Role, int] | None) -> None:
+    assert parse_replica_name("mnist", name) == expected
+
+
+@pytest.mark.parametrize("role, index", [(Role.PS, 0), (Role.WORKER, 7)])
+def test_parse_replica_name_inverts_replica_name(role: Role, index: int) -> None:
+    job = make_job(name="mnist")
+    assert parse_replica_name("mnist", replica_name(job, role, index)) == (role, index)

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from job_builders import job_document
+
 from elasticps.api import schema as crd_schema
 from elasticps.api.fields import camel, field_info
 from elasticps.api.parsing import SpecError, parse_job
@@ -29,12 +31,7 @@ MANIFEST = ROOT / "manifests" / "crd.yaml"
 
 
 def minimal() -> dict[str, Any]:
-    return {
-        "apiVersion": "elasticps.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "mnist"},
-        "spec": {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/mnist/train"}},
-    }
+    return job_document({"data": {"training": "/data/mnist/train"}})
 
 
 def spec_schema() -> dict[str, Any]:

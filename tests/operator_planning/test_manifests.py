@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from elasticps.api.parsing import parse_job
+import job_builders
+
 from elasticps.api.replicas import Role, cluster_ps_addresses, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.operator.manifests import (
@@ -33,13 +34,7 @@ UID = "0b6e7a52-1111-2222-3333-444455556666"
 
 
 def make_job(**spec: Any) -> TrainingJob:
-    document = {
-        "apiVersion": "elasticps.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "mnist", "namespace": "team"},
-        "spec": {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/train"}, **spec},
-    }
-    return parse_job(document)
+    return job_builders.make_job(spec, namespace="team")
 
 
 def container(pod: dict[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
-from elasticps.api.parsing import parse_job
+import job_builders
+from job_builders import merge
+
 from elasticps.api.replicas import Role
 from elasticps.api.schema import status_schema
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingJob
 from elasticps.operator.planning import (
     Action,
@@ -37,7 +40,6 @@ from elasticps.operator.planning import (
     SetStatus,
     plan,
     plan_invalid,
-    training_mode,
 )
 from elasticps.operator.status import merge_patch, parse_time, rfc3339
 
@@ -49,23 +51,8 @@ SETTINGS = PlannerSettings(pending_timeout_s=600.0)
 # ---- building observations ---------------------------------------------------------------------------
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def make_job(spec: dict[str, Any] | None = None) -> TrainingJob:
-    base = {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/train"}, "worker": {"replicas": 2}}
-    return parse_job(
-        {
-            "apiVersion": "elasticps.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "tj", "namespace": "ns"},
-            "spec": _merge(base, spec or {}),
-        }
-    )
+    return job_builders.make_job(merge({"worker": {"replicas": 2}}, spec or {}), name="tj", namespace="ns")
 
 
 def pod(role: str, index: int, phase: str = "Running", **kw: Any) -> ObservedPod:
@@ -211,7 +198,7 @@ class Case:
 
     def observed(self) -> Observed:
         job = self.job()
-        status = _merge(prior(self.prior, job), self.status)
+        status = merge(prior(self.prior, job), self.status)
         return observe(self.pods, status, coordinator=self.coordinator, ps=job.spec.ps.replicas,
                        with_services=self.with_services, network_policies=self.network_policies)
 
@@ -603,7 +590,7 @@ def test_times() -> None:
      ({"getModelFrequency": 4}, "Sync+SSP4")],
 )
 def test_training_mode(training: dict[str, Any], mode: str) -> None:
-    assert training_mode(make_job({"training": training}).spec.training) == mode
+    assert TrainingMode.of(make_job({"training": training}).spec.training).label == mode
 
 
 def test_pending_timeout_can_be_disabled() -> None:

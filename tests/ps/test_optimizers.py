@@ -15,12 +15,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from elasticps.ps.optimizers import (  # noqa: E402
-    Optimizer,
-    OptimizerConfig,
-    OptimizerError,
-    make_optimizer,
-)
+from elasticps.api.optimizer import OptimizerConfig, OptimizerError  # noqa: E402
+from elasticps.ps.optimizers import Optimizer, make_optimizer  # noqa: E402
 
 SHAPES = {"dense/kernel": (7, 5), "dense/bias": (5,)}
 STEPS = 20

@@ -16,7 +16,7 @@ import pytest
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.sharding import shard_of
 from elasticps.ps.store import ParameterStore, StoreSettings

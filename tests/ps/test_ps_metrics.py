@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticps.ps.client import PSClient
 from elasticps.ps.metrics import PSMetrics
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from elasticps.ps import checkpoint
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 ADAM = OptimizerConfig("adam", {"learning_rate": 0.01, "beta_1": 0.8})

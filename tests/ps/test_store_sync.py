@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticps.ps.optimizers import OptimizerConfig
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import GradientError, ParameterStore, StoreSettings, UninitializedError
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})

@@ -11,7 +11,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from elasticps.ps.optimizers import OptimizerConfig, OptimizerError, make_optimizer  # noqa: E402
+from elasticps.api.optimizer import OptimizerConfig, OptimizerError
+from elasticps.ps.optimizers import make_optimizer  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
 
 

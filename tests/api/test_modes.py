@@ -1,0 +1,51 @@
+"""The training mode derived from spec.training: its label (the MODE column) and the combinations refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from job_builders import job_document
+
+from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.parsing import SpecError, parse_job
+from elasticps.api.spec import TrainingSpec
+
+
+@pytest.mark.parametrize(
+    "training, rule, label",
+    [
+        ({}, UpdateRule.SYNC, "Sync"),
+        ({"use_async": True}, UpdateRule.ASYNC, "Async"),
+        ({"use_async": True, "lr_staleness_modulation": True}, UpdateRule.ASYNC, "Async+StalenessLR"),
+        ({"use_async": True, "get_model_frequency": 4}, UpdateRule.ASYNC, "Async+SSP4"),
+        (
+            {"use_async": True, "lr_staleness_modulation": True, "get_model_frequency": 2},
+            UpdateRule.ASYNC,
+            "Async+StalenessLR+SSP2",
+        ),
+    ],
+)
+def test_mode_of_training(training: dict[str, Any], rule: UpdateRule, label: str) -> None:
+    mode = TrainingMode.of(TrainingSpec(**training))
+    assert mode.rule is rule
+    assert mode.label == label
+    assert mode.problems() == []
+
+
+def test_locking_is_carried() -> None:
+    assert TrainingMode.of(TrainingSpec(use_async=True, use_locking=True)).use_locking
+
+
+def test_staleness_lr_without_async_is_a_problem_naming_the_field() -> None:
+    mode = TrainingMode.of(TrainingSpec(lr_staleness_modulation=True))
+    assert mode.problems() == [("lrStalenessModulation", "needs useAsync: true")]
+    with pytest.raises(SpecError, match=r"^spec\.training\.lrStalenessModulation: needs useAsync: true$"):
+        parse_job(job_document({"training": {"lrStalenessModulation": True}}))
+
+
+def test_strategy_defaults_to_parameter_server_and_is_checked() -> None:
+    assert parse_job(job_document()).uses_ps
+    assert parse_job(job_document({"strategy": "parameterServer"})).uses_ps
+    with pytest.raises(SpecError, match=r"^spec\.strategy: must be one of parameterServer, got 'allReduce'$"):
+        parse_job(job_document({"strategy": "allReduce"}))
