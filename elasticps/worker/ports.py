@@ -1,0 +1,73 @@
+"""What the worker needs from its collaborators, as structural protocols.
+
+The training loop (``training.py``), the model replica (``replica.py``) and the steps
+(``steps.py``) are written against these, never against the concrete classes: ``worker/main.py``
+plugs in :class:`elasticps.ps.client.PSClient`, :class:`elasticps.coordinator.client.CoordinatorClient`
+and :class:`elasticps.worker.keras_trainer.KerasTrainer`; the unit tests plug in in-memory fakes.
+Each protocol lists exactly the members the worker calls, no more, so a client may change its
+insides (sharding, retries, transport) freely as long as these stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import numpy as np
+
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.client import Pulled, Pushed
+
+
+class PSClientLike(Protocol):
+    """Every PS shard at once, whole models in and out (``PSClient``).
+
+    A call on a shard that holds no model raises ``ShardsUninitialized`` (a pull reports such
+    shards in ``Pulled.uninitialized`` instead).
+    """
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def num_shards(self) -> int: ...
+
+    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled: ...
+
+    def push_gradients(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Pushed: ...
+
+    def push_gradients_async(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Future[Pushed]: ...
+
+    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]: ...
+
+
+class CoordinatorLike(Protocol):
+    """The coordinator as a worker sees it (``CoordinatorClient``): tasks, reports, heartbeats."""
+
+    def get_task(self) -> pb.Task: ...
+
+    def report(self, result: pb.TaskResult) -> None: ...
+
+    def heartbeat(self) -> None: ...
+
+
+class Trainer(Protocol):
+    """The model on this worker (``KerasTrainer``): TensorFlow stays behind this protocol.
+
+    Tensors are numpy arrays named by variable; ``x``/``y`` are whatever ``batches`` yields.
+    """
+
+    def build(self, features: np.ndarray) -> None: ...
+    def weights(self) -> dict[str, np.ndarray]: ...
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None: ...
+    def optimizer_config(self, learning_rate: float) -> OptimizerConfig: ...
+    def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]: ...
+    def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
+    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None: ...
+    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]: ...
