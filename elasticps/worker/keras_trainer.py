@@ -1,7 +1,7 @@
 """The TensorFlow side of a worker: a Keras model, its gradients, local updates and evaluation.
 
-Used by the training loop (``training.py``) through the :class:`Trainer` protocol, which keeps the
-loop free of TensorFlow and testable. Variables are named by their Keras path
+Used by the training loop (``training.py``) through the :class:`Trainer` protocol (``ports.py``),
+which keeps the loop free of TensorFlow and testable. Variables are named by their Keras path
 (``sequential/dense/kernel``), the names the PS shards by. The gradient step runs under
 ``tf.function``; the PS never sees TensorFlow, only numpy arrays.
 """

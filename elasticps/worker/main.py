@@ -1,5 +1,7 @@
 """``elasticps worker``: flags -> a frozen config -> a Worker, run until the job is done.
 
+The training mode is derived here, once (``TrainingMode.of``); the Worker picks its step from it.
+
 Exit codes: 0 when the job is finished, 2 for a bad model module or bad data (a user error the
 runner must not retry), 1 for anything else (retried per the restart policy).
 """
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 
 from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import DataReader, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
@@ -117,7 +120,8 @@ def run(config: WorkerConfig) -> int:
     if config.metrics_port:
         start_http_server(config.metrics_port, registry=REGISTRY)
     health_server = _serve_health(config.health_port) if config.health_port else None
-    worker = Worker(config.training, trainer, ps, coordinator, training, validation, metrics=metrics)
+    mode = TrainingMode.of(config.training)
+    worker = Worker(config.training, mode, trainer, ps, coordinator, training, validation, metrics=metrics)
     try:
         worker.run()
     finally:

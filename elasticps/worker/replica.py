@@ -1,0 +1,137 @@
+"""This worker's copy of the model and its traffic with the PS: pulls, pushes, versions, repairs.
+
+Used by every step (``steps.py``) and by the training loop (``training.py``: the first pull, and
+the refresh before an evaluation). The steps decide *when* to pull and push; this module knows
+*how*: which versions the local copy holds, which push is still travelling, and what to do when a
+PS shard lost its model (restarted without a checkpoint): push this worker's model to it again and
+pull. Every pull, push and gradient computation is timed and counted here, once for all modes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from elasticps.ps.client import Pushed, ShardsUninitialized
+from elasticps.worker.metrics import WorkerMetrics
+from elasticps.worker.ports import PSClientLike, Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    """What this worker did over its life (logged at the end; the tests read them)."""
+
+    steps: int = 0
+    pulls: int = 0
+    rejected: int = 0
+    reinitialised: int = 0
+
+
+class Replica:
+    def __init__(
+        self,
+        trainer: Trainer,
+        ps: PSClientLike,
+        learning_rate: float,
+        counters: Counters,
+        metrics: WorkerMetrics,
+    ) -> None:
+        self.trainer = trainer
+        self.counters = counters
+        self.metrics = metrics
+        self._ps = ps
+        self._learning_rate = learning_rate
+        self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
+        self._in_flight: Future[Pushed] | None = None
+
+    @property
+    def versions(self) -> list[int]:
+        """The PS shards' versions the local copy was pulled at (a copy)."""
+        return list(self._versions)
+
+    # ---- pulls -------------------------------------------------------------------------------
+    def initialise(self) -> None:
+        """The first pull. The first worker to find the PS empty initialises it; the others adopt its model."""
+        self._pull(initialise=True)
+
+    def pull(self, wait_ms: int = 0) -> None:
+        """Takes what the PS has that is newer; with ``wait_ms``, waits that long for a newer version."""
+        self._pull(wait_ms=wait_ms)
+
+    def refresh(self) -> None:
+        """Settles the push in flight, then pulls: the local copy then includes this worker's own updates."""
+        self.settle()
+        self.pull()
+
+    def _pull(self, initialise: bool = False, wait_ms: int = 0) -> None:
+        with self.metrics.pull_seconds.time():
+            pulled = self._ps.pull(self._versions, wait_ms=wait_ms)
+        self.counters.pulls += 1
+        if pulled.uninitialized:
+            if not initialise:
+                self._reinitialise(pulled.uninitialized)
+                return
+            self._ps.push_model(self.trainer.weights(), self.trainer.optimizer_config(self._learning_rate))
+            pulled = self._ps.pull([-1] * self._ps.num_shards)
+        if pulled.tensors:
+            self.trainer.assign(pulled.tensors)
+        self._versions = pulled.versions
+        self.metrics.model_version.set(pulled.versions[0])
+
+    def _reinitialise(self, shards: list[int]) -> None:
+        log.warning("PS shards %s lost their model: pushing ours again", shards)
+        self.counters.reinitialised += 1
+        self._ps.push_model(self.trainer.weights(), self.trainer.optimizer_config(self._learning_rate))
+        self._versions = [-1] * self._ps.num_shards
+        self._pull()
+
+    # ---- gradients ---------------------------------------------------------------------------
+    def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        """One minibatch's mean loss and gradients on the local copy."""
+        with self.metrics.step_seconds.time():
+            return self.trainer.gradients(x, y)
+
+    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """Applies gradients to the local copy only (between pulls); the PS does not see this."""
+        self.trainer.apply_local(gradients)
+
+    # ---- pushes ------------------------------------------------------------------------------
+    def push(self, gradients: Mapping[str, np.ndarray]) -> Pushed:
+        """Pushes and waits for every shard's answer, tagged with the local copy's versions.
+
+        A shard that lost its model gets ours pushed again (and pulled); the push then counts as
+        rejected on every shard, so the caller trains the minibatch again on the fresh copy.
+        """
+        try:
+            with self.metrics.push_seconds.time():
+                return self._ps.push_gradients(gradients, self._versions, self._learning_rate)
+        except ShardsUninitialized as err:
+            self._reinitialise(err.shards)
+            return Pushed([False] * self._ps.num_shards, list(self._versions))
+
+    def push_async(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """Sends a push that travels while the caller computes; one push in flight at a time.
+
+        The push is tagged with the versions the gradients were computed at, taken before the
+        previous push is settled (settling may repair a shard and pull).
+        """
+        versions = list(self._versions)
+        self.settle()
+        self._in_flight = self._ps.push_gradients_async(gradients, versions, self._learning_rate)
+
+    def settle(self) -> None:
+        """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        try:
+            in_flight.result()
+        except ShardsUninitialized as err:
+            self._reinitialise(err.shards)
