@@ -1,0 +1,251 @@
+"""The worker's steps and its replica against an in-memory PS: when each mode pulls, pushes,
+retrains and applies locally, and how a shard that lost its model is repaired."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.worker.replica import Replica
+from elasticps.worker.steps import STEPS, SYNC_WAIT_MS, AsyncStep, SSPStep, SyncStep, step_for
+from worker_fakes import WORKER, ArrayReader, FakePS, FakeTrainer, initial_weights, make_replica
+
+SYNC = TrainingMode()
+ASYNC = TrainingMode(rule=UpdateRule.ASYNC)
+
+
+def minibatches(count: int, size: int = 4) -> list[tuple[Any, Any]]:
+    features, labels = ArrayReader(count * size).read(0, count * size)
+    return list(FakeTrainer(size).batches(features, labels, "training"))
+
+
+def ready(rule: UpdateRule, grads_to_wait: int = 1) -> tuple[FakePS, FakeTrainer, Replica]:
+    """A PS initialised by this worker's replica, events cleared."""
+    ps, trainer = FakePS(rule, grads_to_wait), FakeTrainer()
+    replica = make_replica(ps, trainer)
+    replica.initialise()
+    ps.events.clear()
+    return ps, trainer, replica
+
+
+def pulls(ps: FakePS) -> list[tuple[Any, ...]]:
+    return [event for event in ps.events if event[0] == "pull"]
+
+
+# ---- choosing the step ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [
+        (SYNC, SyncStep),
+        (TrainingMode(pull_every=4), SyncStep),  # sync pulls every minibatch whatever pull_every says
+        (ASYNC, AsyncStep),
+        (TrainingMode(rule=UpdateRule.ASYNC, staleness_lr=True), AsyncStep),
+        (TrainingMode(rule=UpdateRule.ASYNC, pull_every=3), SSPStep),
+    ],
+)
+def test_the_mode_picks_its_step(mode: TrainingMode, kind: type) -> None:
+    _, _, replica = ready(mode.rule)
+    assert isinstance(step_for(mode, replica), kind)
+
+
+def test_every_update_rule_has_a_step_with_and_without_local_steps() -> None:
+    assert set(STEPS) == {(rule, local) for rule in UpdateRule for local in (False, True)}
+
+
+# ---- sync ----------------------------------------------------------------------------------------
+def test_sync_retrains_a_rejected_minibatch_on_the_newer_model_and_counts_it() -> None:
+    ps, trainer, replica = ready(UpdateRule.SYNC)
+    registry = CollectorRegistry()
+    replica = make_replica(ps, trainer, registry)
+    replica.initialise()
+    step = SyncStep(replica)
+    ps.events.clear()
+    ps.before_push = ps.others_update  # another worker's update lands just before ours: ours is stale
+    (x, y), = minibatches(1)
+
+    loss = step.train(x, y)
+
+    assert loss == pytest.approx(np.mean(y))
+    assert [first for first, _ in trainer.computed] == [0, 0]  # the same minibatch, twice
+    assert replica.counters.rejected == 1
+    assert registry.get_sample_value("elasticps_worker_rejected_gradients_total", {"worker": WORKER}) == 1
+    retrained_on = trainer.computed[1][1]
+    np.testing.assert_array_equal(retrained_on["dense/bias"], initial_weights()["dense/bias"] - 0.5)
+    assert ps.kinds() == ["pull", "gradients", "push", "pull", "gradients", "push"]
+    assert [event[1] for event in ps.events if event[0] == "push"] == [[0, 0], [1, 1]]
+
+
+def test_sync_long_polls_only_after_an_accepted_push_left_the_update_pending() -> None:
+    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=2)  # each update waits for two gradients
+    step = SyncStep(replica)
+    for x, y in minibatches(4):
+        step.train(x, y)
+    # Push 1 is accepted but waits for a second gradient: the next pull waits for the update.
+    # Push 2 completes the update (the version moves): no wait.
+    assert [wait for _, _, wait in pulls(ps)] == [0, SYNC_WAIT_MS, 0, SYNC_WAIT_MS]
+
+
+def test_sync_does_not_wait_after_a_rejection() -> None:
+    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=2)
+    step = SyncStep(replica)
+    first, second = minibatches(2)
+    step.train(*first)  # accepted, update pending
+    ps.before_push = ps.others_update  # the update came from elsewhere: our second push is stale
+    step.train(*second)
+    assert [wait for _, _, wait in pulls(ps)] == [0, SYNC_WAIT_MS, 0]
+    assert replica.counters.rejected == 1
+
+
+def test_sync_never_waits_when_every_gradient_makes_an_update() -> None:
+    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=1)
+    step = SyncStep(replica)
+    for x, y in minibatches(3):
+        step.train(x, y)
+    assert [wait for _, _, wait in pulls(ps)] == [0, 0, 0]
+
+
+# ---- async ---------------------------------------------------------------------------------------
+def test_async_pulls_only_after_its_own_push_landed() -> None:
+    ps, _, replica = ready(UpdateRule.ASYNC)
+    step = AsyncStep(replica)
+    step.start_task()
+    for x, y in minibatches(3):
+        step.train(x, y)
+    step.end_task()
+    assert ps.kinds() == ["pull", "gradients", "push_async"] + ["landed", "pull", "gradients", "push_async"] * 2 + [
+        "landed"
+    ]
+    # Each pull saw the worker's own last update, so every gradient is tagged fresh (staleness 0).
+    assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_async_never_retrains() -> None:
+    ps, trainer, replica = ready(UpdateRule.ASYNC)
+    step = AsyncStep(replica)
+    ps.refuse_next_async = 1
+    for x, y in minibatches(2):
+        step.train(x, y)
+    step.end_task()
+    assert [first for first, _ in trainer.computed] == [0, 4]
+    assert replica.counters.rejected == 0
+
+
+# ---- SSP -----------------------------------------------------------------------------------------
+def test_ssp_pulls_every_k_steps_and_applies_locally_in_between() -> None:
+    ps, trainer, replica = ready(UpdateRule.ASYNC)
+    step = SSPStep(replica, pull_every=3)
+    step.start_task()
+    for x, y in minibatches(7):
+        step.train(x, y)
+    step.end_task()
+    with_pull = ["landed", "pull", "gradients", "push_async", "apply_local"]
+    # Between pulls, each push lands while the next minibatch is computed.
+    local = ["gradients", "landed", "push_async", "apply_local"]
+    last = ["gradients", "landed", "push_async"]  # the k-th step: the next pull replaces the model anyway
+    rounds = (with_pull + local + last) * 2 + with_pull + ["landed"]
+    assert ps.kinds() == rounds[1:]  # nothing in flight before the first pull
+    assert trainer.applied_locally == 5
+    assert replica.counters.pulls == 1 + 3
+
+
+def test_ssp_computes_between_pulls_on_its_locally_updated_copy() -> None:
+    ps, trainer, replica = ready(UpdateRule.ASYNC)
+    step = SSPStep(replica, pull_every=2)
+    for x, y in minibatches(2):
+        step.train(x, y)
+    (_, pulled), (_, local) = trainer.computed
+    np.testing.assert_allclose(local["out/bias"], pulled["out/bias"] - 0.01)
+
+
+def test_ssp_starts_every_task_with_a_pull() -> None:
+    ps, _, replica = ready(UpdateRule.ASYNC)
+    step = SSPStep(replica, pull_every=4)
+    batches = minibatches(3)
+    step.start_task()
+    step.train(*batches[0])
+    step.train(*batches[1])
+    step.end_task()
+    step.start_task()
+    step.train(*batches[2])
+    assert len(pulls(ps)) == 2
+
+
+def test_ssp_refuses_a_pull_interval_below_one() -> None:
+    _, _, replica = ready(UpdateRule.ASYNC)
+    with pytest.raises(ValueError, match="pull_every"):
+        SSPStep(replica, pull_every=0)
+
+
+# ---- the replica ---------------------------------------------------------------------------------
+def test_the_first_worker_initialises_the_ps_and_the_next_adopts_its_model() -> None:
+    ps = FakePS()
+    first = make_replica(ps, FakeTrainer(fill=1.0))
+    first.initialise()
+    assert ps.kinds() == ["pull", "push_model", "pull"]
+    np.testing.assert_array_equal(ps.model()["dense/kernel"], initial_weights(1.0)["dense/kernel"])
+
+    ps.events.clear()
+    trainer = FakeTrainer(fill=7.0)
+    make_replica(ps, trainer).initialise()
+    assert ps.kinds() == ["pull"]
+    np.testing.assert_array_equal(trainer.variables["dense/kernel"], initial_weights(1.0)["dense/kernel"])
+    assert first.counters.reinitialised == 0
+
+
+def test_a_shard_that_lost_its_model_before_a_pull_gets_it_pushed_again() -> None:
+    ps, trainer, replica = ready(UpdateRule.SYNC)
+    ps.lose_model(1)
+    (x, y), = minibatches(1)
+    SyncStep(replica).train(x, y)
+    assert ps.kinds()[:4] == ["pull", "push_model", "pull", "gradients"]
+    assert ps.events[1] == ("push_model", [1])
+    assert replica.counters.reinitialised == 1
+    assert replica.counters.rejected == 0
+    assert ps.shards[1].initialized
+
+
+def test_a_shard_that_lost_its_model_before_a_sync_push_gets_it_and_the_minibatch_is_retrained() -> None:
+    ps, trainer, replica = ready(UpdateRule.SYNC)
+    ps.before_push = lambda: ps.lose_model(1)
+    (x, y), = minibatches(1)
+    SyncStep(replica).train(x, y)
+    assert ps.kinds() == ["pull", "gradients", "push", "push_model", "pull", "pull", "gradients", "push"]
+    assert (replica.counters.reinitialised, replica.counters.rejected) == (1, 1)
+    assert [first for first, _ in trainer.computed] == [0, 0]
+
+
+def test_a_shard_that_lost_its_model_while_an_async_push_travelled_gets_it_pushed_again() -> None:
+    ps, _, replica = ready(UpdateRule.ASYNC)
+    step = AsyncStep(replica)
+    first, second = minibatches(2)
+    step.train(*first)
+    ps.before_push = lambda: ps.lose_model(0)
+    step.train(*second)  # settles the first push, which finds shard 0 empty
+    assert ps.kinds()[3:8] == ["landed", "push_model", "pull", "pull", "gradients"]
+    assert replica.counters.reinitialised == 1
+    step.end_task()
+    assert all(shard.initialized for shard in ps.shards)
+
+
+def test_refresh_settles_the_push_in_flight_before_it_pulls() -> None:
+    ps, trainer, replica = ready(UpdateRule.ASYNC)
+    replica.push_async({n: np.ones(v.shape) for n, v in initial_weights().items()})
+    replica.refresh()
+    assert ps.kinds() == ["push_async", "landed", "pull"]
+    assert replica.versions == [1, 1]
+    np.testing.assert_allclose(trainer.variables["out/bias"], initial_weights()["out/bias"] - 0.1)
+
+
+def test_an_async_push_is_tagged_with_the_versions_its_gradients_were_computed_at() -> None:
+    ps, _, replica = ready(UpdateRule.ASYNC)
+    gradients = {n: np.ones(v.shape) for n, v in initial_weights().items()}
+    replica.push_async(gradients)
+    ps.others_update()
+    replica.pull()  # does not settle: the next push still carries the pulled versions
+    replica.push_async(gradients)  # settles the first push first
+    assert ps.kinds() == ["push_async", "pull", "landed", "push_async"]
+    assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [1, 1]]

@@ -1,0 +1,329 @@
+"""In-memory stand-ins for what a worker talks to: a PS, a coordinator, a numpy trainer, a reader.
+
+Used by ``test_steps.py`` and ``test_training.py``; no TensorFlow, no gRPC, no threads beyond the
+worker's own heartbeat. Every call that matters lands in ``FakePS.events`` in order, so a test can
+say what happened before what (a push landing before the next pull, say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.api.spec import TrainingSpec
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
+from elasticps.worker.metrics import WorkerMetrics
+from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
+from elasticps.worker.replica import Counters, Replica
+from elasticps.worker.training import Worker
+from prometheus_client import CollectorRegistry
+
+WORKER = "worker-0"
+# Variable -> shard: two shards with two variables each.
+SHARD_OF = {"dense/kernel": 0, "dense/bias": 1, "out/kernel": 0, "out/bias": 1}
+SHAPES = {"dense/kernel": (3, 2), "dense/bias": (2,), "out/kernel": (2, 1), "out/bias": (1,)}
+
+
+def initial_weights(fill: float = 1.0) -> dict[str, np.ndarray]:
+    return {name: np.full(shape, fill, np.float64) for name, shape in SHAPES.items()}
+
+
+@dataclass
+class Shard:
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    version: int = 0
+    initialized: bool = False
+    waiting: int = 0  # sync: accepted gradients not yet applied
+
+
+class LandingFuture(Future[Pushed]):
+    """A push that lands on the PS only when someone waits for it (``result()``), as if it took
+    exactly as long as the worker kept computing: makes "settled before X" observable."""
+
+    def __init__(self, land: Callable[[], Pushed]) -> None:
+        super().__init__()
+        self._land = land
+
+    def result(self, timeout: float | None = None) -> Pushed:
+        if not self.done():
+            try:
+                self.set_result(self._land())
+            except BaseException as err:  # noqa: BLE001 - handed to the waiter, as a real future does
+                self.set_exception(err)
+        return super().result(timeout)
+
+
+class FakePS:
+    """Every shard of a PS in memory. ``rule``: sync (a gradient must carry the shard's current
+    version; ``grads_to_wait`` of them make one update) or async (every gradient applied at once)."""
+
+    def __init__(self, rule: UpdateRule = UpdateRule.SYNC, grads_to_wait: int = 1, num_shards: int = 2) -> None:
+        self.worker = WORKER
+        self.num_shards = num_shards
+        self.rule = rule
+        self.grads_to_wait = grads_to_wait
+        self.shards = [Shard() for _ in range(num_shards)]
+        self.events: list[tuple[Any, ...]] = []
+        self.refuse_next_async = 0  # async: answer the next pushes as not accepted (never happens for real)
+        self.before_push: Callable[[], None] | None = None  # runs once, just before the next push is looked at
+
+    # ---- what tests do to it -----------------------------------------------------------------
+    def others_update(self, shard: int | None = None) -> None:
+        """Another worker's update lands (on one shard, or all)."""
+        for index in [shard] if shard is not None else range(self.num_shards):
+            self.shards[index].version += 1
+            for value in self.shards[index].tensors.values():
+                value -= 0.5
+
+    def lose_model(self, shard: int) -> None:
+        """The shard restarts without a checkpoint."""
+        self.shards[shard] = Shard()
+
+    def model(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for shard in self.shards:
+            out.update({name: value.copy() for name, value in shard.tensors.items()})
+        return out
+
+    def kinds(self) -> list[str]:
+        return [event[0] for event in self.events]
+
+    # ---- PSClientLike ------------------------------------------------------------------------
+    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled:
+        self.events.append(("pull", list(versions), wait_ms))
+        tensors: dict[str, np.ndarray] = {}
+        for index, shard in enumerate(self.shards):
+            if shard.initialized and versions[index] != shard.version:
+                tensors.update({name: value.copy() for name, value in shard.tensors.items()})
+        return Pulled(
+            versions=[shard.version for shard in self.shards],
+            tensors=tensors,
+            uninitialized=[index for index, shard in enumerate(self.shards) if not shard.initialized],
+        )
+
+    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]:
+        self.events.append(("push_model", sorted(index for index, s in enumerate(self.shards) if not s.initialized)))
+        for index, shard in enumerate(self.shards):
+            if not shard.initialized:
+                shard.tensors = {n: np.array(v, copy=True) for n, v in tensors.items() if SHARD_OF[n] == index}
+                shard.initialized = True
+        return [shard.version for shard in self.shards]
+
+    def push_gradients(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Pushed:
+        self.events.append(("push", list(versions)))
+        return self._land(dict(gradients), list(versions), learning_rate)
+
+    def push_gradients_async(
+        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+    ) -> Future[Pushed]:
+        self.events.append(("push_async", list(versions)))
+        sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
+        return LandingFuture(lambda: self._land(sent, at, learning_rate, note="landed"))
+
+    def _land(self, gradients: dict[str, np.ndarray], versions: list[int], lr: float, note: str = "") -> Pushed:
+        hook, self.before_push = self.before_push, None
+        if hook is not None:
+            hook()
+        if note:
+            self.events.append((note, versions))
+        lost = [index for index, shard in enumerate(self.shards) if not shard.initialized]
+        if lost:
+            raise ShardsUninitialized(lost)
+        accepted: list[bool] = []
+        for index, shard in enumerate(self.shards):
+            mine = {n: g for n, g in gradients.items() if SHARD_OF[n] == index}
+            if self.rule is UpdateRule.ASYNC:
+                ok = self.refuse_next_async == 0
+                if ok:
+                    self._apply(shard, mine, lr)
+            else:
+                ok = versions[index] == shard.version
+                if ok:
+                    shard.waiting += 1
+                    if shard.waiting >= self.grads_to_wait:
+                        shard.waiting = 0
+                        self._apply(shard, mine, lr)
+            accepted.append(ok)
+        self.refuse_next_async = max(0, self.refuse_next_async - 1)
+        return Pushed(accepted, [shard.version for shard in self.shards])
+
+    @staticmethod
+    def _apply(shard: Shard, gradients: Mapping[str, np.ndarray], lr: float) -> None:
+        for name, gradient in gradients.items():
+            shard.tensors[name] -= lr * gradient
+        shard.version += 1
+
+
+class FakeCoordinator:
+    """Hands out the given tasks in order, then FINISHED; keeps every report."""
+
+    def __init__(self, tasks: Sequence[pb.Task]) -> None:
+        self.tasks = list(tasks)
+        self.handed = 0
+        self.reports: list[pb.TaskResult] = []
+        self.heartbeats = 0
+        self.fail_reports = False
+        self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
+
+    def get_task(self) -> pb.Task:
+        if self.handed >= len(self.tasks):
+            return pb.Task(type=pb.TASK_TYPE_FINISHED)
+        self.handed += 1
+        return self.tasks[self.handed - 1]
+
+    def report(self, result: pb.TaskResult) -> None:
+        if self.fail_reports:
+            raise ConnectionError("coordinator unreachable")
+        copy = pb.TaskResult()
+        copy.CopyFrom(result)
+        self.reports.append(copy)
+        if self.events is not None:
+            self.events.append(("report", result.task_id))
+
+    def heartbeat(self) -> None:
+        self.heartbeats += 1
+
+
+def training_task(task_id: int, start: int, end: int) -> pb.Task:
+    return pb.Task(id=task_id, type=pb.TASK_TYPE_TRAINING, start=start, end=end)
+
+
+def evaluation_task(task_id: int, start: int, end: int) -> pb.Task:
+    return pb.Task(id=task_id, type=pb.TASK_TYPE_EVALUATION, start=start, end=end)
+
+
+WAIT_TASK = pb.Task(type=pb.TASK_TYPE_WAIT)
+
+
+class FakeTrainer:
+    """A "model" of numpy arrays. Minibatches in record order; a minibatch's loss is the mean of
+    its labels (so a task's loss sum is the sum of its labels); every gradient is all ones."""
+
+    def __init__(self, minibatch_size: int = 4, fill: float = 1.0) -> None:
+        self.minibatch_size = minibatch_size
+        self.variables = initial_weights(fill)
+        self.built = False
+        self.computed: list[tuple[int, dict[str, np.ndarray]]] = []  # (first record id, weights then)
+        self.applied_locally = 0
+        self.evaluated: list[dict[str, np.ndarray]] = []
+        self.fail_on_record: int | None = None
+        self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
+
+    def build(self, features: np.ndarray) -> None:
+        self.built = True
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {name: value.copy() for name, value in self.variables.items()}
+
+    def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
+        for name, value in tensors.items():
+            self.variables[name] = np.array(value, copy=True)
+
+    def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
+        return OptimizerConfig("sgd", {"learning_rate": learning_rate})
+
+    def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
+        for start in range(0, len(labels), self.minibatch_size):
+            yield features[start : start + self.minibatch_size], labels[start : start + self.minibatch_size]
+
+    def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        first = int(x[0, 0])
+        if self.fail_on_record is not None and self.fail_on_record == first:
+            raise RuntimeError("boom")
+        self.computed.append((first, self.weights()))
+        if self.events is not None:
+            self.events.append(("gradients", first))
+        return float(np.mean(y)), {name: np.ones(shape) for name, shape in SHAPES.items()}
+
+    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+        self.applied_locally += 1
+        if self.events is not None:
+            self.events.append(("apply_local",))
+        for name, gradient in gradients.items():
+            self.variables[name] = self.variables[name] - 0.01 * gradient
+
+    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        self.evaluated.append(self.weights())
+        if self.events is not None:
+            self.events.append(("evaluate",))
+        return {"loss": float(np.sum(labels)), "count": float(len(labels))}
+
+
+class ArrayReader:
+    """Records 0..n-1: feature row i starts with i (so a minibatch names its first record); label i is i."""
+
+    def __init__(self, records: int = 32) -> None:
+        self.features = np.repeat(np.arange(records, dtype=np.float64)[:, None], 3, axis=1)
+        self.labels = np.arange(records, dtype=np.float64)
+
+    @property
+    def num_records(self) -> int:
+        return len(self.labels)
+
+    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.features[start:end], self.labels[start:end]
+
+
+@dataclass
+class Rig:
+    """A worker wired to fakes."""
+
+    ps: FakePS
+    coordinator: FakeCoordinator
+    trainer: FakeTrainer
+    registry: CollectorRegistry
+    worker: Worker
+
+    def metric(self, name: str) -> float | None:
+        return self.registry.get_sample_value(name, {"worker": WORKER})
+
+
+def make_worker(
+    mode: TrainingMode,
+    tasks: Sequence[pb.Task],
+    ps: FakePS | None = None,
+    trainer: FakeTrainer | None = None,
+    records: int = 32,
+    validation: bool = True,
+    learning_rate: float = 0.1,
+) -> Rig:
+    ps = ps or FakePS(mode.rule)
+    trainer = trainer or FakeTrainer()
+    trainer.events = ps.events
+    coordinator = FakeCoordinator(tasks)
+    coordinator.events = ps.events
+    registry = CollectorRegistry()
+    worker = Worker(
+        TrainingSpec(learning_rate=learning_rate),
+        mode,
+        trainer,
+        ps,
+        coordinator,
+        ArrayReader(records),
+        ArrayReader(records) if validation else None,
+        heartbeat_s=0.01,
+        metrics=WorkerMetrics(registry, WORKER),
+    )
+    return Rig(ps, coordinator, trainer, registry, worker)
+
+
+def make_replica(ps: FakePS, trainer: FakeTrainer, registry: CollectorRegistry | None = None) -> Replica:
+    trainer.events = ps.events
+    metrics = WorkerMetrics(registry or CollectorRegistry(), WORKER)
+    return Replica(trainer, ps, 0.1, Counters(), metrics)
+
+
+# Checked by mypy when run on the tests: the fakes are what the worker's ports ask for.
+def _conforms(ps: FakePS, coordinator: FakeCoordinator, trainer: FakeTrainer) -> None:
+    _ps: PSClientLike = ps
+    _coordinator: CoordinatorLike = coordinator
+    _trainer: Trainer = trainer
