@@ -43,9 +43,9 @@ class Replica:
         counters: Counters,
         metrics: WorkerMetrics,
     ) -> None:
-        self.trainer = trainer
-        self.counters = counters
+        self.counters = counters  # shared with the loop; steps count their own events here
         self.metrics = metrics
+        self._trainer = trainer
         self._ps = ps
         self._learning_rate = learning_rate
         self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
@@ -78,17 +78,17 @@ class Replica:
             if not initialise:
                 self._reinitialise(pulled.uninitialized)
                 return
-            self._ps.push_model(self.trainer.weights(), self.trainer.optimizer_config(self._learning_rate))
+            self._ps.push_model(self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate))
             pulled = self._ps.pull([-1] * self._ps.num_shards)
         if pulled.tensors:
-            self.trainer.assign(pulled.tensors)
+            self._trainer.assign(pulled.tensors)
         self._versions = pulled.versions
         self.metrics.model_version.set(pulled.versions[0])
 
     def _reinitialise(self, shards: list[int]) -> None:
         log.warning("PS shards %s lost their model: pushing ours again", shards)
         self.counters.reinitialised += 1
-        self._ps.push_model(self.trainer.weights(), self.trainer.optimizer_config(self._learning_rate))
+        self._ps.push_model(self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate))
         self._versions = [-1] * self._ps.num_shards
         self._pull()
 
@@ -96,11 +96,11 @@ class Replica:
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """One minibatch's mean loss and gradients on the local copy."""
         with self.metrics.step_seconds.time():
-            return self.trainer.gradients(x, y)
+            return self._trainer.gradients(x, y)
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
         """Applies gradients to the local copy only (between pulls); the PS does not see this."""
-        self.trainer.apply_local(gradients)
+        self._trainer.apply_local(gradients)
 
     # ---- pushes ------------------------------------------------------------------------------
     def push(self, gradients: Mapping[str, np.ndarray]) -> Pushed:
