@@ -1,6 +1,6 @@
 """What the worker needs from its collaborators, as structural protocols.
 
-The training loop (``training.py``), the model replica (``replica.py``) and the steps
+The training loop (``training.py``), the local model (``local_model.py``) and the steps
 (``steps.py``) are written against these, never against the concrete classes: ``worker/main.py``
 plugs in :class:`elasticps.ps.client.PSClient`, :class:`elasticps.coordinator.client.CoordinatorClient`
 and :class:`elasticps.worker.keras_trainer.KerasTrainer`; the unit tests plug in in-memory fakes.

@@ -2,7 +2,7 @@
 
 Chosen once per worker by :func:`step_for` from the job's :class:`TrainingMode` (``worker/main.py``
 derives it, ``training.py`` asks for the step and calls it; the loop itself has no mode branches).
-Each step uses the :class:`Replica` for the model traffic and only decides when to pull and push:
+Each step uses the :class:`LocalModel` for the model traffic and only decides when to pull and push:
 
 * :class:`SyncStep` (``UpdateRule.SYNC``): pull before each minibatch if the PS has a newer model,
   push and wait; a rejected push (the PS moved on) means pull and train the same minibatch again.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.worker.replica import Replica
+from elasticps.worker.local_model import LocalModel
 
 # Sync: after a gradient was accepted but the update waits for other workers' gradients, the next
 # pull waits up to this long for the update instead of training a minibatch on a model the PS is
@@ -44,34 +44,34 @@ class Step(Protocol):
 
 
 class SyncStep:
-    def __init__(self, replica: Replica) -> None:
-        self._replica = replica
+    def __init__(self, model: LocalModel) -> None:
+        self._model = model
         self._update_pending = False  # our last gradient was accepted, the update it joins not yet applied
 
     def start_task(self) -> None:
         pass
 
     def train(self, x: Any, y: Any) -> float:
-        replica = self._replica
+        model = self._model
         while True:
-            replica.pull(wait_ms=SYNC_WAIT_MS if self._update_pending else 0)
-            loss, gradients = replica.gradients(x, y)
-            pushed = replica.push(gradients)
+            model.pull(wait_ms=SYNC_WAIT_MS if self._update_pending else 0)
+            loss, gradients = model.gradients(x, y)
+            pushed = model.push(gradients)
             if pushed.all_accepted:
                 # Accepted but the versions did not move: the update waits for other workers' gradients.
-                self._update_pending = pushed.versions == replica.versions
+                self._update_pending = pushed.versions == model.versions
                 return loss
             self._update_pending = False
-            replica.counters.rejected += 1  # the PS moved on: pull and train this minibatch again
-            replica.metrics.rejected.inc()
+            model.counters.rejected += 1  # the PS moved on: pull and train this minibatch again
+            model.metrics.rejected.inc()
 
     def end_task(self) -> None:
-        self._replica.settle()  # nothing travels after a sync push; kept for the step contract
+        self._model.settle()  # nothing travels after a sync push; kept for the step contract
 
 
 class AsyncStep:
-    def __init__(self, replica: Replica) -> None:
-        self._replica = replica
+    def __init__(self, model: LocalModel) -> None:
+        self._model = model
 
     def start_task(self) -> None:
         pass
@@ -80,20 +80,20 @@ class AsyncStep:
         # The pull must see this worker's own last gradient: pulling while it is in flight would
         # add a step of staleness to every gradient (measured: with momentum 0.9 that made async
         # MNIST diverge).
-        self._replica.refresh()
-        loss, gradients = self._replica.gradients(x, y)
-        self._replica.push_async(gradients)
+        self._model.refresh()
+        loss, gradients = self._model.gradients(x, y)
+        self._model.push_async(gradients)
         return loss
 
     def end_task(self) -> None:
-        self._replica.settle()
+        self._model.settle()
 
 
 class SSPStep:
-    def __init__(self, replica: Replica, pull_every: int) -> None:
+    def __init__(self, model: LocalModel, pull_every: int) -> None:
         if pull_every < 1:
             raise ValueError(f"pull_every must be >= 1, got {pull_every}")
-        self._replica = replica
+        self._model = model
         self._pull_every = pull_every
         self._since_pull = 0  # minibatches trained since the last pull, within this task
 
@@ -102,35 +102,35 @@ class SSPStep:
 
     def train(self, x: Any, y: Any) -> float:
         if self._since_pull == 0:
-            self._replica.refresh()  # as in AsyncStep: the pull includes our own last push
-        loss, gradients = self._replica.gradients(x, y)
-        self._replica.push_async(gradients)
+            self._model.refresh()  # as in AsyncStep: the pull includes our own last push
+        loss, gradients = self._model.gradients(x, y)
+        self._model.push_async(gradients)
         self._since_pull += 1
         if self._since_pull < self._pull_every:
-            self._replica.apply_local(gradients)  # the next pull replaces this local step's effect
+            self._model.apply_local(gradients)  # the next pull replaces this local step's effect
         else:
             self._since_pull = 0
         return loss
 
     def end_task(self) -> None:
-        self._replica.settle()
+        self._model.settle()
 
 
-StepFactory = Callable[[TrainingMode, Replica], Step]
+StepFactory = Callable[[TrainingMode, LocalModel], Step]
 
 # Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync pulls
 # before every minibatch whatever ``pull_every`` says, as it always has: both sync keys map to it.
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
-    (UpdateRule.SYNC, False): lambda mode, replica: SyncStep(replica),
-    (UpdateRule.SYNC, True): lambda mode, replica: SyncStep(replica),
-    (UpdateRule.ASYNC, False): lambda mode, replica: AsyncStep(replica),
-    (UpdateRule.ASYNC, True): lambda mode, replica: SSPStep(replica, mode.pull_every),
+    (UpdateRule.SYNC, False): lambda mode, model: SyncStep(model),
+    (UpdateRule.SYNC, True): lambda mode, model: SyncStep(model),
+    (UpdateRule.ASYNC, False): lambda mode, model: AsyncStep(model),
+    (UpdateRule.ASYNC, True): lambda mode, model: SSPStep(model, mode.pull_every),
 }
 
 
-def step_for(mode: TrainingMode, replica: Replica) -> Step:
-    """The step of ``mode``, working on ``replica``."""
+def step_for(mode: TrainingMode, model: LocalModel) -> Step:
+    """The step of ``mode``, working on ``model``."""
     factory = STEPS.get((mode.rule, mode.pull_every > 1))
     if factory is None:
         raise ValueError(f"no worker step for the training mode {mode.label}")
-    return factory(mode, replica)
+    return factory(mode, model)

@@ -2,7 +2,7 @@
 
 Called by ``worker/main.py``. The loop knows nothing of training modes: it asks ``steps.step_for``
 once for the step of the job's :class:`TrainingMode` and hands it each minibatch; the model traffic
-with the PS (pulls, pushes, repairs of shards that lost their model) lives in ``replica.py``.
+with the PS (pulls, pushes, repairs of shards that lost their model) lives in ``local_model.py``.
 TensorFlow stays behind the ``Trainer`` protocol (``ports.py``), and the PS and coordinator clients
 are taken structurally, so the loop runs in the unit tests against in-memory fakes.
 
@@ -25,7 +25,7 @@ from elasticps.data.readers import Reader
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
-from elasticps.worker.replica import Counters, Replica
+from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.steps import step_for
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,8 @@ class Worker:
         self._stop = threading.Event()
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
-        self._replica = Replica(trainer, ps, settings.learning_rate, self.counters, self._metrics)
-        self._step = step_for(mode, self._replica)
+        self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
+        self._step = step_for(mode, self._model)
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -63,7 +63,7 @@ class Worker:
         beat.start()
         try:
             self._trainer.build(self._training_data.read(0, 1)[0])
-            self._replica.initialise()
+            self._model.initialise()
             while True:
                 task = self._coordinator.get_task()
                 if task.type == pb.TASK_TYPE_FINISHED:
@@ -121,7 +121,7 @@ class Worker:
     def _evaluate(self, task: pb.Task, result: pb.TaskResult) -> None:
         if self._validation_data is None:
             raise RuntimeError("an evaluation task, but this worker has no validation data")
-        self._replica.refresh()  # evaluate the model including this worker's last push
+        self._model.refresh()  # evaluate the model including this worker's last push
         features, labels = self._validation_data.read(task.start, task.end)
         for name, value in self._trainer.evaluate(features, labels).items():
             result.metric_sums[name] = value

@@ -1,4 +1,4 @@
-"""The worker's steps and its replica against an in-memory PS: when each mode pulls, pushes,
+"""The worker's steps and its model against an in-memory PS: when each mode pulls, pushes,
 retrains and applies locally, and how a shard that lost its model is repaired."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.worker.replica import Replica
+from elasticps.worker.local_model import LocalModel
 from elasticps.worker.steps import STEPS, SYNC_WAIT_MS, AsyncStep, SSPStep, SyncStep, step_for
-from worker_fakes import WORKER, ArrayReader, FakePS, FakeTrainer, initial_weights, make_replica
+from worker_fakes import WORKER, ArrayReader, FakePS, FakeTrainer, initial_weights, make_model
 
 SYNC = TrainingMode()
 ASYNC = TrainingMode(rule=UpdateRule.ASYNC)
@@ -23,13 +23,13 @@ def minibatches(count: int, size: int = 4) -> list[tuple[Any, Any]]:
     return list(FakeTrainer(size).batches(features, labels, "training"))
 
 
-def ready(rule: UpdateRule, grads_to_wait: int = 1) -> tuple[FakePS, FakeTrainer, Replica]:
-    """A PS initialised by this worker's replica, events cleared."""
+def ready(rule: UpdateRule, grads_to_wait: int = 1) -> tuple[FakePS, FakeTrainer, LocalModel]:
+    """A PS initialised by this worker's model, events cleared."""
     ps, trainer = FakePS(rule, grads_to_wait), FakeTrainer()
-    replica = make_replica(ps, trainer)
-    replica.initialise()
+    model = make_model(ps, trainer)
+    model.initialise()
     ps.events.clear()
-    return ps, trainer, replica
+    return ps, trainer, model
 
 
 def pulls(ps: FakePS) -> list[tuple[Any, ...]]:
@@ -48,8 +48,8 @@ def pulls(ps: FakePS) -> list[tuple[Any, ...]]:
     ],
 )
 def test_the_mode_picks_its_step(mode: TrainingMode, kind: type) -> None:
-    _, _, replica = ready(mode.rule)
-    assert isinstance(step_for(mode, replica), kind)
+    _, _, model = ready(mode.rule)
+    assert isinstance(step_for(mode, model), kind)
 
 
 def test_every_update_rule_has_a_step_with_and_without_local_steps() -> None:
@@ -58,11 +58,11 @@ def test_every_update_rule_has_a_step_with_and_without_local_steps() -> None:
 
 # ---- sync ----------------------------------------------------------------------------------------
 def test_sync_retrains_a_rejected_minibatch_on_the_newer_model_and_counts_it() -> None:
-    ps, trainer, replica = ready(UpdateRule.SYNC)
+    ps, trainer, model = ready(UpdateRule.SYNC)
     registry = CollectorRegistry()
-    replica = make_replica(ps, trainer, registry)
-    replica.initialise()
-    step = SyncStep(replica)
+    model = make_model(ps, trainer, registry)
+    model.initialise()
+    step = SyncStep(model)
     ps.events.clear()
     ps.before_push = ps.others_update  # another worker's update lands just before ours: ours is stale
     (x, y), = minibatches(1)
@@ -71,7 +71,7 @@ def test_sync_retrains_a_rejected_minibatch_on_the_newer_model_and_counts_it() -
 
     assert loss == pytest.approx(np.mean(y))
     assert [first for first, _ in trainer.computed] == [0, 0]  # the same minibatch, twice
-    assert replica.counters.rejected == 1
+    assert model.counters.rejected == 1
     assert registry.get_sample_value("elasticps_worker_rejected_gradients_total", {"worker": WORKER}) == 1
     retrained_on = trainer.computed[1][1]
     np.testing.assert_array_equal(retrained_on["dense/bias"], initial_weights()["dense/bias"] - 0.5)
@@ -80,8 +80,8 @@ def test_sync_retrains_a_rejected_minibatch_on_the_newer_model_and_counts_it() -
 
 
 def test_sync_long_polls_only_after_an_accepted_push_left_the_update_pending() -> None:
-    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=2)  # each update waits for two gradients
-    step = SyncStep(replica)
+    ps, _, model = ready(UpdateRule.SYNC, grads_to_wait=2)  # each update waits for two gradients
+    step = SyncStep(model)
     for x, y in minibatches(4):
         step.train(x, y)
     # Push 1 is accepted but waits for a second gradient: the next pull waits for the update.
@@ -90,19 +90,19 @@ def test_sync_long_polls_only_after_an_accepted_push_left_the_update_pending() -
 
 
 def test_sync_does_not_wait_after_a_rejection() -> None:
-    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=2)
-    step = SyncStep(replica)
+    ps, _, model = ready(UpdateRule.SYNC, grads_to_wait=2)
+    step = SyncStep(model)
     first, second = minibatches(2)
     step.train(*first)  # accepted, update pending
     ps.before_push = ps.others_update  # the update came from elsewhere: our second push is stale
     step.train(*second)
     assert [wait for _, _, wait in pulls(ps)] == [0, SYNC_WAIT_MS, 0]
-    assert replica.counters.rejected == 1
+    assert model.counters.rejected == 1
 
 
 def test_sync_never_waits_when_every_gradient_makes_an_update() -> None:
-    ps, _, replica = ready(UpdateRule.SYNC, grads_to_wait=1)
-    step = SyncStep(replica)
+    ps, _, model = ready(UpdateRule.SYNC, grads_to_wait=1)
+    step = SyncStep(model)
     for x, y in minibatches(3):
         step.train(x, y)
     assert [wait for _, _, wait in pulls(ps)] == [0, 0, 0]
@@ -110,8 +110,8 @@ def test_sync_never_waits_when_every_gradient_makes_an_update() -> None:
 
 # ---- async ---------------------------------------------------------------------------------------
 def test_async_pulls_only_after_its_own_push_landed() -> None:
-    ps, _, replica = ready(UpdateRule.ASYNC)
-    step = AsyncStep(replica)
+    ps, _, model = ready(UpdateRule.ASYNC)
+    step = AsyncStep(model)
     step.start_task()
     for x, y in minibatches(3):
         step.train(x, y)
@@ -124,20 +124,20 @@ def test_async_pulls_only_after_its_own_push_landed() -> None:
 
 
 def test_async_never_retrains() -> None:
-    ps, trainer, replica = ready(UpdateRule.ASYNC)
-    step = AsyncStep(replica)
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = AsyncStep(model)
     ps.refuse_next_async = 1
     for x, y in minibatches(2):
         step.train(x, y)
     step.end_task()
     assert [first for first, _ in trainer.computed] == [0, 4]
-    assert replica.counters.rejected == 0
+    assert model.counters.rejected == 0
 
 
 # ---- SSP -----------------------------------------------------------------------------------------
 def test_ssp_pulls_every_k_steps_and_applies_locally_in_between() -> None:
-    ps, trainer, replica = ready(UpdateRule.ASYNC)
-    step = SSPStep(replica, pull_every=3)
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = SSPStep(model, pull_every=3)
     step.start_task()
     for x, y in minibatches(7):
         step.train(x, y)
@@ -149,12 +149,12 @@ def test_ssp_pulls_every_k_steps_and_applies_locally_in_between() -> None:
     rounds = (with_pull + local + last) * 2 + with_pull + ["landed"]
     assert ps.kinds() == rounds[1:]  # nothing in flight before the first pull
     assert trainer.applied_locally == 5
-    assert replica.counters.pulls == 1 + 3
+    assert model.counters.pulls == 1 + 3
 
 
 def test_ssp_computes_between_pulls_on_its_locally_updated_copy() -> None:
-    ps, trainer, replica = ready(UpdateRule.ASYNC)
-    step = SSPStep(replica, pull_every=2)
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = SSPStep(model, pull_every=2)
     for x, y in minibatches(2):
         step.train(x, y)
     (_, pulled), (_, local) = trainer.computed
@@ -162,8 +162,8 @@ def test_ssp_computes_between_pulls_on_its_locally_updated_copy() -> None:
 
 
 def test_ssp_starts_every_task_with_a_pull() -> None:
-    ps, _, replica = ready(UpdateRule.ASYNC)
-    step = SSPStep(replica, pull_every=4)
+    ps, _, model = ready(UpdateRule.ASYNC)
+    step = SSPStep(model, pull_every=4)
     batches = minibatches(3)
     step.start_task()
     step.train(*batches[0])
@@ -175,77 +175,77 @@ def test_ssp_starts_every_task_with_a_pull() -> None:
 
 
 def test_ssp_refuses_a_pull_interval_below_one() -> None:
-    _, _, replica = ready(UpdateRule.ASYNC)
+    _, _, model = ready(UpdateRule.ASYNC)
     with pytest.raises(ValueError, match="pull_every"):
-        SSPStep(replica, pull_every=0)
+        SSPStep(model, pull_every=0)
 
 
-# ---- the replica ---------------------------------------------------------------------------------
+# ---- the local model ---------------------------------------------------------------------------------
 def test_the_first_worker_initialises_the_ps_and_the_next_adopts_its_model() -> None:
     ps = FakePS()
-    first = make_replica(ps, FakeTrainer(fill=1.0))
+    first = make_model(ps, FakeTrainer(fill=1.0))
     first.initialise()
     assert ps.kinds() == ["pull", "push_model", "pull"]
     np.testing.assert_array_equal(ps.model()["dense/kernel"], initial_weights(1.0)["dense/kernel"])
 
     ps.events.clear()
     trainer = FakeTrainer(fill=7.0)
-    make_replica(ps, trainer).initialise()
+    make_model(ps, trainer).initialise()
     assert ps.kinds() == ["pull"]
     np.testing.assert_array_equal(trainer.variables["dense/kernel"], initial_weights(1.0)["dense/kernel"])
     assert first.counters.reinitialised == 0
 
 
 def test_a_shard_that_lost_its_model_before_a_pull_gets_it_pushed_again() -> None:
-    ps, trainer, replica = ready(UpdateRule.SYNC)
+    ps, trainer, model = ready(UpdateRule.SYNC)
     ps.lose_model(1)
     (x, y), = minibatches(1)
-    SyncStep(replica).train(x, y)
+    SyncStep(model).train(x, y)
     assert ps.kinds()[:4] == ["pull", "push_model", "pull", "gradients"]
     assert ps.events[1] == ("push_model", [1])
-    assert replica.counters.reinitialised == 1
-    assert replica.counters.rejected == 0
+    assert model.counters.reinitialised == 1
+    assert model.counters.rejected == 0
     assert ps.shards[1].initialized
 
 
 def test_a_shard_that_lost_its_model_before_a_sync_push_gets_it_and_the_minibatch_is_retrained() -> None:
-    ps, trainer, replica = ready(UpdateRule.SYNC)
+    ps, trainer, model = ready(UpdateRule.SYNC)
     ps.before_push = lambda: ps.lose_model(1)
     (x, y), = minibatches(1)
-    SyncStep(replica).train(x, y)
+    SyncStep(model).train(x, y)
     assert ps.kinds() == ["pull", "gradients", "push", "push_model", "pull", "pull", "gradients", "push"]
-    assert (replica.counters.reinitialised, replica.counters.rejected) == (1, 1)
+    assert (model.counters.reinitialised, model.counters.rejected) == (1, 1)
     assert [first for first, _ in trainer.computed] == [0, 0]
 
 
 def test_a_shard_that_lost_its_model_while_an_async_push_travelled_gets_it_pushed_again() -> None:
-    ps, _, replica = ready(UpdateRule.ASYNC)
-    step = AsyncStep(replica)
+    ps, _, model = ready(UpdateRule.ASYNC)
+    step = AsyncStep(model)
     first, second = minibatches(2)
     step.train(*first)
     ps.before_push = lambda: ps.lose_model(0)
     step.train(*second)  # settles the first push, which finds shard 0 empty
     assert ps.kinds()[3:8] == ["landed", "push_model", "pull", "pull", "gradients"]
-    assert replica.counters.reinitialised == 1
+    assert model.counters.reinitialised == 1
     step.end_task()
     assert all(shard.initialized for shard in ps.shards)
 
 
 def test_refresh_settles_the_push_in_flight_before_it_pulls() -> None:
-    ps, trainer, replica = ready(UpdateRule.ASYNC)
-    replica.push_async({n: np.ones(v.shape) for n, v in initial_weights().items()})
-    replica.refresh()
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    model.push_async({n: np.ones(v.shape) for n, v in initial_weights().items()})
+    model.refresh()
     assert ps.kinds() == ["push_async", "landed", "pull"]
-    assert replica.versions == [1, 1]
+    assert model.versions == [1, 1]
     np.testing.assert_allclose(trainer.variables["out/bias"], initial_weights()["out/bias"] - 0.1)
 
 
 def test_an_async_push_is_tagged_with_the_versions_its_gradients_were_computed_at() -> None:
-    ps, _, replica = ready(UpdateRule.ASYNC)
+    ps, _, model = ready(UpdateRule.ASYNC)
     gradients = {n: np.ones(v.shape) for n, v in initial_weights().items()}
-    replica.push_async(gradients)
+    model.push_async(gradients)
     ps.others_update()
-    replica.pull()  # does not settle: the next push still carries the pulled versions
-    replica.push_async(gradients)  # settles the first push first
+    model.pull()  # does not settle: the next push still carries the pulled versions
+    model.push_async(gradients)  # settles the first push first
     assert ps.kinds() == ["push_async", "pull", "landed", "push_async"]
     assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [1, 1]]

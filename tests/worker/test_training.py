@@ -168,7 +168,7 @@ def test_the_worker_beats_while_it_works() -> None:
 
 def test_the_loop_and_the_steps_import_no_tensorflow() -> None:
     code = (
-        "import sys, elasticps.worker.training, elasticps.worker.steps, elasticps.worker.replica;"
+        "import sys, elasticps.worker.training, elasticps.worker.steps, elasticps.worker.local_model;"
         "sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

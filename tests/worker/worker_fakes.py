@@ -21,7 +21,7 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
-from elasticps.worker.replica import Counters, Replica
+from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.training import Worker
 from prometheus_client import CollectorRegistry
 
@@ -316,10 +316,10 @@ def make_worker(
     return Rig(ps, coordinator, trainer, registry, worker)
 
 
-def make_replica(ps: FakePS, trainer: FakeTrainer, registry: CollectorRegistry | None = None) -> Replica:
+def make_model(ps: FakePS, trainer: FakeTrainer, registry: CollectorRegistry | None = None) -> LocalModel:
     trainer.events = ps.events
     metrics = WorkerMetrics(registry or CollectorRegistry(), WORKER)
-    return Replica(trainer, ps, 0.1, Counters(), metrics)
+    return LocalModel(trainer, ps, 0.1, Counters(), metrics)
 
 
 # Checked by mypy when run on the tests: the fakes are what the worker's ports ask for.

@@ -34,7 +34,7 @@ class Counters:
     reinitialised: int = 0
 
 
-class Replica:
+class LocalModel:
     def __init__(
         self,
         trainer: Trainer,
