@@ -16,6 +16,7 @@ import pytest
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.sharding import shard_of
@@ -75,8 +76,9 @@ class Cluster:
 def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Cluster]]:
     clients: list[PSClient] = []
 
-    def make(shards: int = 2, use_async: bool = False, chunk_bytes: int = 1 << 20) -> Cluster:
-        stores = [ParameterStore(StoreSettings(shard=i, use_async=use_async)) for i in range(shards)]
+    def make(shards: int = 2, rule: UpdateRule = UpdateRule.SYNC, chunk_bytes: int = 1 << 20) -> Cluster:
+        mode = TrainingMode(rule=rule)
+        stores = [ParameterStore(StoreSettings(shard=i, mode=mode)) for i in range(shards)]
         addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
         client = PSClient(addresses, worker="worker-0", chunk_bytes=chunk_bytes, deadline_s=30.0, timeout_s=60.0)
         clients.append(client)
@@ -153,7 +155,7 @@ def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]
 
 def test_push_gradients_async_many_in_flight(make_cluster: Callable[..., Cluster]) -> None:
     """More async pushes in flight than the client's fan-out threads: no deadlock, applied in order."""
-    c = make_cluster(use_async=True)
+    c = make_cluster(rule=UpdateRule.ASYNC)
     c.client.push_model(model(), SGD)
     pushes = 8  # > 2 x num_shards, the fan-out pool's size
     futures = [c.client.push_gradients_async(gradients(), [0, 0]) for _ in range(pushes)]
@@ -269,9 +271,9 @@ def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
     assert c.client.push_gradients(gradients(), [0]).versions == [1]
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Cluster], use_async: bool) -> None:
-    c = make_cluster(use_async=use_async)
+@pytest.mark.parametrize("rule", [UpdateRule.SYNC, UpdateRule.ASYNC], ids=["sync", "async"])
+def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Cluster], rule: UpdateRule) -> None:
+    c = make_cluster(rule=rule)
     big = np.arange(5_000_000, dtype=np.float32)  # 20 MB, on one shard
     small = np.ones(3, dtype=np.float32)
     tensors = {"big/kernel:0": big, "dense/bias:0": small}
