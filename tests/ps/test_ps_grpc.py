@@ -6,8 +6,9 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -19,11 +20,12 @@ from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import Sharder, shard_of, split_by
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
+T = TypeVar("T")
 # With 2 shards: kernel and conv on shard 0, bias and embedding on shard 1 (see test_sharding).
 NAMES = ("dense/kernel:0", "dense/bias:0", "embedding/embeddings:0", "conv2d/kernel:0")
 
@@ -294,6 +296,47 @@ def test_small_client_and_server_chunks(grpc_servers: Callable[..., int]) -> Non
         assert_tensors(client.pull([-1]).tensors, model())
     finally:
         client.close()
+
+
+class AllOnLast:
+    """A custom sharder: every tensor on the last shard."""
+
+    def __init__(self, num_shards: int) -> None:
+        self.num_shards = num_shards
+
+    def shard(self, name: str) -> int:
+        return self.num_shards - 1
+
+    def split(self, tensors: Mapping[str, T]) -> list[dict[str, T]]:
+        return split_by(self, tensors)
+
+
+def test_client_with_a_custom_sharder_pushes_and_pulls_through_it(grpc_servers: Callable[..., int]) -> None:
+    stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
+    addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
+    sharder: Sharder = AllOnLast(2)
+    client = PSClient(addresses, worker="w", deadline_s=30.0, sharder=sharder)
+    try:
+        assert client.sharder is sharder
+        assert client.shard("dense/kernel:0") == 1
+        assert client.push_model(model(), SGD) == [0, 0]
+        assert_tensors(stored(stores[0]), {})  # shard 0 initialised with nothing
+        assert_tensors(stored(stores[1]), model())
+        assert_tensors(client.pull([-1, -1]).tensors, model())
+        pushed = client.push_gradients(gradients(), [0, 0])
+        assert pushed.accepted == [True, True]
+        expected = sgd_step(model(), gradients(), 0.1)
+        assert_tensors(stored(stores[1]), expected)
+        pulled = client.pull([0, 0])
+        assert pulled.versions == [1, 1]
+        assert_tensors(pulled.tensors, expected)
+    finally:
+        client.close()
+
+
+def test_client_refuses_a_sharder_for_another_number_of_shards() -> None:
+    with pytest.raises(ValueError, match="3 shards"):
+        PSClient(["127.0.0.1:1", "127.0.0.1:2"], worker="w", sharder=AllOnLast(3))
 
 
 # ---- malformed streams with the raw stub --------------------------------------------------------
