@@ -2,10 +2,10 @@
 
 Used by the worker (and the benchmark). It owns the sharding (a :class:`~elasticps.ps.sharding.Sharder`,
 ``ByName`` unless the caller passes another) so the worker deals in whole models: a push sends each
-shard its variables' gradients, a pull asks every shard at once and returns only what changed. Transient failures (a PS not up yet, restarting) are retried with backoff
-until ``deadline_s``, so a worker that starts before its PS waits instead of failing. A shard that
-lost its model (restarted without a checkpoint) raises :class:`ShardsUninitialized` so the worker
-can push its model again.
+shard its variables' gradients, a pull asks every shard at once and returns only what changed.
+Transient failures (a PS not up yet, restarting) are retried with backoff until ``deadline_s``, so
+a worker that starts before its PS waits instead of failing. A shard that lost its model (restarted
+without a checkpoint) raises :class:`ShardsUninitialized` so the worker can push its model again.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ class PSClient:
             raise ValueError("at least one PS address is needed")
         if sharder is not None and sharder.num_shards != len(addresses):
             raise ValueError(
-                f"the sharder places tensors on {sharder.num_shards} shards, but {len(addresses)} PS addresses are given"
+                f"the sharder places tensors on {sharder.num_shards} shards, "
+                f"but {len(addresses)} PS addresses are given"
             )
         self.worker = worker
         self.num_shards = len(addresses)

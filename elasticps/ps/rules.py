@@ -58,7 +58,9 @@ class Rule(abc.ABC):
         Called under :meth:`guard`."""
 
     @abc.abstractmethod
-    def push(self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float) -> PushOutcome:
+    def push(
+        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
+    ) -> PushOutcome:
         """Applies or holds ``update``, computed on model version ``computed_on``."""
 
     @abc.abstractmethod
@@ -85,7 +87,9 @@ class SyncAveraging(Rule):
     def guard(self) -> AbstractContextManager[object]:
         return self._lock
 
-    def push(self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float) -> PushOutcome:
+    def push(
+        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
+    ) -> PushOutcome:
         with self._lock:
             behind = version.value - computed_on
             if not 0 <= behind <= self.sync_version_tolerance:
@@ -112,7 +116,9 @@ class AsyncApply(Rule):
     def guard(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def push(self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float) -> PushOutcome:
+    def push(
+        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
+    ) -> PushOutcome:
         stale = staleness(version.value, computed_on)
         lr = self.learning_rate(base_lr, stale)
         model.apply(update, lr, locking=self.use_locking)

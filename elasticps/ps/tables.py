@@ -11,6 +11,10 @@ gradients (:meth:`Table.accumulator`) and how it writes itself into a checkpoint
 type is the table's own: the dense table takes one array per variable; an embedding table would take
 row ids with row gradients, create rows lazily on first pull, and apply them with a row-wise
 optimizer call (``Optimizer.apply_rows``), all without touching the dense path.
+
+All tables of a shard share its one optimizer, whose state is keyed by name: a table other than the
+dense one names its optimizer state after itself (e.g. ``<table>/<id>``) and its checkpoint keys
+after itself too, so neither collides with a dense variable.
 """
 
 from __future__ import annotations
