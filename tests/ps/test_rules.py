@@ -107,7 +107,9 @@ class Doubling(Rule):
     def guard(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def push(self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float) -> PushOutcome:
+    def push(
+        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
+    ) -> PushOutcome:
         self.seen.append(computed_on)
         model.apply(update, 2 * base_lr)
         return PushOutcome(True, version.advance(), 0, 2 * base_lr)
