@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc import frames
@@ -41,7 +42,7 @@ def measure(sizes_mb: list[int], chunk_bytes: int, num_variables: int = 4) -> li
         elements = size_mb * MB // 4 // num_variables
         model = {f"layer{i}/kernel": np.full(elements, 0.5, dtype=np.float32) for i in range(num_variables)}
         grads = {name: np.full_like(value, 1e-3) for name, value in model.items()}
-        store = ParameterStore(StoreSettings(use_async=True))
+        store = ParameterStore(StoreSettings(mode=TrainingMode(rule=UpdateRule.ASYNC)))
         store.initialize(model, OptimizerConfig("sgd", {"learning_rate": 0.01}))
         head = pb.Frame(push=pb.PushHead(worker="bench", version=0))
         encoded = list(frames.encode(head, grads, chunk_bytes))

@@ -3,9 +3,9 @@
 Role: persist one PS shard's state (variables, optimizer slots, model version and a small
 JSON ``meta`` dict) so that a restarted PS resumes from the newest *good* checkpoint.
 
-Callers: the PS store (``elasticps.ps.store``) calls :func:`save` from a background thread
-every N model versions, handing it a consistent snapshot (copies) of its arrays, and calls
-:func:`load_latest` once at start-up. :func:`load` and :func:`list_checkpoints` serve tools
+Callers: the PS's checkpoint schedule (``elasticps.ps.checkpointing``) calls :func:`save` from
+its background writer every N model versions, handing it a snapshot (copies) of the shard's
+arrays, and calls :func:`load_latest` once at start-up. :func:`load` and :func:`list_checkpoints` serve tools
 and tests. A checkpoint directory belongs to one PS shard (one process) at a time.
 
 File ``<dir>/ckpt-{version:012d}.eps``, all integers little-endian::

@@ -1,11 +1,11 @@
 """The worker's view of all PS shards: split by variable, fan out concurrently, merge.
 
-Used by the worker (and the benchmark). It owns the sharding (``shard_of``) so the worker deals in
-whole models: a push sends each shard its variables' gradients, a pull asks every shard at once and
-returns only what changed. Transient failures (a PS not up yet, restarting) are retried with backoff
-until ``deadline_s``, so a worker that starts before its PS waits instead of failing. A shard that
-lost its model (restarted without a checkpoint) raises :class:`ShardsUninitialized` so the worker
-can push its model again.
+Used by the worker (and the benchmark). It owns the sharding (a :class:`~elasticps.ps.sharding.Sharder`,
+``ByName`` unless the caller passes another) so the worker deals in whole models: a push sends each
+shard its variables' gradients, a pull asks every shard at once and returns only what changed.
+Transient failures (a PS not up yet, restarting) are retried with backoff until ``deadline_s``, so
+a worker that starts before its PS waits instead of failing. A shard that lost its model (restarted
+without a checkpoint) raises :class:`ShardsUninitialized` so the worker can push its model again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import ByName, Sharder
 from elasticps.rpc import frames
 from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
@@ -76,11 +76,18 @@ class PSClient:
         chunk_bytes: int = frames.CHUNK_BYTES,
         deadline_s: float = 120.0,
         timeout_s: float = 120.0,
+        sharder: Sharder | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one PS address is needed")
+        if sharder is not None and sharder.num_shards != len(addresses):
+            raise ValueError(
+                f"the sharder places tensors on {sharder.num_shards} shards, "
+                f"but {len(addresses)} PS addresses are given"
+            )
         self.worker = worker
         self.num_shards = len(addresses)
+        self.sharder: Sharder = sharder if sharder is not None else ByName(self.num_shards)
         self._chunk_bytes = chunk_bytes
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
@@ -90,19 +97,12 @@ class PSClient:
         # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
         self._push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-push")
-        self._shard_cache: dict[str, int] = {}
 
     def shard(self, name: str) -> int:
-        found = self._shard_cache.get(name)
-        if found is None:
-            found = self._shard_cache[name] = shard_of(name, self.num_shards)
-        return found
+        return self.sharder.shard(name)
 
     def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        parts: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
-        for name, value in tensors.items():
-            parts[self.shard(name)][name] = value
-        return parts
+        return self.sharder.split(tensors)
 
     # ---- calls -------------------------------------------------------------------------------
     def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]:

@@ -19,6 +19,7 @@ from types import FrameType
 from prometheus_client import REGISTRY, start_http_server
 
 from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import DataReader, TrainingSpec, effective_grads_to_wait
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.tasks import QueueSettings
@@ -105,9 +106,7 @@ def store_settings(config: PSConfig) -> StoreSettings:
     t = config.training
     return StoreSettings(
         shard=config.ps_id,
-        use_async=t.use_async,
-        lr_staleness_modulation=t.lr_staleness_modulation,
-        use_locking=t.use_locking,
+        mode=TrainingMode.of(t),
         grads_to_wait=config.grads_to_wait,
         sync_version_tolerance=t.sync_version_tolerance,
         checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,

@@ -8,8 +8,10 @@ service's methods, by their names in the .proto, with an identity deserializer):
 parses them with one copy instead of protobuf's three (docs/benchmarks.md). The wire format is the
 .proto's; a stub generated from it talks to this server unchanged.
 
-Under the sync rules every worker pulls the same version, so the encoded frames of the latest
-version are kept and served to every puller (encoded once per version, not once per pull).
+When the store's rule keeps a version fixed while it is read (``consistent_reads``: sync), every
+worker pulls the same version, so the encoded frames of the latest version are kept and served to
+every puller (encoded once per version, not once per pull); otherwise (async) each pull encodes the
+live arrays as it streams them. The servicer itself has no notion of the training mode.
 """
 
 from __future__ import annotations
@@ -68,18 +70,18 @@ class ParameterServerServicer:
             yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version)).SerializeToString()
             return
         self._metrics.pulled("full")
-        if store.settings.use_async:
-            with store.reading() as (version, variables):
-                head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
-                for message in frames.encode(head, variables, self._chunk_bytes):
-                    self._metrics.bytes_sent.inc(len(message))
-                    yield message
-            return
-        for message in self._consistent_frames():
+        # The store says whether a version is fixed while it is read (then encode it once for every
+        # puller) or live (then encode it for this pull, while reading).
+        for message in (self._shared_frames() if store.consistent_reads else self._live_frames()):
             self._metrics.bytes_sent.inc(len(message))
             yield message
 
-    def _consistent_frames(self) -> list[bytes]:
+    def _live_frames(self) -> Iterator[bytes]:
+        with self._store.reading() as (version, variables):
+            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
+            yield from frames.encode(head, variables, self._chunk_bytes)
+
+    def _shared_frames(self) -> list[bytes]:
         with self._cache_lock:
             cached = self._cached
             if cached is not None and cached[0] == self._store.version:

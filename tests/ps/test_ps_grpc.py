@@ -6,8 +6,9 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -16,13 +17,15 @@ import pytest
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import Sharder, shard_of, split_by
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
+T = TypeVar("T")
 # With 2 shards: kernel and conv on shard 0, bias and embedding on shard 1 (see test_sharding).
 NAMES = ("dense/kernel:0", "dense/bias:0", "embedding/embeddings:0", "conv2d/kernel:0")
 
@@ -75,8 +78,9 @@ class Cluster:
 def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Cluster]]:
     clients: list[PSClient] = []
 
-    def make(shards: int = 2, use_async: bool = False, chunk_bytes: int = 1 << 20) -> Cluster:
-        stores = [ParameterStore(StoreSettings(shard=i, use_async=use_async)) for i in range(shards)]
+    def make(shards: int = 2, rule: UpdateRule = UpdateRule.SYNC, chunk_bytes: int = 1 << 20) -> Cluster:
+        mode = TrainingMode(rule=rule)
+        stores = [ParameterStore(StoreSettings(shard=i, mode=mode)) for i in range(shards)]
         addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
         client = PSClient(addresses, worker="worker-0", chunk_bytes=chunk_bytes, deadline_s=30.0, timeout_s=60.0)
         clients.append(client)
@@ -153,7 +157,7 @@ def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]
 
 def test_push_gradients_async_many_in_flight(make_cluster: Callable[..., Cluster]) -> None:
     """More async pushes in flight than the client's fan-out threads: no deadlock, applied in order."""
-    c = make_cluster(use_async=True)
+    c = make_cluster(rule=UpdateRule.ASYNC)
     c.client.push_model(model(), SGD)
     pushes = 8  # > 2 x num_shards, the fan-out pool's size
     futures = [c.client.push_gradients_async(gradients(), [0, 0]) for _ in range(pushes)]
@@ -269,9 +273,9 @@ def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
     assert c.client.push_gradients(gradients(), [0]).versions == [1]
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Cluster], use_async: bool) -> None:
-    c = make_cluster(use_async=use_async)
+@pytest.mark.parametrize("rule", [UpdateRule.SYNC, UpdateRule.ASYNC], ids=["sync", "async"])
+def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Cluster], rule: UpdateRule) -> None:
+    c = make_cluster(rule=rule)
     big = np.arange(5_000_000, dtype=np.float32)  # 20 MB, on one shard
     small = np.ones(3, dtype=np.float32)
     tensors = {"big/kernel:0": big, "dense/bias:0": small}
@@ -292,6 +296,47 @@ def test_small_client_and_server_chunks(grpc_servers: Callable[..., int]) -> Non
         assert_tensors(client.pull([-1]).tensors, model())
     finally:
         client.close()
+
+
+class AllOnLast:
+    """A custom sharder: every tensor on the last shard."""
+
+    def __init__(self, num_shards: int) -> None:
+        self.num_shards = num_shards
+
+    def shard(self, name: str) -> int:
+        return self.num_shards - 1
+
+    def split(self, tensors: Mapping[str, T]) -> list[dict[str, T]]:
+        return split_by(self, tensors)
+
+
+def test_client_with_a_custom_sharder_pushes_and_pulls_through_it(grpc_servers: Callable[..., int]) -> None:
+    stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
+    addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
+    sharder: Sharder = AllOnLast(2)
+    client = PSClient(addresses, worker="w", deadline_s=30.0, sharder=sharder)
+    try:
+        assert client.sharder is sharder
+        assert client.shard("dense/kernel:0") == 1
+        assert client.push_model(model(), SGD) == [0, 0]
+        assert_tensors(stored(stores[0]), {})  # shard 0 initialised with nothing
+        assert_tensors(stored(stores[1]), model())
+        assert_tensors(client.pull([-1, -1]).tensors, model())
+        pushed = client.push_gradients(gradients(), [0, 0])
+        assert pushed.accepted == [True, True]
+        expected = sgd_step(model(), gradients(), 0.1)
+        assert_tensors(stored(stores[1]), expected)
+        pulled = client.pull([0, 0])
+        assert pulled.versions == [1, 1]
+        assert_tensors(pulled.tensors, expected)
+    finally:
+        client.close()
+
+
+def test_client_refuses_a_sharder_for_another_number_of_shards() -> None:
+    with pytest.raises(ValueError, match="3 shards"):
+        PSClient(["127.0.0.1:1", "127.0.0.1:2"], worker="w", sharder=AllOnLast(3))
 
 
 # ---- malformed streams with the raw stub --------------------------------------------------------

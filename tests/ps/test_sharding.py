@@ -1,4 +1,5 @@
-"""shard_of: a stable hash of the variable name (sha256, the same in every process), mod N."""
+"""shard_of: a stable hash of the variable name (sha256, the same in every process), mod N; ByName,
+the default Sharder built on it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import ByName, Sharder, shard_of
 
 
 def independent(name: str, num_shards: int) -> int:
@@ -81,3 +82,44 @@ def test_stable_across_processes() -> None:
 def test_needs_at_least_one_shard(bad: int) -> None:
     with pytest.raises(ValueError, match="num_shards"):
         shard_of("w", bad)
+
+
+# ---- ByName, the default Sharder --------------------------------------------------------------
+
+
+def test_by_name_is_a_sharder_that_follows_shard_of() -> None:
+    sharder: Sharder = ByName(3)
+    assert sharder.num_shards == 3
+    for i in range(100):
+        name = f"layer_{i}/kernel:0"
+        assert sharder.shard(name) == shard_of(name, 3)
+        assert sharder.shard(name) == shard_of(name, 3)  # the cached answer is the same
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_by_name_split_covers_every_tensor_once_on_its_shard(num_shards: int) -> None:
+    tensors = {f"model/layer_{i}/{kind}:0": i for i in range(40) for kind in ("kernel", "bias")}
+    parts = ByName(num_shards).split(tensors)
+    assert len(parts) == num_shards  # empty shards included
+    seen = [name for part in parts for name in part]
+    assert sorted(seen) == sorted(tensors)  # every tensor once
+    for shard, part in enumerate(parts):
+        for name, value in part.items():
+            assert shard_of(name, num_shards) == shard
+            assert value == tensors[name]
+
+
+def test_by_name_split_is_stable_across_instances_and_orders() -> None:
+    tensors = {f"v{i}": i for i in range(30)}
+    reversed_order = dict(reversed(list(tensors.items())))
+    first = ByName(4).split(tensors)
+    again = ByName(4).split(reversed_order)
+    assert [sorted(p) for p in first] == [sorted(p) for p in again]
+    # Within a shard, the caller's order is kept.
+    assert [list(p) for p in first] == [sorted(p, key=lambda n: int(n[1:])) for p in first]
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_by_name_needs_at_least_one_shard(bad: int) -> None:
+    with pytest.raises(ValueError, match="num_shards"):
+        ByName(bad)

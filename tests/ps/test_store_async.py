@@ -1,6 +1,6 @@
 """The asynchronous rules of the parameter store: every gradient applied at once, staleness-aware LR.
 
-staleness = version_ps - gradient version (at the push's entry); with ``lr_staleness_modulation`` the
+staleness = version_ps - gradient version (at the push's entry); with the staleness-aware learning rate the
 push is applied with lr / staleness when staleness > 0, per call, never by mutating shared state.
 """
 
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, PushOutcome, StoreSettings
 
@@ -29,8 +30,15 @@ def grads(scale: float) -> dict[str, np.ndarray]:
     return {"w": np.array([1.0, 2.0, -3.0, 0.5]) * scale, "b": np.array([2.0]) * scale}
 
 
-def make_store(init: dict[str, np.ndarray] | None = None, config: OptimizerConfig = SGD, **settings: object) -> ParameterStore:
-    store = ParameterStore(StoreSettings(use_async=True, **settings))  # type: ignore[arg-type]
+def make_store(
+    init: dict[str, np.ndarray] | None = None,
+    config: OptimizerConfig = SGD,
+    staleness_lr: bool = False,
+    use_locking: bool = False,
+    **settings: object,
+) -> ParameterStore:
+    mode = TrainingMode(rule=UpdateRule.ASYNC, staleness_lr=staleness_lr, use_locking=use_locking)
+    store = ParameterStore(StoreSettings(mode=mode, **settings))  # type: ignore[arg-type]
     assert store.initialize(initial() if init is None else init, config)
     return store
 
@@ -87,14 +95,14 @@ def test_staleness_is_ps_version_minus_gradient_version() -> None:
 
 
 def test_future_version_counts_as_fresh() -> None:
-    store = make_store(lr_staleness_modulation=True)
+    store = make_store(staleness_lr=True)
     outcome = store.push(grads(1.0), version=9)
     assert (outcome.accepted, outcome.staleness, outcome.learning_rate, outcome.version) == (True, 0, LR, 1)
     assert_params(store, sgd_step(initial(), grads(1.0), LR))
 
 
 def test_modulation_divides_the_learning_rate_by_the_staleness() -> None:
-    store = make_store(lr_staleness_modulation=True)
+    store = make_store(staleness_lr=True)
     advance(store, 4)
     before = current(store)
     outcome = store.push(grads(1.0), version=0)
@@ -108,14 +116,14 @@ def test_modulation_divides_the_learning_rate_by_the_staleness() -> None:
 
 
 def test_modulation_uses_the_push_learning_rate_as_base() -> None:
-    store = make_store(lr_staleness_modulation=True)
+    store = make_store(staleness_lr=True)
     advance(store, 2)
     outcome = store.push(grads(1.0), version=0, learning_rate=0.5)
     assert outcome.learning_rate == 0.25
 
 
 def test_modulation_with_staleness_zero_uses_the_learning_rate() -> None:
-    store = make_store(lr_staleness_modulation=True)
+    store = make_store(staleness_lr=True)
     advance(store, 3)
     before = current(store)
     outcome = store.push(grads(1.0), version=3)
@@ -124,7 +132,7 @@ def test_modulation_with_staleness_zero_uses_the_learning_rate() -> None:
 
 
 def test_modulation_off_uses_the_learning_rate_whatever_the_staleness() -> None:
-    store = make_store(lr_staleness_modulation=False)
+    store = make_store(staleness_lr=False)
     advance(store, 4)
     before = current(store)
     outcome = store.push(grads(1.0), version=0)
@@ -133,7 +141,7 @@ def test_modulation_off_uses_the_learning_rate_whatever_the_staleness() -> None:
 
 
 def test_modulation_is_per_call_and_leaves_the_optimizer_alone() -> None:
-    store = make_store(lr_staleness_modulation=True)
+    store = make_store(staleness_lr=True)
     advance(store, 8)
     store.push(grads(1.0), version=0)
     assert store.optimizer.learning_rate == LR
@@ -151,7 +159,7 @@ def test_concurrent_pushes_each_get_the_learning_rate_of_their_own_staleness() -
     threads, per_thread, warmup = 8, 12, 200
     pushes = threads * per_thread
     shape = (257,)
-    store = make_store(init={"w": np.zeros(shape), "b": np.zeros(3)}, use_locking=True, lr_staleness_modulation=True)
+    store = make_store(init={"w": np.zeros(shape), "b": np.zeros(3)}, use_locking=True, staleness_lr=True)
     zero = {"w": np.zeros(shape), "b": np.zeros(3)}
     for _ in range(warmup):
         store.push(zero, version=store.version)

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from elasticps.ps import checkpoint
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 ADAM = OptimizerConfig("adam", {"learning_rate": 0.01, "beta_1": 0.8})
+ASYNC = TrainingMode(rule=UpdateRule.ASYNC)
 
 
 def initial() -> dict[str, np.ndarray]:
@@ -126,13 +128,13 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
 
 def test_async_store_checkpoints_and_restores(tmp_path: Path) -> None:
     store = ParameterStore(
-        StoreSettings(use_async=True, checkpoint_dir=tmp_path, checkpoint_steps=3, keep_checkpoint_max=1)
+        StoreSettings(mode=ASYNC, checkpoint_dir=tmp_path, checkpoint_steps=3, keep_checkpoint_max=1)
     )
     store.initialize(initial(), ADAM)
     for step in range(7):
         store.push(gradient(step), version=0)
     store.flush_checkpoints()
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "ps-0")] == ["ckpt-000000000006.eps"]
-    restored = ParameterStore(StoreSettings(use_async=True, checkpoint_dir=tmp_path))
+    restored = ParameterStore(StoreSettings(mode=ASYNC, checkpoint_dir=tmp_path))
     assert restored.restore()
     assert restored.version == 6

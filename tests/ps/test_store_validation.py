@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.store import GradientError, ParameterStore, StoreSettings, UninitializedError
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
+RULES = pytest.mark.parametrize("rule", [UpdateRule.SYNC, UpdateRule.ASYNC], ids=["sync", "async"])
 
 
 def initial() -> dict[str, np.ndarray]:
@@ -41,8 +43,8 @@ BAD: dict[str, tuple[dict[str, np.ndarray], str]] = {
 }
 
 
-def make_store(use_async: bool, grads_to_wait: int = 1) -> ParameterStore:
-    store = ParameterStore(StoreSettings(use_async=use_async, grads_to_wait=grads_to_wait))
+def make_store(rule: UpdateRule, grads_to_wait: int = 1) -> ParameterStore:
+    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=rule), grads_to_wait=grads_to_wait))
     assert store.initialize(initial(), SGD)
     return store
 
@@ -52,11 +54,11 @@ def snapshot(store: ParameterStore) -> tuple[int, dict[str, np.ndarray]]:
         return version, {n: v.copy() for n, v in variables.items()}
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@RULES
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_gradient_is_refused_and_nothing_changes(use_async: bool, case: str) -> None:
+def test_bad_gradient_is_refused_and_nothing_changes(rule: UpdateRule, case: str) -> None:
     gradient, named = BAD[case]
-    store = make_store(use_async)
+    store = make_store(rule)
     store.push(good(), version=0)
     version, before = snapshot(store)
     with pytest.raises(GradientError, match=named):
@@ -70,7 +72,7 @@ def test_bad_gradient_is_refused_and_nothing_changes(use_async: bool, case: str)
 
 @pytest.mark.parametrize("case", ["wrong shape", "nan", "+inf and -inf", "missing variable"])
 def test_refused_gradient_is_not_accumulated_in_sync(case: str) -> None:
-    store = make_store(use_async=False, grads_to_wait=2)
+    store = make_store(UpdateRule.SYNC, grads_to_wait=2)
     with pytest.raises(GradientError):
         store.push(BAD[case][0], version=0)
     store.push(good(), version=0)
@@ -110,9 +112,9 @@ def test_large_finite_initial_model_is_accepted() -> None:
     np.testing.assert_array_equal(after["w"], np.full(4, 1e308))
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-def test_push_before_initialize_raises_uninitialized(use_async: bool) -> None:
-    store = ParameterStore(StoreSettings(use_async=use_async))
+@RULES
+def test_push_before_initialize_raises_uninitialized(rule: UpdateRule) -> None:
+    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=rule)))
     assert store.initialized is False
     with pytest.raises(UninitializedError):
         store.push(good(), version=0)
@@ -161,10 +163,10 @@ def test_initial_model_with_an_integer_variable_is_refused() -> None:
     assert store.initialized is False
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@RULES
 @pytest.mark.parametrize("learning_rate", [float("inf"), float("-inf"), float("nan"), -0.1])
-def test_bad_push_learning_rate_is_refused_and_nothing_changes(use_async: bool, learning_rate: float) -> None:
-    store = make_store(use_async, grads_to_wait=1)
+def test_bad_push_learning_rate_is_refused_and_nothing_changes(rule: UpdateRule, learning_rate: float) -> None:
+    store = make_store(rule, grads_to_wait=1)
     with pytest.raises(GradientError, match="learning rate"):
         store.push({n: g * np.float32(50) for n, g in good().items()}, version=0, learning_rate=learning_rate)
     version, after = snapshot(store)

@@ -1,0 +1,178 @@
+"""The tables a parameter-store shard holds, behind one interface, and the dense table.
+
+Callers: the store (``store.py``) builds a :class:`DenseTable` from a pushed model, the model
+(``model.py``) routes each table its gradient, the update rules (``rules.py``) apply direct or
+averaged gradients through :meth:`Table.apply`, and the checkpoint schedule (``checkpointing.py``)
+saves and restores each table's arrays under the table's own key prefix.
+
+A table owns its parameters, what it accepts as a gradient (and the checks, which raise
+:class:`~elasticps.ps.errors.GradientError` before anything changes), how a sync round sums its
+gradients (:meth:`Table.accumulator`) and how it writes itself into a checkpoint. The gradient's
+type is the table's own: the dense table takes one array per variable; an embedding table would take
+row ids with row gradients, create rows lazily on first pull, and apply them with a row-wise
+optimizer call (``Optimizer.apply_rows``), all without touching the dense path.
+
+All tables of a shard share its one optimizer, whose state is keyed by name: a table other than the
+dense one names its optimizer state after itself (e.g. ``<table>/<id>``) and its checkpoint keys
+after itself too, so neither collides with a dense variable.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from elasticps.ps.errors import GradientError
+from elasticps.ps.optimizers import Optimizer
+
+Array = npt.NDArray[Any]
+G = TypeVar("G")
+
+DENSE = "dense"  # the dense table's name in the store
+_FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
+
+
+class Accumulator(Protocol[G]):
+    """Sums a sync round's gradients for one table."""
+
+    def add(self, gradient: G) -> None: ...
+
+    def averaged(self, count: int) -> G:
+        """The mean of the ``count`` gradients added (may reuse the sums' memory)."""
+        ...
+
+    def clear(self) -> None: ...
+
+
+class Table(Protocol[G]):
+    """One named set of parameters on a shard, with the gradients of type ``G`` it accepts."""
+
+    def register(self, optimizer: Optimizer) -> None:
+        """Creates the optimizer state of the parameters that exist now (once per installed model)."""
+        ...
+
+    def check(self, gradient: G) -> None:
+        """Raises GradientError when the gradient cannot be applied; never changes anything."""
+        ...
+
+    def apply(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
+        """Updates the parameters in place; ``locking``: one writer per parameter at a time."""
+        ...
+
+    def accumulator(self) -> Accumulator[G]: ...
+
+    def snapshot(self) -> dict[str, Array]:
+        """Copies of the parameters, keyed in the table's own checkpoint namespace."""
+        ...
+
+
+class DenseSum:
+    """A sync round's sum of dense gradients, one array per variable, kept between rounds."""
+
+    def __init__(self, variables: Mapping[str, Array]) -> None:
+        self._sums = {name: np.zeros_like(value) for name, value in variables.items()}
+
+    def add(self, gradient: Mapping[str, Array]) -> None:
+        for name, value in gradient.items():
+            np.add(self._sums[name], value, out=self._sums[name])
+
+    def averaged(self, count: int) -> Mapping[str, Array]:
+        scale = 1.0 / count
+        for total in self._sums.values():
+            np.multiply(total, scale, out=total)
+        return self._sums
+
+    def clear(self) -> None:
+        for total in self._sums.values():
+            total.fill(0)
+
+
+class DenseTable:
+    """The model's named dense variables; every push carries a gradient for each of them.
+
+    The variables are the live arrays: updated in place, read in place by pulls (the rule decides
+    whether pulls and updates exclude each other). Checkpoint keys: ``var/<name>``.
+    """
+
+    PREFIX = "var/"
+
+    def __init__(self, variables: dict[str, Array], shard: int = 0) -> None:
+        self._variables = variables
+        self._locks = {name: threading.Lock() for name in variables}
+        self._shard = shard  # named in error messages
+
+    @classmethod
+    def create(cls, tensors: Mapping[str, Array], shard: int = 0) -> DenseTable:
+        """A table holding copies of a pushed model, whose variables must be finite floats."""
+        for name, value in tensors.items():
+            if value.dtype not in _FLOATS:
+                raise GradientError(f"variable {name!r}: dtype {value.dtype} is not a float type")
+            if not finite(value):
+                raise GradientError(f"variable {name!r}: initial value is not finite")
+        return cls({name: np.array(value, copy=True) for name, value in tensors.items()}, shard)
+
+    @classmethod
+    def restored(cls, arrays: Mapping[str, Array], shard: int = 0) -> DenseTable:
+        """The table written by :meth:`snapshot`, from a checkpoint's arrays (other keys ignored)."""
+        variables = {
+            key.removeprefix(cls.PREFIX): np.array(value, copy=True)
+            for key, value in arrays.items()
+            if key.startswith(cls.PREFIX)
+        }
+        return cls(variables, shard)
+
+    @property
+    def variables(self) -> Mapping[str, Array]:
+        return self._variables
+
+    def register(self, optimizer: Optimizer) -> None:
+        for name, value in self._variables.items():
+            optimizer.register(name, value.shape, value.dtype)
+
+    def check(self, gradient: Mapping[str, Array]) -> None:
+        unknown = sorted(set(gradient) - set(self._variables))
+        if unknown:
+            raise GradientError(f"shard {self._shard} holds no variable {unknown[0]!r}")
+        missing = sorted(set(self._variables) - set(gradient))
+        if missing:
+            raise GradientError(f"no gradient for variable {missing[0]!r}")
+        for name, value in gradient.items():
+            variable = self._variables[name]
+            if value.shape != variable.shape:
+                raise GradientError(
+                    f"gradient {name!r}: shape {list(value.shape)} != variable shape {list(variable.shape)}"
+                )
+            if value.dtype != variable.dtype:
+                raise GradientError(f"gradient {name!r}: dtype {value.dtype} != {variable.dtype}")
+            if not finite(value):
+                raise GradientError(f"gradient {name!r} holds NaN or infinity")
+
+    def apply(self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
+        for name, value in gradient.items():
+            if locking:
+                with self._locks[name]:
+                    optimizer.apply(name, self._variables[name], value, lr)
+            else:
+                optimizer.apply(name, self._variables[name], value, lr)
+
+    def accumulator(self) -> DenseSum:
+        return DenseSum(self._variables)
+
+    def snapshot(self) -> dict[str, Array]:
+        return {f"{self.PREFIX}{name}": value.copy() for name, value in self._variables.items()}
+
+
+def finite(array: Array) -> bool:
+    # Fast path, one pass and no temporary bool array: a NaN or infinity anywhere makes the sum
+    # non-finite. A non-finite sum may also come from large finite values overflowing, so only
+    # then the exact (element-wise) check decides.
+    wide = np.float32 if array.dtype == np.float16 else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if math.isfinite(float(np.sum(array, dtype=wide))):
+            return True
+    return bool(np.isfinite(array).all())

@@ -1,0 +1,103 @@
+"""The checkpoint schedule on its own: which versions are written, by one writer in order, and which
+checkpoint a restart resumes from (the newest good one)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps import checkpoint
+from elasticps.ps.checkpointing import Checkpointing, capture, rebuild
+from elasticps.ps.model import Model
+from elasticps.ps.optimizers import make_optimizer
+from elasticps.ps.settings import StoreSettings
+from elasticps.ps.tables import DENSE, DenseTable
+
+ADAM = OptimizerConfig("adam", {"learning_rate": 0.01})
+
+
+def model() -> Model:
+    dense = DenseTable.create({"w": np.array([1.0, 2.0], dtype=np.float32), "b": np.array(0.5)})
+    return Model(dense, make_optimizer(ADAM))
+
+
+def snap(version: int) -> checkpoint.Checkpoint:
+    return checkpoint.Checkpoint(version=version, arrays={"var/w": np.full(2, float(version))}, meta={})
+
+
+def names(directory: Path) -> list[int]:
+    return sorted(int(p.name[5:17]) for p in checkpoint.list_checkpoints(directory))
+
+
+@pytest.mark.parametrize(("every", "expected"), [(1, [8, 9, 10]), (3, [3, 6, 9]), (4, [4, 8]), (11, [])])
+def test_writes_every_n_versions(tmp_path: Path, every: int, expected: list[int]) -> None:
+    schedule = Checkpointing(tmp_path, every=every, keep=3)
+    taken: list[int] = []
+
+    def snapshot_of(version: int) -> checkpoint.Checkpoint:
+        taken.append(version)
+        return snap(version)
+
+    for version in range(1, 11):
+        schedule.after_update(version, functools.partial(snapshot_of, version))
+    schedule.flush()
+    assert taken == [v for v in range(1, 11) if v % every == 0]  # snapshots only when due
+    assert names(tmp_path) == expected
+
+
+@pytest.mark.parametrize(("directory", "every"), [(None, 2), ("here", 0)])
+def test_never_writes_without_a_directory_or_steps(tmp_path: Path, directory: str | None, every: int) -> None:
+    schedule = Checkpointing(None if directory is None else tmp_path / directory, every=every)
+    assert not any(schedule.due(v) for v in range(1, 10))
+    schedule.after_update(2, lambda: pytest.fail("no snapshot should be taken"))
+    schedule.flush()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_for_shard_writes_under_the_shards_folder(tmp_path: Path) -> None:
+    schedule = Checkpointing.for_shard(
+        StoreSettings(shard=2, checkpoint_dir=tmp_path, checkpoint_steps=5, keep_checkpoint_max=1)
+    )
+    assert (schedule.directory, schedule.every, schedule.keep, schedule.shard) == (tmp_path / "ps-2", 5, 1, 2)
+
+
+def test_capture_and_rebuild_round_trip() -> None:
+    original = model()
+    original.apply({DENSE: {"w": np.ones(2, dtype=np.float32), "b": np.array(2.0)}}, lr=0.1)
+    saved = capture(original, version=7, shard=1)
+    assert list(saved.arrays)[:2] == ["var/w", "var/b"]  # the tables first, then the optimizer
+    assert saved.meta == {"shard": 1, "optimizer": {"name": "adam", "params": dict(original.optimizer.config.params)}}
+    back = rebuild(saved, shard=1)
+    for name, value in original.dense.variables.items():
+        np.testing.assert_array_equal(back.dense.variables[name], value)
+    for key, value in original.optimizer.state().items():
+        np.testing.assert_array_equal(back.optimizer.state()[key], value, err_msg=key)
+
+
+def test_restore_picks_the_newest_good_checkpoint(tmp_path: Path) -> None:
+    schedule = Checkpointing(tmp_path, every=1, keep=5)
+    m = model()
+    for version in (1, 2, 3):
+        schedule.after_update(version, functools.partial(capture, m, version, 0))
+    schedule.flush()
+    found = schedule.restore()
+    assert found is not None and found[1] == 3
+
+    newest = tmp_path / "ckpt-000000000003.eps"
+    data = bytearray(newest.read_bytes())
+    data[-40] ^= 0xFF  # corrupt the newest: the one before it is used
+    newest.write_bytes(bytes(data))
+    found = Checkpointing(tmp_path).restore()
+    assert found is not None
+    restored, version = found
+    assert version == 2
+    np.testing.assert_array_equal(restored.dense.variables["w"], m.dense.variables["w"])
+
+
+def test_restore_without_checkpoints(tmp_path: Path) -> None:
+    assert Checkpointing(tmp_path / "empty").restore() is None
+    assert Checkpointing(None).restore() is None
