@@ -1,9 +1,10 @@
 """Carries out one pass's actions against the API server, in the order the planner's contract wants.
 
 Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``) as
-``rendering`` made them Kubernetes objects. Order:
-deletes, then creates (the NetworkPolicy, so the PS pods are never reachable from outside the job;
-then Services, then PS pods, then workers, so a worker's first dial finds its PS Service), then Events, then the one status patch, then ``DeleteJob``; ``Recheck`` is handed back
+``rendering`` made them Kubernetes objects. Order: deletes, then creates (the NetworkPolicy, so
+the PS pods are never reachable from outside the job; then Services, then PS pods, then workers,
+so a worker's first dial finds its PS Service), then Events, then the one status patch, then
+``DeleteJob``; ``Recheck`` is handed back
 to the work queue. Decisions stay with the planner; this module only reports what it did:
 
 - 409 on a create and 404 on a delete are success (an earlier pass, or someone else, did it).

@@ -733,3 +733,69 @@ def test_lifecycle_suspend_and_resume() -> None:
     cluster.step(95)
     assert cluster.status["phase"] == "Failed"
     assert condition(cluster.status, "Failed") == ("True", "DeadlineExceeded")
+
+
+# ---- strategies: nothing assumes a PS ----------------------------------------------------------------
+
+
+def without_ps(job: TrainingJob) -> TrainingJob:
+    """The job under a strategy that runs no PS (none exists yet: a stand-in value whose ``uses_ps`` is
+    False), so the planner must take its roles from the strategy instead of assuming PS pods."""
+    return replace(job, spec=replace(job.spec, strategy="workersOnly"))  # type: ignore[arg-type]
+
+
+def test_a_strategy_without_ps_creates_workers_only() -> None:
+    job = without_ps(make_job())
+    actions = plan(job, observe([], with_services=False, network_policies=()))
+    assert creates(actions) == ["tj-worker-0", "tj-worker-1"]
+    assert created_services(actions) == [] and created_policies(actions) == []
+
+
+def test_a_strategy_without_ps_runs_on_workers_alone() -> None:
+    job = without_ps(make_job())
+    status = status_after(plan(job, observe([], with_services=False)), {})
+    workers = [pod("worker", 0), pod("worker", 1, "Pending")]
+    after = status_after(plan(job, observe(workers, status, with_services=False, network_policies=())), status)
+    assert after["phase"] == "Running" and after["ps"] == "0/0" and after["workers"] == "1/2"
+
+
+def test_a_strategy_without_ps_deletes_a_stray_ps_and_never_replaces_it() -> None:
+    job = without_ps(make_job())
+    running = status_after(plan(job, observe([pod("worker", 0), pod("worker", 1)], with_services=False)), {})
+    actions = plan(job, observe([pod("ps", 0, "Failed", exit_code=1), pod("worker", 0), pod("worker", 1)], running))
+    assert deletes(actions) == ["tj-ps-0"] and creates(actions) == []
+    assert status_after(actions, running)["restarts"] == 0
+
+
+def test_the_ps_strategy_needs_every_ps_for_running() -> None:
+    job = make_job({"ps": {"replicas": 2}})
+    created = prior("created", job)
+    half = [pod("ps", 0), pod("ps", 1, "Pending"), pod("worker", 0), pod("worker", 1)]
+    assert status_after(plan(job, observe(half, created, ps=2)), created)["phase"] == "Created"
+
+
+def test_an_executor_without_services_is_never_asked_for_one() -> None:
+    """The local runner observes no Services (None): PS replicas but no Service or policy actions."""
+    observed = Observed(pods=(), services=None, now=NOW, network_policies=None)
+    actions = plan(make_job(), observed)
+    assert creates(actions) == ALL and created_services(actions) == [] and created_policies(actions) == []
+
+
+def test_without_a_render_check_templates_are_not_the_planners_business() -> None:
+    """The local runner gives no render check: a pod template means nothing to processes."""
+    job = make_job({"worker": {"template": {"spec": {"containers": "x"}}}})
+    observed = observe([], with_services=False, network_policies=())
+    assert creates(plan(job, observed, check=None)) == ALL
+    refused = plan(job, observed)  # the operator's check: Failed, InvalidSpec, nothing created
+    assert creates(refused) == [] and events(refused) == ["Created", "InvalidSpec"]
+
+
+def test_the_render_check_is_asked_only_for_replicas_to_create() -> None:
+    asked: list[tuple[str, int]] = []
+
+    def check(job: TrainingJob, role: Role, index: int) -> str | None:
+        asked.append((role.value, index))
+        return None
+
+    plan(make_job(), observe([pod("ps", 0), pod("worker", 0)], prior("running", make_job())), check=check)
+    assert asked == [("worker", 1)]
