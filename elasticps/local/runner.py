@@ -34,7 +34,7 @@ from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local import processes
 from elasticps.local.executing import execute
-from elasticps.local.fleet import Fleet
+from elasticps.local.fleet import Fleet, Slot
 from elasticps.local.progress import Progress
 from elasticps.local.results import Evaluation, JobFailed, RunResult
 from elasticps.planning.observed import Observed
@@ -112,6 +112,7 @@ class LocalRunner:
             status=self.status,
         )
         actions = plan(job, observed, SETTINGS)
+        failed = self._fleet.last_failure()  # before the actions: cleanPodPolicy All deletes its slot
         self.status, events = execute(actions, job, self._fleet, self.status)
         phase = self.status.get("phase")
         if phase == JobPhase.SUCCEEDED.value:  # only ever on PS 0's answer that the training is done
@@ -119,7 +120,7 @@ class LocalRunner:
             final = reply if reply is not None else pb.JobStatus()
             return RunResult(final, time.monotonic() - self._started, restarts, tuple(self._history))
         if phase == JobPhase.FAILED.value:
-            raise JobFailed(self._failure())
+            raise JobFailed(self._failure(failed))
         for event in events:
             if event.reason not in QUIET:
                 self._progress.event(event.message)
@@ -151,12 +152,11 @@ class LocalRunner:
                 )
             )
 
-    def _failure(self) -> str:
+    def _failure(self, slot: Slot | None) -> str:
         """The Failed condition's reason and message, with the log tail of the replica that failed."""
         conditions: list[dict[str, Any]] = self.status.get("conditions", [])
         condition = next((c for c in conditions if c.get("type") == JobPhase.FAILED.value), {})
         message = f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}"
-        slot = self._fleet.last_failure()
         if slot is not None and slot.process is not None:
             message += f"\n{slot.name} exited with code {slot.process.exit_code}; its log ends with:\n"
             message += processes.log_tail(slot.process)

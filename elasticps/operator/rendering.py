@@ -87,18 +87,22 @@ class Renderer:
         return None
 
     def render(self, actions: Sequence[Action], job: TrainingJob, uid: str) -> list[ClusterAction]:
-        """``actions`` for the API server, in the same order; ``uid`` owns what is created.
+        """``actions`` for the API server, in the same order; ``uid`` owns what is created. A PS
+        Service or the ingress policy of a job whose strategy has no PS renders to nothing.
 
         Raises :class:`~elasticps.operator.manifests.TemplateError` only for a replica the render
         check passed, which would be a bug (the check renders the same pod).
         """
-        return [self._render(action, job, uid) for action in actions]
+        rendered = (self._render(action, job, uid) for action in actions)
+        return [action for action in rendered if action is not None]
 
-    def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction:
+    def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction | None:
         if isinstance(action, CreateReplica):
             return CreatePod(pod_manifest(job, uid, action.role, action.index, command=self.command))
         if isinstance(action, DeleteReplica):
             return DeletePod(action.name, action.reason)
+        if isinstance(action, (CreateReplicaService, CreateIngressPolicy)) and not job.uses_ps:
+            return None  # both exist for PS pods only; the planner asks for neither without them
         if isinstance(action, CreateReplicaService):
             return CreateService(service_manifest(job, uid, action.index))
         if isinstance(action, CreateIngressPolicy):

@@ -93,7 +93,7 @@ def test_a_failing_worker_fails_the_job_with_the_reason_and_its_log(
     spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
     spec["model"] = {"modelDef": "elasticps.zoo.no_such_model"}  # the worker exits 2: a user error
     spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, **worker}
-    spec["runPolicy"] = {"backoffLimit": 1}
+    spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "All"}  # the tail survives its deletion
     code, stderr, result = run_job(tmp_path, document)
     assert code == 1, stderr
     assert f"job broken failed: {reason}: broken-worker-0 failed (exit code 2)" in stderr

@@ -3,6 +3,7 @@ ingress policy to a NetworkPolicy, all owned by the job; and the render check th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import job_builders
@@ -86,3 +87,10 @@ def test_the_render_check_names_the_template_field_it_cannot_render() -> None:
     assert renderer.problem(bad, Role.WORKER, 0) == "spec.worker.template.spec.containers: must be a list of containers"
     assert renderer.problem(bad, Role.PS, 0) is None  # the PS template is fine
     assert renderer.problem(make_job(), Role.WORKER, 0) is None
+
+
+def test_without_ps_there_is_no_service_or_policy_to_render() -> None:
+    job = make_job()
+    no_ps = replace(job, spec=replace(job.spec, strategy="workersOnly"))  # a stand-in: only parameterServer exists
+    actions = [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0), CreateReplica("tj-worker-0", Role.WORKER, 0)]
+    assert [type(a).__name__ for a in Renderer().render(actions, no_ps, UID)] == ["CreatePod"]
