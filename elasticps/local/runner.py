@@ -9,7 +9,7 @@ Callers: ``elasticps run`` (``cli``), and tests that change a running job's spec
    ``JobProgress`` (asked only while PS 0 runs), the job's ``.status`` as the runner keeps it in
    memory; no Services or NetworkPolicies (there are none to observe here);
 3. ``plan`` and ``executing.execute``: creates and deletes become process starts and stops, the
-   ``SetStatus`` patch is applied to the in-memory status, the Events worth telling a person go
+   ``SetStatus`` patch is applied to the in-memory status, and what a person should hear goes
    above the progress bar (a replica replaced, the job suspended, resumed or scaled);
 4. the job ends when the status says Succeeded (the run's result) or Failed (``JobFailed`` with the
    condition's reason and message, and the log tail of the replica that failed last).
@@ -47,8 +47,6 @@ POLL_S = 0.5
 COORDINATOR_TIMEOUT_S = 2.0
 # Processes are never unschedulable nor stuck pulling an image: nothing to time out on.
 SETTINGS = PlannerSettings(pending_timeout_s=None)
-# Events that restate what the run's own output says (its first line, the summary, the failure).
-QUIET = ("Created", "Succeeded")
 
 
 class LocalRunner:
@@ -113,7 +111,7 @@ class LocalRunner:
         )
         actions = plan(job, observed, SETTINGS)
         failed = self._fleet.last_failure()  # before the actions: cleanPodPolicy All deletes its slot
-        self.status, events = execute(actions, job, self._fleet, self.status)
+        self.status, lines = execute(actions, job, self._fleet, self.status)
         phase = self.status.get("phase")
         if phase == JobPhase.SUCCEEDED.value:  # only ever on PS 0's answer that the training is done
             restarts = int(self.status.get("restarts", 0))
@@ -121,9 +119,8 @@ class LocalRunner:
             return RunResult(final, time.monotonic() - self._started, restarts, tuple(self._history))
         if phase == JobPhase.FAILED.value:
             raise JobFailed(self._failure(failed))
-        for event in events:
-            if event.reason not in QUIET:
-                self._progress.event(event.message)
+        for line in lines:
+            self._progress.event(line)
         return None
 
     def _ask_coordinator(self) -> pb.JobStatus | None:

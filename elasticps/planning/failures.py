@@ -40,11 +40,10 @@ def failures(d: Draft) -> bool:
         d.status.restarts += 1
         d.status.replacing[pod.name] = pod.uid
         d.deletes.append(DeleteReplica(pod.name, f"replacing it: {how} (restartPolicy {policy.value})"))
-        ended = f"exited with code {pod.exit_code}" if pod.exit_code is not None else f"failed ({how})"
         d.events.append(
             Event(
                 "Restarting",
-                f"{pod.name} {ended}: replacing it (restart {d.status.restarts} of at most {limit}).",
+                f"{pod.name} exited ({how}): replacing it (restart {d.status.restarts} of at most {limit}).",
                 "Warning",
             )
         )

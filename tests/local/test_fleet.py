@@ -155,10 +155,37 @@ def test_the_executor_starts_stops_and_keeps_the_status(tmp_path: Path, launcher
         Event("Created", "TrainingJob default/tj is created."), SetStatus({"phase": "Created", "restarts": 0}),
         DeleteJob(), Recheck(3.0),  # no TTL locally; the runner polls anyway
     ]  # fmt: skip
-    status, events = execute(actions, job, fleet, {"kept": 1})
+    status, lines = execute(actions, job, fleet, {"kept": 1})
     assert status == {"kept": 1, "phase": "Created", "restarts": 0}
-    assert [e.reason for e in events] == ["Created"]
+    assert lines == []  # "created" is what the run's first line says already
     assert set(phases(fleet)) == {"tj-ps-0", "tj-worker-0"}
     status, _ = execute([DeleteReplica("tj-worker-0", "the job is suspended"), SetStatus({"kept": None})], job, fleet, status)
     assert "tj-worker-0" not in phases(fleet)  # never started (no PS port yet): gone at once
     assert status == {"phase": "Created", "restarts": 0}
+
+
+def test_a_replacement_is_told_as_elasticps_run_always_said_it(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    serve(fleet, job, 0, 4100)
+    for index in (0, 1):
+        fleet.create(job, f"tj-worker-{index}", Role.WORKER, index)
+    launcher.popens["tj-worker-0"].code = -9
+    launcher.popens["tj-worker-1"].code = 137
+    fleet.tick(job)
+    before = {"restarts": 1, "replacing": []}
+    actions = [
+        DeleteReplica("tj-worker-0", "replacing it: exit code -9 (restartPolicy OnFailure)"),
+        DeleteReplica("tj-worker-1", "replacing it: exit code 137 (restartPolicy OnFailure)"),
+        Event("Restarting", "tj-worker-0 exited (exit code -9): replacing it (restart 2 of at most 3).", "Warning"),
+        Event("Restarting", "tj-worker-1 exited (exit code 137): replacing it (restart 3 of at most 3).", "Warning"),
+        Event("ScaledDown", "Workers scaled down to 2: deleting tj-worker-2."),
+        SetStatus({"restarts": 3, "replacing": [{"name": "tj-worker-0"}, {"name": "tj-worker-1"}]}),
+    ]
+    _, lines = execute(actions, job, fleet, before)
+    assert lines == [
+        "tj-worker-0 exited with code -9: replacing it (replacement 2 of at most 3)",
+        "tj-worker-1 exited with code 137: replacing it (replacement 3 of at most 3)",
+        "Workers scaled down to 2: deleting tj-worker-2.",
+    ]
+    assert phases(fleet) == {"tj-ps-0": ("Running", None, False)}  # exited: gone at once, to be created again
