@@ -65,7 +65,8 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.api.modes import TrainingMode
     from elasticps.api.parsing import SpecError, load_job_file
     from elasticps.local.progress import Progress
-    from elasticps.local.runner import JobFailed, LocalRunner, outcome, summary
+    from elasticps.local.results import JobFailed, outcome, summary
+    from elasticps.local.runner import LocalRunner
 
     try:
         job = load_job_file(job_file)

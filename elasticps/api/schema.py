@@ -230,7 +230,7 @@ def _time(description: str) -> dict[str, Any]:
 
 
 def status_schema() -> dict[str, Any]:
-    """Every key the operator's planner writes (``elasticps.operator.planning``)."""
+    """Every key the operator's planner writes (``elasticps.planning``)."""
     condition = {
         "type": "object",
         "required": ["type", "status"],

@@ -1,6 +1,6 @@
 """Replicas as local processes: start (each in its own session, logging to a file), poll, stop.
 
-Used by the local runner. Children get the allocator settings PERFORMANCE.md measured (big tensor
+Used by the local runner's ``fleet`` (one process per started replica). Children get the allocator settings PERFORMANCE.md measured (big tensor
 messages otherwise pay a fresh mmap and page faults on every call) and unbuffered output.
 """
 
@@ -67,6 +67,15 @@ def stop_all(processes: list[Process], grace_s: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             _signal(process, signal.SIGKILL)
             process.popen.wait()
+
+
+def terminate(process: Process) -> None:
+    """SIGTERM to the replica's process group (a PS flushes its checkpoints and exits 0)."""
+    _signal(process, signal.SIGTERM)
+
+
+def kill(process: Process) -> None:
+    _signal(process, signal.SIGKILL)
 
 
 def _signal(process: Process, signum: int) -> None:

@@ -1,142 +1,141 @@
-"""``elasticps run JOB.yaml``: a TrainingJob on this machine, its replicas as local processes.
+"""``elasticps run JOB.yaml``: a TrainingJob on this machine, its replicas as local processes,
+driven by the same planner as the operator.
 
-The PS processes start first on free 127.0.0.1 ports (each reports the port it bound through a
-file; a restarted PS gets its port back so the workers' addresses stay valid), then the workers.
-Every half second the runner polls the children and the coordinator: a replica that exited is
-started again per its role's restart policy, each replacement counting against
-``runPolicy.backoffLimit``; the job succeeds when the coordinator says the training is done and the
-workers exited 0 (the PS processes never exit on their own: the runner stops them). Ctrl-C stops
-every child.
+Callers: ``elasticps run`` (``cli``), and tests that change a running job's spec through
+:meth:`LocalRunner.update_spec` (the command for that comes later). Every half second a pass:
+
+1. ``fleet.tick``: reap stopped processes, note exits, start replicas that were waiting;
+2. observe: the processes as ``ObservedPod``s (``fleet``), PS 0's coordinator answer as
+   ``JobProgress`` (asked only while PS 0 runs), the job's ``.status`` as the runner keeps it in
+   memory; no Services or NetworkPolicies (there are none to observe here);
+3. ``plan`` and ``executing.execute``: creates and deletes become process starts and stops, the
+   ``SetStatus`` patch is applied to the in-memory status, and what a person should hear goes
+   above the progress bar (a replica replaced, the job suspended, resumed or scaled);
+4. the job ends when the status says Succeeded (the run's result) or Failed (``JobFailed`` with the
+   condition's reason and message, and the log tail of the replica that failed last).
+
+So restart policies, ``backoffLimit``, ``activeDeadlineSeconds``, ``suspend`` and scaling work here
+exactly as in a cluster. ``ttlSecondsAfterFinished`` and ``cleanPodPolicy`` have no local meaning
+and are skipped by design (see ``executing``): the run ends with the job, and every process is
+stopped then, as on Ctrl-C.
 """
 
 from __future__ import annotations
 
-import math
+import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from elasticps.api.replicas import Replica, Role, ps_replica, should_restart, worker_replica
-from elasticps.api.spec import TrainingJob
+from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local import processes
-from elasticps.local.processes import Process
-from elasticps.local.progress import Progress, describe
+from elasticps.local.executing import execute
+from elasticps.local.fleet import Fleet, Slot
+from elasticps.local.progress import Progress
+from elasticps.local.results import Evaluation, JobFailed, RunResult
+from elasticps.planning.observed import Observed
+from elasticps.planning.plan import plan
+from elasticps.planning.progress import job_progress
+from elasticps.planning.settings import PlannerSettings
 from elasticps.proto import elasticps_pb2 as pb
 
 POLL_S = 0.5
-PS_START_TIMEOUT_S = 60.0
-
-
-class JobFailed(Exception):
-    """The job cannot finish; the message says why."""
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    elapsed_s: float  # since the runner started
-    version: int  # the model version evaluated
-    records_done: int
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    status: pb.JobStatus
-    elapsed_s: float
-    restarts: int
-    history: tuple[Evaluation, ...] = ()
+COORDINATOR_TIMEOUT_S = 2.0
+# Processes are never unschedulable nor stuck pulling an image: nothing to time out on.
+SETTINGS = PlannerSettings(pending_timeout_s=None)
 
 
 class LocalRunner:
-    def __init__(self, job: TrainingJob, run_dir: Path, progress: Progress) -> None:
-        self.job = job
+    def __init__(
+        self,
+        job: TrainingJob,
+        run_dir: Path,
+        progress: Progress,
+        *,
+        poll_s: float = POLL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.run_dir = run_dir
+        self._job = job
+        self._lock = threading.Lock()
         self._progress = progress
-        self._processes: list[Process] = []
-        self._restarts = 0
+        self._poll_s = poll_s
+        self._clock = clock
+        self._fleet = Fleet(run_dir)
+        self._coordinator: CoordinatorClient | None = None
         self._started = time.monotonic()
         self._history: list[Evaluation] = []
+        self.status: dict[str, Any] = {}  # the job's .status, as the planner wrote it (replaced, never edited)
+
+    @property
+    def job(self) -> TrainingJob:
+        with self._lock:
+            return self._job
+
+    def update_spec(self, job: TrainingJob) -> None:
+        """A new spec for the running job (same name), e.g. ``runPolicy.suspend`` or
+        ``worker.replicas`` changed; the next pass plans with it. Safe from any thread."""
+        if (job.name, job.namespace) != (self._job.name, self._job.namespace):
+            raise ValueError(f"update_spec: {job.namespace}/{job.name} is not this run's job")
+        with self._lock:
+            self._job = job
 
     def run(self) -> RunResult:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            addresses = self._start_ps()
-            for index in range(self.job.spec.worker.replicas):
-                self._processes.append(processes.start(worker_replica(self.job, index, addresses), self.run_dir))
-            return self._watch(CoordinatorClient(addresses[0], worker="runner"))
+            while True:
+                result = self._pass()
+                if result is not None:
+                    return result
+                time.sleep(self._poll_s)
         finally:
-            processes.stop_all(self._processes)
+            self._fleet.stop_all()
             self._progress.close()
+            if self._coordinator is not None:
+                self._coordinator.close()
 
-    # ---- start -------------------------------------------------------------------------------
-    def _start_ps(self) -> list[str]:
-        checkpoints = str(self.run_dir / "checkpoints")
-        started: list[tuple[Process, Path]] = []
-        for index in range(self.job.spec.ps.replicas):
-            port_file = self.run_dir / f"ps-{index}.port"
-            port_file.unlink(missing_ok=True)
-            replica = ps_replica(
-                self.job, index, host="127.0.0.1", port=0, checkpoint_dir=checkpoints,
-                extra=[f"--port_file={port_file}"],
-            )
-            process = processes.start(replica, self.run_dir)
-            self._processes.append(process)
-            started.append((process, port_file))
-        addresses = []
-        for process, port_file in started:
-            port = self._wait_port(process, port_file)
-            addresses.append(f"127.0.0.1:{port}")
-            # A restart reuses the port, so workers keep their addresses.
-            fixed = ps_replica(
-                self.job, process.replica.index, host="127.0.0.1", port=port, checkpoint_dir=checkpoints
-            )
-            process.replica = fixed
-        return addresses
+    def _pass(self) -> RunResult | None:
+        job = self.job
+        self._fleet.tick(job)
+        reply = self._ask_coordinator()
+        observed = Observed(
+            pods=self._fleet.observe(),
+            services=None,
+            now=self._clock(),
+            coordinator=None if reply is None else job_progress(reply),
+            status=self.status,
+        )
+        actions = plan(job, observed, SETTINGS)
+        failed = self._fleet.last_failure()  # before the actions: cleanPodPolicy All deletes its slot
+        self.status, lines = execute(actions, job, self._fleet, self.status)
+        phase = self.status.get("phase")
+        if phase == JobPhase.SUCCEEDED.value:  # only ever on PS 0's answer that the training is done
+            restarts = int(self.status.get("restarts", 0))
+            final = reply if reply is not None else pb.JobStatus()
+            return RunResult(final, time.monotonic() - self._started, restarts, tuple(self._history))
+        if phase == JobPhase.FAILED.value:
+            raise JobFailed(self._failure(failed))
+        for line in lines:
+            self._progress.event(line)
+        return None
 
-    def _wait_port(self, process: Process, port_file: Path) -> int:
-        deadline = time.monotonic() + PS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if port_file.exists():
-                return int(port_file.read_text().strip())
-            if process.exit_code is not None:
-                raise JobFailed(
-                    f"{process.replica.name} exited with code {process.exit_code} before serving:\n"
-                    f"{processes.log_tail(process)}"
-                )
-            time.sleep(0.05)
-        raise JobFailed(f"{process.replica.name} did not start serving within {PS_START_TIMEOUT_S:.0f} s")
-
-    # ---- watch -------------------------------------------------------------------------------
-    def _watch(self, coordinator: CoordinatorClient) -> RunResult:
-        status = pb.JobStatus()
-        deadline_s = self.job.spec.run_policy.active_deadline_seconds
-        while True:
-            try:
-                status = coordinator.status(timeout_s=2.0)
-                self._progress.update(status)
-                self._record(status)
-            except grpc.RpcError:
-                pass  # PS 0 restarting: the next poll will tell
-            self._handle_exits()
-            workers = [p for p in self._processes if p.replica.role is Role.WORKER]
-            if workers and all(p.exit_code == 0 for p in workers):
-                # Workers exit 0 only when the coordinator told them the job is finished.
-                if not status.finished:
-                    try:
-                        status = coordinator.status(timeout_s=5.0)
-                    except grpc.RpcError as err:
-                        raise JobFailed(f"workers finished but PS 0 does not answer: {err.code().name}") from None
-                if not status.finished:
-                    raise JobFailed("workers exited but the coordinator says the training is not done")
-                self._progress.update(status)
-                self._record(status)
-                return RunResult(status, time.monotonic() - self._started, self._restarts, tuple(self._history))
-            if deadline_s and time.monotonic() - self._started > deadline_s:
-                raise JobFailed(f"DeadlineExceeded: the job ran longer than activeDeadlineSeconds={deadline_s}")
-            time.sleep(POLL_S)
+    def _ask_coordinator(self) -> pb.JobStatus | None:
+        address = self._fleet.ps0_address()
+        if address is None:
+            return None
+        if self._coordinator is None:
+            self._coordinator = CoordinatorClient(address, worker="runner")  # PS 0 keeps its port
+        try:
+            reply = self._coordinator.status(timeout_s=COORDINATOR_TIMEOUT_S)
+        except grpc.RpcError:
+            return None  # PS 0 starting or restarting: the next pass will tell
+        self._progress.update(reply)
+        self._record(reply)
+        return reply
 
     def _record(self, status: pb.JobStatus) -> None:
         """Keeps each new evaluation with its time: the run's learning curve."""
@@ -150,63 +149,14 @@ class LocalRunner:
                 )
             )
 
-    def _handle_exits(self) -> None:
-        for process in self._processes:
-            code = process.exit_code
-            if code is None or (code == 0 and process.replica.role is Role.WORKER):
-                continue
-            if not should_restart(process.replica.restart_policy, code):
-                raise JobFailed(
-                    f"{process.replica.name} failed with exit code {code} (restartPolicy "
-                    f"{process.replica.restart_policy.value}):\n{processes.log_tail(process)}"
-                )
-            limit = self.job.spec.run_policy.backoff_limit
-            if self._restarts >= limit:
-                raise JobFailed(
-                    f"BackoffLimitExceeded: {process.replica.name} exited with code {code} after "
-                    f"{self._restarts} replacements (backoffLimit {limit}):\n{processes.log_tail(process)}"
-                )
-            self._restarts += 1
-            self._progress.event(
-                f"{process.replica.name} exited with code {code}: replacing it "
-                f"(replacement {self._restarts} of at most {limit})"
-            )
-            self._replace(process)
-
-    def _replace(self, process: Process) -> None:
-        replica: Replica = process.replica
-        fresh = processes.start(replica, self.run_dir, restarts=process.restarts + 1)
-        self._processes[self._processes.index(process)] = fresh
+    def _failure(self, slot: Slot | None) -> str:
+        """The Failed condition's reason and message, with the log tail of the replica that failed."""
+        conditions: list[dict[str, Any]] = self.status.get("conditions", [])
+        condition = next((c for c in conditions if c.get("type") == JobPhase.FAILED.value), {})
+        message = f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}"
+        if slot is not None and slot.process is not None:
+            message += f"\n{slot.name} exited with code {slot.process.exit_code}; its log ends with:\n"
+            message += processes.log_tail(slot.process)
+        return message
 
 
-def summary(job: TrainingJob, result: RunResult) -> str:
-    status = result.status
-    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(status.metrics.items()))
-    loss = "" if math.isnan(status.loss) else f", training loss {status.loss:.4f}"
-    return (
-        f"job {job.name} succeeded in {result.elapsed_s:.1f} s: {metrics or 'no evaluation'}"
-        f" (model version {status.metrics_version}){loss}\n"
-        f"  {status.records_done}/{status.records_total} records trained over {status.num_epochs} epochs"
-        f" ({', '.join(str(n) for n in status.epoch_records)} per epoch), model version {status.model_version},"
-        f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
-        f" {result.restarts} replicas replaced\n  {describe(status)}"
-    )
-
-
-def outcome(result: RunResult) -> dict[str, object]:
-    """The result as plain data (``elasticps run --result_file``)."""
-    status = result.status
-    return {
-        "succeeded": True,
-        "elapsed_s": round(result.elapsed_s, 2),
-        "restarts": result.restarts,
-        "records_done": status.records_done,
-        "records_total": status.records_total,
-        "epoch_records": list(status.epoch_records),
-        "model_version": status.model_version,
-        "metrics": dict(status.metrics),
-        "metrics_version": status.metrics_version,
-        "tasks_requeued": status.tasks_requeued,
-        "gradients_rejected": status.gradients_rejected,
-        "history": [asdict(evaluation) for evaluation in result.history],
-    }

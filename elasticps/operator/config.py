@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.replicas import PS_PORT
-from elasticps.operator.planning import PlannerSettings
+from elasticps.operator.rendering import Renderer
+from elasticps.planning.settings import PlannerSettings
 
 # Where PS 0's coordinator answers: the headless Service of PS 0 (stable across PS restarts).
 DEFAULT_COORDINATOR_ADDRESS = "{job}-ps-0.{namespace}.svc:" + str(PS_PORT)
@@ -28,6 +29,8 @@ class OperatorConfig:
     ``debounce_s``: a burst of pod events within this window makes one pass.
     ``resync_s``: a job with no pass for this long gets one anyway (the idle-aware timer).
     ``stats_file``: where the API request counts are written as JSON (none: only logged).
+    ``planner``: the planner's settings; ``rendering``: how replicas become pods (command, the
+    NetworkPolicy's operator peer).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -41,6 +44,7 @@ class OperatorConfig:
     stats_log_interval_s: float = 60.0
     metrics_port: int = 0  # Prometheus metrics (reconcile passes, latency, actions); 0: off
     planner: PlannerSettings = field(default_factory=PlannerSettings)
+    rendering: Renderer = field(default_factory=Renderer)
 
     def coordinator_for(self, namespace: str, job: str) -> str:
         return self.coordinator_address.format(job=job, namespace=namespace)

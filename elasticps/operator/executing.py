@@ -1,8 +1,10 @@
 """Carries out one pass's actions against the API server, in the order the planner's contract wants.
 
-Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``). Order:
-deletes, then creates (the NetworkPolicy, so the PS pods are never reachable from outside the job;
-then Services, then PS pods, then workers, so a worker's first dial finds its PS Service), then Events, then the one status patch, then ``DeleteJob``; ``Recheck`` is handed back
+Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``) as
+``rendering`` made them Kubernetes objects. Order: deletes, then creates (the NetworkPolicy, so
+the PS pods are never reachable from outside the job; then Services, then PS pods, then workers,
+so a worker's first dial finds its PS Service), then Events, then the one status patch, then
+``DeleteJob``; ``Recheck`` is handed back
 to the work queue. Decisions stay with the planner; this module only reports what it did:
 
 - 409 on a create and 404 on a delete are success (an earlier pass, or someone else, did it).
@@ -27,18 +29,15 @@ from dataclasses import dataclass, field
 from elasticps.api.spec import API_VERSION, KIND
 from elasticps.operator.cluster_api import ApiError, ClusterApi
 from elasticps.operator.manifests import LABEL_ROLE
-from elasticps.operator.planning import (
-    Action,
+from elasticps.operator.rendering import (
+    ClusterAction,
     CreateNetworkPolicy,
     CreatePod,
     CreateService,
-    DeleteJob,
     DeletePod,
-    Event,
-    Recheck,
-    SetStatus,
 )
-from elasticps.operator.status import rfc3339
+from elasticps.planning.actions import DeleteJob, Event, Recheck, SetStatus
+from elasticps.planning.status import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Outcome:
 
 
 def execute(
-    actions: Sequence[Action], api: ClusterApi, job: JobRef, pod_uids: Mapping[str, str], now: float
+    actions: Sequence[ClusterAction], api: ClusterApi, job: JobRef, pod_uids: Mapping[str, str], now: float
 ) -> Outcome:
     outcome = Outcome()
     events: list[Event] = []
@@ -121,7 +120,7 @@ def execute(
 
 
 def _log_changes(
-    job: JobRef, created: Mapping[str, Sequence[str]], deleted: Sequence[str], actions: Sequence[Action]
+    job: JobRef, created: Mapping[str, Sequence[str]], deleted: Sequence[str], actions: Sequence[ClusterAction]
 ) -> None:
     """One INFO line per pass that changed something: what it created or deleted, the new phase."""
     parts = []
@@ -150,7 +149,7 @@ _KINDS: dict[type, tuple[str, str, str]] = {
 }
 
 
-def _creation_order(actions: Sequence[Action]) -> list[CreateNetworkPolicy | CreateService | CreatePod]:
+def _creation_order(actions: Sequence[ClusterAction]) -> list[CreateNetworkPolicy | CreateService | CreatePod]:
     policies = [a for a in actions if isinstance(a, CreateNetworkPolicy)]
     services = [a for a in actions if isinstance(a, CreateService)]
     pods = [a for a in actions if isinstance(a, CreatePod)]

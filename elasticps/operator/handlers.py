@@ -2,7 +2,8 @@
 
 Run with ``elasticps operator`` (which imports this module and runs kopf with a typed config), or
 ``kopf run -m elasticps.operator.handlers --all-namespaces`` (defaults). Every handler only says
-"job J needs a pass"; the pass (``reconciling``) reads, plans (``planning``) and acts (``executing``):
+"job J needs a pass"; the pass (``reconciling``) reads, plans (``elasticps.planning``), renders
+(``rendering``) and acts (``executing``):
 
 - TrainingJob created, resumed (operator start) or changed (``spec``; ``kubectl scale`` goes through
   the scale subresource to ``spec.worker.replicas``) -> a pass of that job;

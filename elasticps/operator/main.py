@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from elasticps.operator.config import DEFAULT_COORDINATOR_ADDRESS, OperatorConfig
-from elasticps.operator.planning import PlannerSettings
+from elasticps.planning.settings import PlannerSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

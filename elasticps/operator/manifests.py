@@ -1,7 +1,8 @@
 """The Pods, Services and NetworkPolicy of a TrainingJob, as plain manifests (dicts) for the API: pure.
 
-Callers: the planner (``planning.py``) puts them into ``CreatePod`` / ``CreateService`` /
-``CreateNetworkPolicy`` actions. Names,
+Callers: ``rendering`` turns the planner's replica actions into them (``CreatePod`` /
+``CreateService`` / ``CreateNetworkPolicy``), and checks for the planner that a replica's pod can be
+rendered at all (a template of the wrong shape raises :class:`TemplateError`). Names,
 labels and command lines come from ``elasticps.api.replicas``, so a pod runs the same
 ``elasticps ps`` / ``elasticps worker`` arguments as a process of ``elasticps run``.
 
@@ -42,10 +43,12 @@ from typing import Any
 
 from elasticps.api.replicas import PS_PORT, Replica, Role, cluster_ps_addresses, ps_replica, replica_name, worker_replica
 from elasticps.api.spec import API_VERSION, KIND, ReplicaSpec, TrainingJob
+from elasticps.planning.roles import LABEL_INDEX as LABEL_INDEX
+from elasticps.planning.roles import LABEL_JOB as LABEL_JOB
+from elasticps.planning.roles import LABEL_ROLE as LABEL_ROLE
+from elasticps.planning.roles import ingress_policy_name, role_spec
+from elasticps.planning.roles import selector as selector
 
-LABEL_JOB = "elasticps.io/job-name"
-LABEL_ROLE = "elasticps.io/replica-type"
-LABEL_INDEX = "elasticps.io/replica-index"
 CONTAINER = "elasticps"
 PORT_NAME = "grpc"
 HEALTH_PORT = 2223  # the worker's grpc.health.v1 server (the PS answers health on PS_PORT itself)
@@ -79,17 +82,8 @@ class TemplateError(ValueError):
     """A role's pod template has the wrong shape; the message names the field."""
 
 
-def role_spec(job: TrainingJob, role: Role) -> ReplicaSpec:
-    return job.spec.ps if role is Role.PS else job.spec.worker
-
-
 def labels(job: TrainingJob, role: Role, index: int) -> dict[str, str]:
     return {LABEL_JOB: job.name, LABEL_ROLE: role.value, LABEL_INDEX: str(index)}
-
-
-def selector(job: TrainingJob, role: Role) -> str:
-    """The label selector of one role's pods, as a string (``status.workerSelector``)."""
-    return f"{LABEL_JOB}={job.name},{LABEL_ROLE}={role.value}"
 
 
 def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
@@ -137,10 +131,6 @@ def container_ports(role: Role) -> list[dict[str, Any]]:
     return [{**first, "protocol": "TCP"}, {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
 
 
-def network_policy_name(job: TrainingJob) -> str:
-    return f"{job.name}-ps"
-
-
 def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str, Any] | None = None) -> dict[str, Any]:
     """NetworkPolicy ``{job}-ps``: the job's PS pods take gRPC from the job's pods and the operator only.
 
@@ -154,7 +144,7 @@ def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str,
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": network_policy_name(job),
+            "name": ingress_policy_name(job),
             "namespace": job.namespace,
             "labels": {LABEL_JOB: job.name},
             "ownerReferences": [owner_reference(job, uid)],

@@ -3,7 +3,8 @@
 Callers: ``reconciling`` (one pass per job) feeds it the raw JSON of the job's pods, Services and
 NetworkPolicies
 (listed fresh by the ``elasticps.io/job-name`` label) and PS 0's answer. Nothing here decides: it
-only reads the fields ``planning.ObservedPod`` documents.
+only reads the fields ``planning.observed.ObservedPod`` documents. (PS 0's reply becomes
+``JobProgress`` in ``planning.progress``, shared with the local runner.)
 
 - The exit code is the ``elasticps`` container's ``state.terminated.exitCode``.
 - ``unschedulable_since`` / ``message`` come from the ``PodScheduled=False`` condition with reason
@@ -15,16 +16,14 @@ only reads the fields ``planning.ObservedPod`` documents.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elasticps.api.replicas import Role, parse_replica_name
 from elasticps.api.spec import KIND
 from elasticps.operator.manifests import CONTAINER
-from elasticps.operator.planning import JobProgress, ObservedPod, ObservedService, PodPhase
-from elasticps.operator.status import parse_time
-from elasticps.proto import elasticps_pb2 as pb
+from elasticps.planning.observed import ObservedPod, ObservedService, PodPhase
+from elasticps.planning.status import parse_time
 
 
 def observe_pods(items: Iterable[Mapping[str, Any]], job_name: str, job_uid: str) -> tuple[ObservedPod, ...]:
@@ -98,25 +97,9 @@ def observe_names(items: Iterable[Mapping[str, Any]] | None) -> tuple[str, ...] 
     return tuple(str(n) for n in names if n)
 
 
-def job_progress(reply: pb.JobStatus) -> JobProgress:
-    """PS 0's ``GetJobStatus`` reply as the planner reads it; the training loss joins the metrics."""
-    fraction = reply.records_done / reply.records_total if reply.records_total > 0 else 0.0
-    metrics = {str(k): float(v) for k, v in reply.metrics.items() if math.isfinite(v)}
-    if reply.records_done and math.isfinite(reply.loss):
-        metrics.setdefault("loss", float(reply.loss))
-    return JobProgress(
-        finished=reply.finished,
-        model_version=int(reply.model_version),
-        progress=fraction,
-        epoch=int(reply.epoch),
-        metrics=metrics,
-    )
-
-
 def ps0_running(pods: Iterable[ObservedPod]) -> bool:
     """Whether PS 0 could answer at all (else the adapter does not dial it)."""
     return any(p.role is Role.PS and p.index == 0 and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
-
 
 
 # Waiting reasons a container does not leave by itself: the image or the pod's config is wrong.

@@ -15,8 +15,8 @@ import threading
 import grpc
 
 from elasticps.coordinator.client import CoordinatorClient
-from elasticps.operator.observing import job_progress
-from elasticps.operator.planning import JobProgress
+from elasticps.planning.progress import job_progress
+from elasticps.planning.observed import JobProgress
 
 log = logging.getLogger(__name__)
 

@@ -9,15 +9,17 @@ A pass:
 3. lists the job's pods, Services and NetworkPolicies by the ``elasticps.io/job-name`` label (fresh,
    not from a cache; NetworkPolicies the operator may not list are "not observed", not an error);
 4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer);
-5. ``plan(job, uid, observed, settings)`` and ``executing.execute`` (which patches status once);
-   the outcome says whether the job is now finished (the queue then stops its idle resync).
+5. ``plan(job, observed, settings, check)`` (the check: ``rendering`` can render each replica it
+   asks for), ``rendering`` (replicas -> Pods, Services, the NetworkPolicy, owned by the job's uid)
+   and ``executing.execute`` (which patches status once); the outcome says whether the job is now
+   finished (the queue then stops its idle resync).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +32,12 @@ from elasticps.operator.executing import JobRef, Outcome, execute
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import observe_names, observe_pods, observe_services, ps0_running
 from elasticps.api.spec import JobPhase
-from elasticps.operator.planning import Action, JobProgress, Observed, PlannerSettings, SetStatus, plan, plan_invalid
 from elasticps.operator.probing import CoordinatorProbe
+from elasticps.operator.rendering import ClusterAction, Renderer
+from elasticps.planning.actions import SetStatus
+from elasticps.planning.observed import JobProgress, Observed
+from elasticps.planning.plan import plan, plan_invalid
+from elasticps.planning.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +54,8 @@ class JobKey:
 
 
 class Reconcile:
-    """``Reconcile(api, probe, settings)(key) -> Outcome``: the pass, with its collaborators bound."""
+    """``Reconcile(api, probe, settings)(key) -> Outcome``: the pass, with its collaborators bound;
+    ``renderer`` turns replicas into pods (the containers' command, the NetworkPolicy's operator peer)."""
 
     def __init__(
         self,
@@ -57,8 +64,10 @@ class Reconcile:
         settings: PlannerSettings,
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
+        renderer: Renderer = Renderer(),
     ) -> None:
         self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
+        self.renderer = renderer
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())
 
     def __call__(self, key: JobKey) -> Outcome:
@@ -107,15 +116,17 @@ class Reconcile:
             generation=generation,
             network_policies=policies,
         )
-        actions = plan(job, ref.uid, observed, self.settings)
+        planned = plan(job, observed, self.settings, check=self.renderer.problem)
+        actions = self.renderer.render(planned, job, ref.uid)
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
 
     def _execute(
-        self, actions: list[Action], ref: JobRef, uids: dict[str, str], now: float, status: dict[str, Any]
+        self, actions: Sequence[ClusterAction], ref: JobRef, uids: dict[str, str], now: float, status: dict[str, Any]
     ) -> Outcome:
         if actions:
             log.debug("%s/%s: %s", ref.namespace, ref.name, ", ".join(type(a).__name__ for a in actions))
         for action in actions:
+            # Counted as carried out, by Kubernetes kind (CreatePod, DeletePod ...), not as planned.
             self.metrics.actions.labels(kind=type(action).__name__).inc()
         outcome = execute(actions, self.api, ref, uids, now)
         patched = next((a.status for a in actions if isinstance(a, SetStatus)), {})

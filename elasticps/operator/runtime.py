@@ -39,7 +39,7 @@ class OperatorRuntime:
         if config.metrics_port:
             start_http_server(config.metrics_port, registry=registry)
         self.queue = WorkQueue(
-            Reconcile(self.api, self.probe, config.planner, metrics=self.metrics),
+            Reconcile(self.api, self.probe, config.planner, metrics=self.metrics, renderer=config.rendering),
             debounce_s=config.debounce_s,
             resync_s=config.resync_s,
             max_backoff_s=config.max_backoff_s,

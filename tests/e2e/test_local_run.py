@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,45 @@ def test_missing_job_file(tmp_path: Path) -> None:
     process = elasticps("run", str(tmp_path / "nope.yaml"), cwd=tmp_path)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2 and "cannot read" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("worker", "reason", "replaced"),
+    [
+        pytest.param({"restartPolicy": "OnFailure"}, "BackoffLimitExceeded", True, id="backoff-limit"),
+        pytest.param({"restartPolicy": "ExitCode"}, "ReplicaFailed", False, id="exit-code-permanent"),
+    ],
+)
+def test_a_failing_worker_fails_the_job_with_the_reason_and_its_log(
+    tmp_path: Path, data: tuple[Path, Path], worker: dict[str, object], reason: str, replaced: bool
+) -> None:
+    document = job_document("broken", *data)
+    spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
+    spec["model"] = {"modelDef": "elasticps.zoo.no_such_model"}  # the worker exits 2: a user error
+    spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, **worker}
+    spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "All"}  # the tail survives its deletion
+    code, stderr, result = run_job(tmp_path, document)
+    assert code == 1, stderr
+    assert f"job broken failed: {reason}: broken-worker-0 failed (exit code 2)" in stderr
+    assert "worker-0: error:" in stderr  # the tail of its log
+    assert ("broken-worker-0 exited with code 2: replacing it" in stderr) is replaced
+    assert result["succeeded"] is False and str(result["reason"]).startswith(reason)
+    assert "Traceback" not in stderr.split("its log ends with")[0]
+    assert_every_replica_stopped(tmp_path / "run")
+
+
+def test_the_deadline_fails_the_job_and_stops_every_replica(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    document = job_document("late", *data)
+    document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 3}  # type: ignore[index]
+    code, stderr, result = run_job(tmp_path, document)
+    assert code == 1, stderr
+    assert "job late failed: DeadlineExceeded: TrainingJob ran longer than activeDeadlineSeconds=3." in stderr
+    assert result["succeeded"] is False
+    assert_every_replica_stopped(tmp_path / "run")
+
+
+def assert_every_replica_stopped(run_dir: Path) -> None:
+    pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
+    assert pids
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()

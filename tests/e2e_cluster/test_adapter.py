@@ -14,18 +14,12 @@ from elasticps.api.replicas import Role
 from elasticps.operator.cluster_api import ApiError
 from elasticps.operator.counting import RequestCounter, describe
 from elasticps.operator.executing import JobRef, Outcome, execute
-from elasticps.operator.observing import job_progress, observe_pod, ps0_running
-from elasticps.operator.planning import (
-    CreateNetworkPolicy,
-    CreatePod,
-    CreateService,
-    DeletePod,
-    Event,
-    PlannerSettings,
-    PodPhase,
-    Recheck,
-    SetStatus,
-)
+from elasticps.operator.observing import observe_pod, ps0_running
+from elasticps.operator.rendering import CreateNetworkPolicy, CreatePod, CreateService, DeletePod
+from elasticps.planning.actions import Event, Recheck, SetStatus
+from elasticps.planning.observed import PodPhase
+from elasticps.planning.progress import job_progress
+from elasticps.planning.settings import PlannerSettings
 from elasticps.operator.queueing import WorkQueue
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.reconciling import JobKey, Reconcile

@@ -7,7 +7,6 @@ it wrote counts nothing twice and creates no pod that exists) and for a status t
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,30 +21,33 @@ from elasticps.api.replicas import Role
 from elasticps.api.schema import status_schema
 from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingJob
-from elasticps.operator.planning import (
+from elasticps.operator.rendering import Renderer
+from elasticps.planning.actions import (
     Action,
-    CreateNetworkPolicy,
-    CreatePod,
-    CreateService,
+    CreateIngressPolicy,
+    CreateReplica,
+    CreateReplicaService,
     DeleteJob,
-    DeletePod,
+    DeleteReplica,
     Event,
-    JobProgress,
-    Observed,
-    ObservedPod,
-    ObservedService,
-    PlannerSettings,
-    PodPhase,
     Recheck,
     SetStatus,
-    plan,
-    plan_invalid,
 )
-from elasticps.operator.status import merge_patch, parse_time, rfc3339
+from elasticps.planning.observed import JobProgress, Observed, ObservedPod, ObservedService, PodPhase
+from elasticps.planning.plan import plan as planner_plan
+from elasticps.planning.plan import plan_invalid
+from elasticps.planning.settings import PlannerSettings, ReplicaCheck
+from elasticps.planning.status import apply_merge_patch, merge_patch, parse_time, rfc3339
 
 NOW = 1_700_000_000.0
-UID = "job-uid"
 SETTINGS = PlannerSettings(pending_timeout_s=600.0)
+
+
+def plan(
+    job: TrainingJob, observed: Observed, settings: PlannerSettings = SETTINGS, check: ReplicaCheck | None = Renderer().problem
+) -> list[Action]:
+    """The planner as the operator runs it: with its render check (the pod templates)."""
+    return planner_plan(job, observed, settings, check)
 
 
 # ---- building observations ---------------------------------------------------------------------------
@@ -89,16 +91,8 @@ def observe(
 
 
 def apply_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, as the API server applies a merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = apply_patch(out.get(key), value)
-    return out
+    """RFC 7386, as the API server applies a merge patch (and the local runner to its status)."""
+    return apply_merge_patch(target, patch)
 
 
 def status_after(actions: Sequence[Action], before: dict[str, Any]) -> dict[str, Any]:
@@ -109,19 +103,19 @@ def status_after(actions: Sequence[Action], before: dict[str, Any]) -> dict[str,
 
 
 def creates(actions: Sequence[Action]) -> list[str]:
-    return [a.name for a in actions if isinstance(a, CreatePod)]
+    return [a.name for a in actions if isinstance(a, CreateReplica)]
 
 
 def deletes(actions: Sequence[Action]) -> list[str]:
-    return [a.name for a in actions if isinstance(a, DeletePod)]
+    return [a.name for a in actions if isinstance(a, DeleteReplica)]
 
 
 def created_policies(actions: Sequence[Action]) -> list[str]:
-    return [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreateNetworkPolicy)]
+    return [a.name for a in actions if isinstance(a, CreateIngressPolicy)]
 
 
 def created_services(actions: Sequence[Action]) -> list[str]:
-    return [a.manifest["metadata"]["name"] for a in actions if isinstance(a, CreateService)]
+    return [a.name for a in actions if isinstance(a, CreateReplicaService)]
 
 
 def events(actions: Sequence[Action]) -> list[str]:
@@ -148,23 +142,23 @@ def prior(kind: str, job: TrainingJob) -> dict[str, Any]:
         return {}
     t0 = NOW - 200
     live = replace(job, spec=replace(job.spec, run_policy=replace(job.spec.run_policy, suspend=False)))
-    status = status_after(plan(live, UID, observe([], now=t0), SETTINGS), {})
+    status = status_after(plan(live, observe([], now=t0), SETTINGS), {})
     if kind == "created":
         return status
     n_ps, n_workers = job.spec.ps.replicas, job.spec.worker.replicas
-    status = status_after(plan(live, UID, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
+    status = status_after(plan(live, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
     if kind == "running":
         return status
     if kind == "suspended":
         suspended = replace(job, spec=replace(job.spec, run_policy=replace(job.spec.run_policy, suspend=True)))
-        return status_after(plan(suspended, UID, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
+        return status_after(plan(suspended, observe(up(n_ps, n_workers), status, now=t0, ps=n_ps), SETTINGS), status)
     if kind == "succeeded":
         done = [pod("ps", i) for i in range(n_ps)] + [pod("worker", i, "Succeeded", exit_code=0) for i in range(n_workers)]
-        return status_after(plan(live, UID, observe(done, status, now=NOW - 100, coordinator=FINISHED, ps=n_ps), SETTINGS), status)
+        return status_after(plan(live, observe(done, status, now=NOW - 100, coordinator=FINISHED, ps=n_ps), SETTINGS), status)
     if kind == "failed":
         broken = up(n_ps, n_workers - 1) + [pod("worker", n_workers - 1, "Failed", exit_code=1)]
         never = replace(live, spec=replace(live.spec, worker=replace(live.spec.worker, restart_policy=type(live.spec.worker.restart_policy)("Never"))))
-        return status_after(plan(never, UID, observe(broken, status, now=NOW - 100, ps=n_ps), SETTINGS), status)
+        return status_after(plan(never, observe(broken, status, now=NOW - 100, ps=n_ps), SETTINGS), status)
     raise ValueError(kind)
 
 
@@ -245,26 +239,11 @@ def _check_resume(actions: list[Action], status: dict[str, Any]) -> None:
 def _check_fresh(actions: list[Action], status: dict[str, Any]) -> None:
     assert status["startTime"] == rfc3339(NOW)
     assert status["replacing"] == [] and "completionTime" not in status
-    ps = next(a for a in actions if isinstance(a, CreatePod) and a.name == "tj-ps-0")
-    assert ps.manifest["metadata"]["ownerReferences"][0]["uid"] == UID
-    # the network policy and services first, then PS pods, then workers
-    kinds = [type(a).__name__ for a in actions if isinstance(a, (CreateNetworkPolicy, CreatePod, CreateService))]
-    assert kinds == ["CreateNetworkPolicy", "CreateService", "CreatePod", "CreatePod", "CreatePod"]
-
-
-def _check_policy(actions: list[Action], status: dict[str, Any]) -> None:
-    [policy] = [a.manifest for a in actions if isinstance(a, CreateNetworkPolicy)]
-    assert policy["metadata"]["ownerReferences"][0]["uid"] == UID
-    assert policy["spec"]["podSelector"] == {"matchLabels": {"elasticps.io/job-name": "tj", "elasticps.io/replica-type": "ps"}}
-    assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": {"matchLabels": {"elasticps.io/job-name": "tj"}}}
-
-
-def test_the_operator_peer_of_the_network_policy_is_a_setting() -> None:
-    peer = {"ipBlock": {"cidr": "10.0.0.0/8"}}
-    actions = plan(make_job(), UID, observe(up(), prior("running", make_job()), network_policies=()),
-                   PlannerSettings(operator_peer=peer))
-    [policy] = [a.manifest for a in actions if isinstance(a, CreateNetworkPolicy)]
-    assert policy["spec"]["ingress"][0]["from"][1] == peer
+    # the ingress policy and services first, then PS replicas, then workers, each by role and index
+    made = [a for a in actions if isinstance(a, (CreateIngressPolicy, CreateReplica, CreateReplicaService))]
+    assert made == [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0),
+                    CreateReplica("tj-ps-0", Role.PS, 0), CreateReplica("tj-worker-0", Role.WORKER, 0),
+                    CreateReplica("tj-worker-1", Role.WORKER, 1)]
 
 
 def _unschedulable(since: float) -> list[ObservedPod]:
@@ -428,7 +407,7 @@ CASES = [
     Case("failed: nothing created again", [], prior="failed", creates=[], services=[], with_services=False,
          network_policies=(), phase="Failed"),
     # the NetworkPolicy {job}-ps
-    Case("network policy missing: created", up(), network_policies=(), policies=["tj-ps"], check=_check_policy),
+    Case("network policy missing: created", up(), network_policies=(), policies=["tj-ps"]),
     Case("network policy there: nothing", up(), policies=[]),
     Case("network policies not listable: left alone", up(), network_policies=None, policies=[]),
     Case("suspended: no network policy created", [], spec={"runPolicy": {"suspend": True}}, prior="suspended",
@@ -441,7 +420,7 @@ CASES = [
 
 def run_case(case: Case) -> tuple[list[Action], dict[str, Any]]:
     observed = case.observed()
-    actions = plan(case.job(), UID, observed, SETTINGS)
+    actions = plan(case.job(), observed, SETTINGS)
     return actions, status_after(actions, dict(observed.status))
 
 
@@ -471,8 +450,8 @@ def test_rule(case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_idempotent(case: Case) -> None:
     observed = case.observed()
-    first = plan(case.job(), UID, observed, SETTINGS)
-    assert plan(case.job(), UID, observed, SETTINGS) == first
+    first = plan(case.job(), observed, SETTINGS)
+    assert plan(case.job(), observed, SETTINGS) == first
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -480,7 +459,7 @@ def test_planning_again_on_its_own_status_counts_nothing_twice(case: Case) -> No
     """Same pods (the deletes and creates did not land yet), the status this pass wrote."""
     observed = case.observed()
     actions, status = run_case(case)
-    again = plan(case.job(), UID, replace(observed, status=status), SETTINGS)
+    again = plan(case.job(), replace(observed, status=status), SETTINGS)
     assert status_after(again, status).get("restarts") == status.get("restarts")
     assert "Restarting" not in events(again)
     assert not set(creates(again)) & {p.name for p in observed.pods}
@@ -532,12 +511,12 @@ def test_condition_times_move_only_on_change() -> None:
     created = prior("created", job)
     [c0] = created["conditions"]
     assert c0["lastTransitionTime"] == c0["lastUpdateTime"] == rfc3339(NOW - 200)
-    later = plan(job, UID, observe([pod("ps", 0, "Pending")], created, now=NOW), SETTINGS)
+    later = plan(job, observe([pod("ps", 0, "Pending")], created, now=NOW), SETTINGS)
     after = status_after(later, created)
     assert after["conditions"][0] == c0  # unchanged condition, unchanged times
-    running = status_after(plan(job, UID, observe(up(), after, now=NOW), SETTINGS), after)
+    running = status_after(plan(job, observe(up(), after, now=NOW), SETTINGS), after)
     assert condition(running, "Running") == ("True", "TrainingJobRunning")
-    restarting = status_after(plan(job, UID, observe(W1_FAILED, running, now=NOW + 50), SETTINGS), running)
+    restarting = status_after(plan(job, observe(W1_FAILED, running, now=NOW + 50), SETTINGS), running)
     [run] = [c for c in restarting["conditions"] if c["type"] == "Running"]
     assert (run["status"], run["lastTransitionTime"]) == ("False", rfc3339(NOW + 50))
 
@@ -545,25 +524,25 @@ def test_condition_times_move_only_on_change() -> None:
 def test_a_steady_job_writes_no_status() -> None:
     job = make_job()
     running = prior("running", job)
-    actions = plan(job, UID, observe(up(), running, now=NOW), SETTINGS)
+    actions = plan(job, observe(up(), running, now=NOW), SETTINGS)
     assert actions == []
 
 
 def test_the_patch_holds_only_changes_and_deletes_stale_metrics() -> None:
     job = make_job()
-    running = status_after(plan(job, UID, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
+    running = status_after(plan(job, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
                            prior("running", job))
     newer = JobProgress(finished=False, model_version=130, progress=0.5, metrics={"accuracy": 0.8, "loss": float("nan")})
-    [action] = plan(job, UID, observe(up(), running, coordinator=newer), SETTINGS)
+    [action] = plan(job, observe(up(), running, coordinator=newer), SETTINGS)
     assert isinstance(action, SetStatus)
     assert action.status == {"modelVersion": 130, "progress": "50%", "metrics": {"accuracy": 0.8, "loss": None}}
 
 
 def test_coordinator_silent_keeps_the_last_progress() -> None:
     job = make_job()
-    running = status_after(plan(job, UID, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
+    running = status_after(plan(job, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),
                            prior("running", job))
-    assert plan(job, UID, observe(up(), running, coordinator=None), SETTINGS) == []
+    assert plan(job, observe(up(), running, coordinator=None), SETTINGS) == []
 
 
 def test_other_writers_status_keys_are_left_alone() -> None:
@@ -572,7 +551,7 @@ def test_other_writers_status_keys_are_left_alone() -> None:
 
 def test_a_garbled_status_does_not_crash_the_planner() -> None:
     garbled = {"phase": "Sleeping", "conditions": "x", "restarts": "many", "replacing": [3, {"uid": 1}], "startTime": "noon"}
-    actions = plan(make_job(), UID, observe(up(), garbled), SETTINGS)
+    actions = plan(make_job(), observe(up(), garbled), SETTINGS)
     status = status_after(actions, garbled)
     assert status["restarts"] == 0 and status["phase"] == "Running"
 
@@ -595,7 +574,7 @@ def test_training_mode(training: dict[str, Any], mode: str) -> None:
 
 def test_pending_timeout_can_be_disabled() -> None:
     job = make_job()
-    actions = plan(job, UID, observe(_unschedulable(NOW - 10_000), prior("running", job)), PlannerSettings(pending_timeout_s=None))
+    actions = plan(job, observe(_unschedulable(NOW - 10_000), prior("running", job)), PlannerSettings(pending_timeout_s=None))
     assert status_after(actions, prior("running", job))["phase"] == "Running"
 
 
@@ -629,17 +608,15 @@ class Cluster:
         self.now += seconds
         observed = Observed(tuple(self.pods.values()), tuple(ObservedService(s) for s in sorted(self.services)),
                             self.now, self.coordinator, self.status)
-        actions = plan(self.job, UID, observed, SETTINGS)
+        actions = plan(self.job, observed, SETTINGS)
         for action in actions:
-            if isinstance(action, CreatePod):
+            if isinstance(action, CreateReplica):
                 assert action.name not in self.pods, f"duplicate create of {action.name}"
                 self.uids += 1
-                role, index = action.manifest["metadata"]["labels"]["elasticps.io/replica-type"], int(
-                    action.manifest["metadata"]["labels"]["elasticps.io/replica-index"])
-                self.pods[action.name] = pod(role, index, "Pending", uid=f"uid-{self.uids}")
-            elif isinstance(action, CreateService):
-                self.services.add(action.manifest["metadata"]["name"])
-            elif isinstance(action, DeletePod):
+                self.pods[action.name] = pod(action.role.value, action.index, "Pending", uid=f"uid-{self.uids}")
+            elif isinstance(action, CreateReplicaService):
+                self.services.add(action.name)
+            elif isinstance(action, DeleteReplica):
                 if action.name in self.pods:  # graceful deletion: gone on the next step
                     self.pods[action.name] = replace(self.pods[action.name], deleted=True)
             elif isinstance(action, SetStatus):
@@ -756,3 +733,69 @@ def test_lifecycle_suspend_and_resume() -> None:
     cluster.step(95)
     assert cluster.status["phase"] == "Failed"
     assert condition(cluster.status, "Failed") == ("True", "DeadlineExceeded")
+
+
+# ---- strategies: nothing assumes a PS ----------------------------------------------------------------
+
+
+def without_ps(job: TrainingJob) -> TrainingJob:
+    """The job under a strategy that runs no PS (none exists yet: a stand-in value whose ``uses_ps`` is
+    False), so the planner must take its roles from the strategy instead of assuming PS pods."""
+    return replace(job, spec=replace(job.spec, strategy="workersOnly"))  # type: ignore[arg-type]
+
+
+def test_a_strategy_without_ps_creates_workers_only() -> None:
+    job = without_ps(make_job())
+    actions = plan(job, observe([], with_services=False, network_policies=()))
+    assert creates(actions) == ["tj-worker-0", "tj-worker-1"]
+    assert created_services(actions) == [] and created_policies(actions) == []
+
+
+def test_a_strategy_without_ps_runs_on_workers_alone() -> None:
+    job = without_ps(make_job())
+    status = status_after(plan(job, observe([], with_services=False)), {})
+    workers = [pod("worker", 0), pod("worker", 1, "Pending")]
+    after = status_after(plan(job, observe(workers, status, with_services=False, network_policies=())), status)
+    assert after["phase"] == "Running" and after["ps"] == "0/0" and after["workers"] == "1/2"
+
+
+def test_a_strategy_without_ps_deletes_a_stray_ps_and_never_replaces_it() -> None:
+    job = without_ps(make_job())
+    running = status_after(plan(job, observe([pod("worker", 0), pod("worker", 1)], with_services=False)), {})
+    actions = plan(job, observe([pod("ps", 0, "Failed", exit_code=1), pod("worker", 0), pod("worker", 1)], running))
+    assert deletes(actions) == ["tj-ps-0"] and creates(actions) == []
+    assert status_after(actions, running)["restarts"] == 0
+
+
+def test_the_ps_strategy_needs_every_ps_for_running() -> None:
+    job = make_job({"ps": {"replicas": 2}})
+    created = prior("created", job)
+    half = [pod("ps", 0), pod("ps", 1, "Pending"), pod("worker", 0), pod("worker", 1)]
+    assert status_after(plan(job, observe(half, created, ps=2)), created)["phase"] == "Created"
+
+
+def test_an_executor_without_services_is_never_asked_for_one() -> None:
+    """The local runner observes no Services (None): PS replicas but no Service or policy actions."""
+    observed = Observed(pods=(), services=None, now=NOW, network_policies=None)
+    actions = plan(make_job(), observed)
+    assert creates(actions) == ALL and created_services(actions) == [] and created_policies(actions) == []
+
+
+def test_without_a_render_check_templates_are_not_the_planners_business() -> None:
+    """The local runner gives no render check: a pod template means nothing to processes."""
+    job = make_job({"worker": {"template": {"spec": {"containers": "x"}}}})
+    observed = observe([], with_services=False, network_policies=())
+    assert creates(plan(job, observed, check=None)) == ALL
+    refused = plan(job, observed)  # the operator's check: Failed, InvalidSpec, nothing created
+    assert creates(refused) == [] and events(refused) == ["Created", "InvalidSpec"]
+
+
+def test_the_render_check_is_asked_only_for_replicas_to_create() -> None:
+    asked: list[tuple[str, int]] = []
+
+    def check(job: TrainingJob, role: Role, index: int) -> str | None:
+        asked.append((role.value, index))
+        return None
+
+    plan(make_job(), observe([pod("ps", 0), pod("worker", 0)], prior("running", make_job())), check=check)
+    assert asked == [("worker", 1)]

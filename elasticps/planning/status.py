@@ -1,6 +1,8 @@
 """A TrainingJob's ``.status`` as one planner pass reads, edits and writes it back: pure.
 
-Callers: ``planning`` only. :class:`StatusDraft` parses what earlier passes wrote (tolerating
+Callers: the planner's rules (through ``draft``); the operator (times in Events); the local
+runner, which keeps the job's ``.status`` in memory and applies each ``SetStatus`` patch with
+:func:`apply_merge_patch`. :class:`StatusDraft` parses what earlier passes wrote (tolerating
 anything, so a hand-edited status never crashes the operator), keeps the conditions with Kubeflow's
 rules (one entry per type; ``lastTransitionTime`` moves when ``status`` changes, ``lastUpdateTime``
 when status, reason or message do) and ends as a JSON merge patch holding only what changed.
@@ -10,6 +12,7 @@ API server prunes none of it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -131,6 +134,20 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         elif before != value or key not in old:
             patch[key] = value
     return patch
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7386), as the API server does it:
+    ``None`` deletes a key, mappings merge key by key, anything else replaces. Neither is changed."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(dict(target)) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = apply_merge_patch(out.get(key), value)
+    return out
 
 
 def rfc3339(t: float) -> str:

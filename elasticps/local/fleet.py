@@ -1,0 +1,170 @@
+"""The job's replicas on this machine: one slot per replica the planner created, a process in each.
+
+Callers: the local runner's ``executing`` (create and delete replicas, as the planner asks) and
+``runner`` (``tick`` each pass, ``observe`` for the planner, ``stop_all`` at exit). This is where
+replicas become command lines (``elasticps.api.replicas`` renders the arguments) and where a
+process is read back as the planner's ``ObservedPod``:
+
+- a slot whose process cannot start yet is Pending: a worker waits until every PS has reported the
+  port it bound (through ``--port_file``), since its ``--ps_addrs`` must name them;
+- a live process is Running (a PS is ready once its port is known); exit 0 is Succeeded, any
+  other exit Failed with that exit code (negative for a signal: ``kill -9`` is -9);
+- a deleted slot gets SIGTERM and reads as ``deleted`` until its process is gone (SIGKILL after
+  ``grace_s``); then the slot goes, and the planner may create the replica again.
+
+A PS keeps its port for the whole run: the first start binds port 0 and reports it, every later
+start (a replacement, a resume after suspend) binds that port again, so the workers' addresses
+stay valid. Each start gets a fresh uid, so the planner tells a replacement from the old one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticps.api.replicas import Replica, Role, ps_replica, worker_replica
+from elasticps.api.spec import TrainingJob
+from elasticps.local import processes
+from elasticps.local.processes import Process
+from elasticps.planning.observed import ObservedPod, PodPhase
+from elasticps.planning.roles import desired
+
+HOST = "127.0.0.1"
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class Slot:
+    """One replica the planner created: its process once started (None while it waits)."""
+
+    name: str
+    role: Role
+    index: int
+    uid: str
+    process: Process | None = None
+    stopping_since: float | None = None  # monotonic time of the SIGTERM
+    exited_at: float | None = None  # monotonic time its exit was first seen
+
+
+@dataclass
+class Fleet:
+    run_dir: Path
+    grace_s: float = STOP_GRACE_S
+    slots: dict[str, Slot] = field(default_factory=dict)
+    ports: dict[int, int] = field(default_factory=dict)  # PS index -> the port it bound
+    starts: dict[str, int] = field(default_factory=dict)  # replica name -> processes started so far
+
+    # ---- what the planner asks ---------------------------------------------------------------
+    def create(self, job: TrainingJob, name: str, role: Role, index: int) -> None:
+        """A slot for the replica, started at once when it can be (idempotent)."""
+        if name in self.slots:
+            return
+        count = self.starts.get(name, 0)
+        self.slots[name] = Slot(name, role, index, uid=f"{name}#{count}")
+        self._start_waiting(job)
+
+    def delete(self, name: str) -> None:
+        """SIGTERM to the replica's process; a slot with no live process goes at once (idempotent)."""
+        slot = self.slots.get(name)
+        if slot is None or slot.stopping_since is not None:
+            return
+        if slot.process is None or slot.process.exit_code is not None:
+            del self.slots[name]
+            return
+        slot.stopping_since = time.monotonic()
+        processes.terminate(slot.process)
+
+    # ---- each pass -----------------------------------------------------------------------------
+    def tick(self, job: TrainingJob) -> None:
+        """Reads the ports PS replicas reported, reaps stopped processes (SIGKILL past the grace
+        time), notes exits, and starts the slots that were waiting."""
+        now = time.monotonic()
+        for slot in list(self.slots.values()):
+            process = slot.process
+            if process is None:
+                continue
+            if slot.role is Role.PS and slot.index not in self.ports:
+                self._read_port(slot.index)
+            if process.exit_code is not None and slot.exited_at is None:
+                slot.exited_at = now
+            if slot.stopping_since is None:
+                continue
+            if process.exit_code is not None:
+                del self.slots[slot.name]
+            elif now - slot.stopping_since >= self.grace_s:
+                processes.kill(process)
+        self._start_waiting(job)
+
+    def observe(self) -> tuple[ObservedPod, ...]:
+        return tuple(self._observe(slot) for slot in self.slots.values())
+
+    def ps0_address(self) -> str | None:
+        """Where PS 0's coordinator answers, once PS 0 is running and has reported its port."""
+        slot = next((s for s in self.slots.values() if s.role is Role.PS and s.index == 0), None)
+        if slot is None or slot.process is None or slot.process.exit_code is not None or 0 not in self.ports:
+            return None
+        return f"{HOST}:{self.ports[0]}"
+
+    def last_failure(self) -> Slot | None:
+        """The replica whose process most recently exited with a non-zero code (not one we stopped)."""
+        failed = [
+            s for s in self.slots.values()
+            if s.process is not None and s.stopping_since is None and s.process.exit_code not in (None, 0)
+        ]
+        return max(failed, key=lambda s: s.exited_at or 0.0, default=None)
+
+    def stop_all(self) -> None:
+        processes.stop_all([s.process for s in self.slots.values() if s.process is not None], self.grace_s)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _observe(self, slot: Slot) -> ObservedPod:
+        process = slot.process
+        deleted = slot.stopping_since is not None
+        if process is None:
+            return ObservedPod(slot.name, slot.role, slot.index, PodPhase.PENDING, uid=slot.uid, deleted=deleted)
+        code = process.exit_code
+        if code is None:
+            ready = slot.role is Role.WORKER or slot.index in self.ports
+            return ObservedPod(slot.name, slot.role, slot.index, PodPhase.RUNNING, ready=ready, uid=slot.uid, deleted=deleted)
+        phase = PodPhase.SUCCEEDED if code == 0 else PodPhase.FAILED
+        return ObservedPod(slot.name, slot.role, slot.index, phase, exit_code=code, uid=slot.uid, deleted=deleted)
+
+    def _start_waiting(self, job: TrainingJob) -> None:
+        # PS first: a worker created in the same pass may then find every address known.
+        for slot in sorted(self.slots.values(), key=lambda s: (s.role is Role.WORKER, s.index)):
+            if slot.process is None and slot.stopping_since is None:
+                replica = self._replica(job, slot)
+                if replica is not None:
+                    count = self.starts.get(slot.name, 0)
+                    slot.process = processes.start(replica, self.run_dir, restarts=count)
+                    slot.uid = f"{slot.name}#{count}"
+                    self.starts[slot.name] = count + 1
+
+    def _replica(self, job: TrainingJob, slot: Slot) -> Replica | None:
+        """The command line of the slot's replica, or None while a worker's PS addresses are unknown."""
+        if slot.role is Role.PS:
+            checkpoints = str(self.run_dir / "checkpoints")
+            port = self.ports.get(slot.index)
+            if port is not None:
+                return ps_replica(job, slot.index, host=HOST, port=port, checkpoint_dir=checkpoints)
+            port_file = self._port_file(slot.index)
+            port_file.unlink(missing_ok=True)
+            return ps_replica(
+                job, slot.index, host=HOST, port=0, checkpoint_dir=checkpoints, extra=[f"--port_file={port_file}"]
+            )
+        wanted = range(desired(job, Role.PS))
+        if any(i not in self.ports for i in wanted):
+            return None
+        return worker_replica(job, slot.index, [f"{HOST}:{self.ports[i]}" for i in wanted])
+
+    def _port_file(self, index: int) -> Path:
+        return self.run_dir / f"ps-{index}.port"
+
+    def _read_port(self, index: int) -> None:
+        try:
+            text = self._port_file(index).read_text().strip()
+        except OSError:
+            return
+        if text.isdigit():
+            self.ports[index] = int(text)

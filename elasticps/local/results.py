@@ -1,0 +1,68 @@
+"""What ``elasticps run`` reports when a job ends: the result, its summary line, its JSON.
+
+Callers: the local runner builds a :class:`RunResult` on success (the coordinator's last answer,
+the learning curve it recorded, the restarts the planner counted); ``elasticps run`` prints
+:func:`summary` and writes :func:`outcome` to ``--result_file``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from elasticps.api.spec import TrainingJob
+from elasticps.local.progress import describe
+from elasticps.proto import elasticps_pb2 as pb
+
+
+class JobFailed(Exception):
+    """The job cannot finish; the message says why."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    elapsed_s: float  # since the runner started
+    version: int  # the model version evaluated
+    records_done: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: pb.JobStatus
+    elapsed_s: float
+    restarts: int
+    history: tuple[Evaluation, ...] = ()
+
+
+def summary(job: TrainingJob, result: RunResult) -> str:
+    status = result.status
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(status.metrics.items()))
+    loss = "" if math.isnan(status.loss) else f", training loss {status.loss:.4f}"
+    return (
+        f"job {job.name} succeeded in {result.elapsed_s:.1f} s: {metrics or 'no evaluation'}"
+        f" (model version {status.metrics_version}){loss}\n"
+        f"  {status.records_done}/{status.records_total} records trained over {status.num_epochs} epochs"
+        f" ({', '.join(str(n) for n in status.epoch_records)} per epoch), model version {status.model_version},"
+        f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
+        f" {result.restarts} replicas replaced\n  {describe(status)}"
+    )
+
+
+def outcome(result: RunResult) -> dict[str, object]:
+    """The result as plain data (``elasticps run --result_file``)."""
+    status = result.status
+    return {
+        "succeeded": True,
+        "elapsed_s": round(result.elapsed_s, 2),
+        "restarts": result.restarts,
+        "records_done": status.records_done,
+        "records_total": status.records_total,
+        "epoch_records": list(status.epoch_records),
+        "model_version": status.model_version,
+        "metrics": dict(status.metrics),
+        "metrics_version": status.metrics_version,
+        "tasks_requeued": status.tasks_requeued,
+        "gradients_rejected": status.gradients_rejected,
+        "history": [asdict(evaluation) for evaluation in result.history],
+    }

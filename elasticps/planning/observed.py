@@ -1,0 +1,95 @@
+"""What an executor observed of one job, in the planner's terms: pure data.
+
+Callers: the operator's ``observing`` (pods, Services and NetworkPolicies as the API server listed
+them) and the local runner (its processes), which both fill an :class:`Observed` per pass; the
+planner's rules read it. A replica is an :class:`ObservedPod` whichever executor runs it: a pod in
+a cluster, a process on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from elasticps.api.replicas import Role
+
+
+class PodPhase(str, Enum):
+    """A replica's phase, with Kubernetes' pod phases as the vocabulary."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+# A replica in one of these may still run (or start): it counts as active, and is stopped on cleanup.
+RUNNING_PHASES = (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """One replica of the job, as the executor read it (fresh each pass, not from a lagging cache).
+
+    ``exit_code``: the replica's exit code once it ended, when it has one (a pod's ``elasticps``
+    container's terminated exit code; a process's return code, negative for a signal).
+    ``reason``/``message``: why it failed or cannot be scheduled (pod status reason, or the
+    PodScheduled condition's reason and message). ``unschedulable_since``: the PodScheduled=False
+    (reason Unschedulable) condition's lastTransitionTime, as epoch seconds. ``cannot_start_since``:
+    when a scheduled pod's container has been waiting on an error it will not get out of by itself
+    (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...; the reason and the kubelet's
+    message go in ``reason``/``message``). ``deleted``: it is being stopped (a deletionTimestamp, a
+    process sent SIGTERM). ``ready``: its Ready condition is True. ``uid``: tells a replacement from
+    the replica it replaces (optional).
+    """
+
+    name: str
+    role: Role
+    index: int
+    phase: PodPhase
+    exit_code: int | None = None
+    reason: str = ""
+    unschedulable_since: float | None = None
+    deleted: bool = False
+    message: str = ""
+    ready: bool = False
+    uid: str = ""
+    cannot_start_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ObservedService:
+    name: str
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """What PS 0's coordinator said (``GetJobStatus``); ``progress`` is records done / records total."""
+
+    finished: bool
+    model_version: int
+    progress: float
+    epoch: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One observation of a job. ``status`` is the job's ``.status`` as read (what earlier passes
+    wrote); ``coordinator`` is None when PS 0 did not answer; ``now`` is epoch seconds.
+
+    ``services`` and ``network_policies``: the names of the job's Services and NetworkPolicies, or
+    None where the executor has none to observe (the local runner: processes dial 127.0.0.1 ports;
+    an operator without RBAC to list NetworkPolicies): the planner then neither creates nor
+    expects them."""
+
+    pods: tuple[ObservedPod, ...]
+    services: tuple[ObservedService, ...] | None
+    now: float
+    coordinator: JobProgress | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    generation: int | None = None
+    network_policies: tuple[str, ...] | None = None

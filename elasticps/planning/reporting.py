@@ -1,0 +1,45 @@
+"""What every status patch reports of the observation: replica counts, readiness, the training mode
+and the coordinator's progress.
+
+Callers: ``plan``, at the end of every pass (finished jobs included: the counts stay true).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from elasticps.api.modes import TrainingMode
+from elasticps.api.replicas import Role
+from elasticps.planning.draft import Draft
+from elasticps.planning.observed import RUNNING_PHASES, PodPhase
+from elasticps.planning.roles import selector
+
+def observed_fields(d: Draft) -> dict[str, Any]:
+    fields: dict[str, Any] = {"mode": TrainingMode.of(d.job.spec.training).label}
+    counts: dict[str, dict[str, int]] = {}
+    ready: dict[Role, int] = {}
+    for role in Role:
+        pods = [p for p in d.pods if p.role is role]
+        counts[role.value] = {
+            "active": sum(p.phase in RUNNING_PHASES and not p.deleted for p in pods),
+            "succeeded": sum(p.phase is PodPhase.SUCCEEDED for p in pods),
+            "failed": sum(p.phase is PodPhase.FAILED for p in pods),
+        }
+        ready[role] = sum(p.ready and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
+    fields["replicaStatuses"] = counts
+    fields["readyWorkers"] = ready[Role.WORKER]
+    fields["workers"] = f"{ready[Role.WORKER]}/{d.desired(Role.WORKER)}"
+    fields["ps"] = f"{ready[Role.PS]}/{d.desired(Role.PS)}"
+    fields["workerSelector"] = selector(d.job, Role.WORKER)
+    if d.obs.generation is not None:
+        fields["observedGeneration"] = d.obs.generation
+    coordinator = d.obs.coordinator
+    if coordinator is not None:
+        fields["modelVersion"] = coordinator.model_version
+        fields["epoch"] = coordinator.epoch
+        fraction = min(max(coordinator.progress, 0.0), 1.0) if math.isfinite(coordinator.progress) else 0.0
+        fields["progress"] = f"{math.floor(fraction * 100)}%"
+        # JSON has no NaN (a loss before the first task): such metrics are left out.
+        fields["metrics"] = {k: float(v) for k, v in coordinator.metrics.items() if math.isfinite(v)}
+    return fields

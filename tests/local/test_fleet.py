@@ -1,0 +1,191 @@
+"""The local runner's replicas as processes and back as the planner's observations, with the
+processes played by fakes (the real ones run in tests/e2e): phases, exit codes, stops, PS ports,
+workers waiting for their PS addresses, and the executor carrying out the planner's actions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import job_builders
+
+from elasticps.api.replicas import Replica, Role
+from elasticps.api.spec import TrainingJob
+from elasticps.local import fleet as fleet_module
+from elasticps.local.executing import execute
+from elasticps.local.fleet import Fleet
+from elasticps.local.processes import Process
+from elasticps.planning.actions import (
+    CreateIngressPolicy,
+    CreateReplica,
+    CreateReplicaService,
+    DeleteJob,
+    DeleteReplica,
+    Event,
+    Recheck,
+    SetStatus,
+)
+from elasticps.planning.observed import PodPhase
+
+
+@dataclass
+class FakePopen:
+    pid: int
+    code: int | None = None
+    signals: list[str] = field(default_factory=list)
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+class Launcher:
+    """Stands in for ``processes``: records what was started and signalled."""
+
+    def __init__(self) -> None:
+        self.started: list[Replica] = []
+        self.popens: dict[str, FakePopen] = {}
+
+    def start(self, replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
+        self.started.append(replica)
+        popen = FakePopen(pid=1000 + len(self.started))
+        self.popens[replica.name] = popen
+        return Process(replica, log_dir / f"{replica.name}.log", popen, restarts)  # type: ignore[arg-type]
+
+    def terminate(self, process: Process) -> None:
+        process.popen.signals.append("TERM")  # type: ignore[attr-defined]
+
+    def kill(self, process: Process) -> None:
+        process.popen.signals.append("KILL")  # type: ignore[attr-defined]
+        process.popen.code = -9  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def launcher(monkeypatch: pytest.MonkeyPatch) -> Launcher:
+    fake = Launcher()
+    for name in ("start", "terminate", "kill"):
+        monkeypatch.setattr(fleet_module.processes, name, getattr(fake, name))
+    return fake
+
+
+def make_job(ps: int = 1, workers: int = 2) -> TrainingJob:
+    return job_builders.make_job({"ps": {"replicas": ps}, "worker": {"replicas": workers}}, name="tj")
+
+
+def arg(replica: Replica, flag: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in replica.args if a.startswith(f"--{flag}=")), None)
+
+
+def phases(fleet: Fleet) -> dict[str, Any]:
+    return {p.name: (p.phase.value, p.exit_code, p.deleted) for p in fleet.observe()}
+
+
+def serve(fleet: Fleet, job: TrainingJob, index: int, port: int) -> None:
+    (fleet.run_dir / f"ps-{index}.port").write_text(f"{port}\n")
+    fleet.tick(job)
+
+
+def test_workers_wait_for_every_ps_port_then_dial_them(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(ps=2), Fleet(tmp_path)
+    for role, index in ((Role.PS, 0), (Role.PS, 1), (Role.WORKER, 0)):
+        fleet.create(job, f"tj-{role.value}-{index}", role, index)
+    assert [r.name for r in launcher.started] == ["tj-ps-0", "tj-ps-1"]
+    assert arg(launcher.started[0], "port") == "0" and arg(launcher.started[0], "port_file") == str(tmp_path / "ps-0.port")
+    assert phases(fleet)["tj-worker-0"] == ("Pending", None, False)
+    serve(fleet, job, 0, 4100)
+    assert len(launcher.started) == 2 and fleet.ps0_address() == "127.0.0.1:4100"
+    serve(fleet, job, 1, 4101)
+    worker = launcher.started[-1]
+    assert worker.name == "tj-worker-0" and arg(worker, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101"
+
+
+def test_processes_read_as_the_planners_phases(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    assert [p.ready for p in fleet.observe()] == [False]  # running, port not reported yet
+    serve(fleet, job, 0, 4100)
+    for index in (0, 1):
+        fleet.create(job, f"tj-worker-{index}", Role.WORKER, index)
+    launcher.popens["tj-worker-0"].code = 0
+    launcher.popens["tj-worker-1"].code = -9  # kill -9
+    fleet.tick(job)
+    assert phases(fleet) == {"tj-ps-0": ("Running", None, False), "tj-worker-0": ("Succeeded", 0, False),
+                             "tj-worker-1": ("Failed", -9, False)}
+    assert [p.ready for p in fleet.observe()] == [True, False, False]
+    last = fleet.last_failure()
+    assert last is not None and last.name == "tj-worker-1"
+
+
+def test_a_stopped_process_reads_deleted_until_gone_then_killed_past_grace(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(), Fleet(tmp_path, grace_s=0.0)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    fleet.delete("tj-ps-0")
+    fleet.delete("tj-ps-0")  # idempotent: one SIGTERM
+    assert launcher.popens["tj-ps-0"].signals == ["TERM"]
+    assert phases(fleet) == {"tj-ps-0": ("Running", None, True)}
+    fleet.tick(job)  # grace over: SIGKILL
+    assert launcher.popens["tj-ps-0"].signals == ["TERM", "KILL"]
+    fleet.tick(job)
+    assert phases(fleet) == {}
+    assert fleet.last_failure() is None  # killed by us, not failed
+
+
+def test_a_replacement_gets_a_fresh_uid_and_a_ps_its_old_port(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    serve(fleet, job, 0, 4100)
+    [first] = fleet.observe()
+    launcher.popens["tj-ps-0"].code = 1
+    fleet.tick(job)
+    fleet.delete("tj-ps-0")  # exited already: gone at once
+    assert phases(fleet) == {}
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    [second] = fleet.observe()
+    assert second.uid != first.uid
+    assert arg(launcher.started[-1], "port") == "4100" and arg(launcher.started[-1], "port_file") is None
+
+
+def test_the_executor_starts_stops_and_keeps_the_status(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(workers=1), Fleet(tmp_path)
+    actions = [
+        CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0),  # skipped by design
+        CreateReplica("tj-ps-0", Role.PS, 0), CreateReplica("tj-worker-0", Role.WORKER, 0),
+        Event("Created", "TrainingJob default/tj is created."), SetStatus({"phase": "Created", "restarts": 0}),
+        DeleteJob(), Recheck(3.0),  # no TTL locally; the runner polls anyway
+    ]  # fmt: skip
+    status, lines = execute(actions, job, fleet, {"kept": 1})
+    assert status == {"kept": 1, "phase": "Created", "restarts": 0}
+    assert lines == []  # "created" is what the run's first line says already
+    assert set(phases(fleet)) == {"tj-ps-0", "tj-worker-0"}
+    status, _ = execute([DeleteReplica("tj-worker-0", "the job is suspended"), SetStatus({"kept": None})], job, fleet, status)
+    assert "tj-worker-0" not in phases(fleet)  # never started (no PS port yet): gone at once
+    assert status == {"phase": "Created", "restarts": 0}
+
+
+def test_a_replacement_is_told_as_elasticps_run_always_said_it(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    serve(fleet, job, 0, 4100)
+    for index in (0, 1):
+        fleet.create(job, f"tj-worker-{index}", Role.WORKER, index)
+    launcher.popens["tj-worker-0"].code = -9
+    launcher.popens["tj-worker-1"].code = 137
+    fleet.tick(job)
+    before = {"restarts": 1, "replacing": []}
+    actions = [
+        DeleteReplica("tj-worker-0", "replacing it: exit code -9 (restartPolicy OnFailure)"),
+        DeleteReplica("tj-worker-1", "replacing it: exit code 137 (restartPolicy OnFailure)"),
+        Event("Restarting", "tj-worker-0 exited (exit code -9): replacing it (restart 2 of at most 3).", "Warning"),
+        Event("Restarting", "tj-worker-1 exited (exit code 137): replacing it (restart 3 of at most 3).", "Warning"),
+        Event("ScaledDown", "Workers scaled down to 2: deleting tj-worker-2."),
+        SetStatus({"restarts": 3, "replacing": [{"name": "tj-worker-0"}, {"name": "tj-worker-1"}]}),
+    ]
+    _, lines = execute(actions, job, fleet, before)
+    assert lines == [
+        "tj-worker-0 exited with code -9: replacing it (replacement 2 of at most 3)",
+        "tj-worker-1 exited with code 137: replacing it (replacement 3 of at most 3)",
+        "Workers scaled down to 2: deleting tj-worker-2.",
+    ]
+    assert phases(fleet) == {"tj-ps-0": ("Running", None, False)}  # exited: gone at once, to be created again
