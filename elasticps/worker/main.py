@@ -3,7 +3,10 @@
 The training mode is derived here, once (``TrainingMode.of``); the Worker picks its step from it.
 
 Exit codes: 0 when the job is finished, 2 for a bad model module or bad data (a user error the
-runner must not retry), 1 for anything else (retried per the restart policy).
+runner must not retry), 143 when stopped by SIGTERM (its task reported failed, so it is handed out
+again at once; a signal's exit code is retried by every restart policy but Never), 1 for anything
+else (retried per the restart policy). The handler matters in a container, where the worker is
+PID 1 and the kernel would otherwise ignore SIGTERM until the kubelet's SIGKILL.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +30,7 @@ from elasticps.rpc.health import add_health, serving
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
+EXIT_STOPPED = 128 + signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,20 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
 
 
 def run(config: WorkerConfig) -> int:
+    from elasticps.worker.training import Stopped
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return _run(config)
+    except Stopped as stopped:
+        log.info("worker-%d: %s", config.worker_id, stopped)
+        return EXIT_STOPPED
+
+
+def _run(config: WorkerConfig) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
     from elasticps.data.readers import DataError, open_reader

@@ -8,7 +8,9 @@ are taken structurally, so the loop runs in the unit tests against in-memory fak
 
 A task that fails on this worker is reported as failed (so the coordinator hands it out again
 now rather than after a timeout), then the error is raised: the process exits and is restarted per
-the job's restart policy.
+the job's restart policy. A worker asked to stop (SIGTERM: a pod deleted, a job scaled down, the
+local runner stopping) raises :class:`Stopped` in the middle of whatever it does; its task is
+reported failed the same way, so no record waits for a timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.steps import step_for
+
+
+class Stopped(Exception):
+    """The worker was asked to stop (SIGTERM); raised from the signal handler ``worker/main.py``
+    installs, wherever the loop is."""
 
 log = logging.getLogger(__name__)
 
