@@ -83,6 +83,15 @@ TRAINING_RULES: list[dict[str, str]] = [
         " || (has(self.useAsync) && self.useAsync)",
         "message": "spec.training.lrStalenessModulation: needs useAsync: true",
     },
+    {
+        "rule": "!has(self.useLocking) || !self.useLocking || (has(self.useAsync) && self.useAsync)",
+        "message": "spec.training.useLocking: needs useAsync: true (sync already applies one update at a time)",
+    },
+    {
+        "rule": "!has(self.getModelFrequency) || self.getModelFrequency <= 1 || (has(self.useAsync) && self.useAsync)",
+        "message": "spec.training.getModelFrequency: needs useAsync: true"
+        " (local steps between pulls are asynchronous SGD)",
+    },
 ]
 
 
@@ -255,7 +264,7 @@ def status_schema() -> dict[str, Any]:
                 "enum": [phase.value for phase in JobPhase],
                 "description": "the type of the latest true condition",
             },
-            "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Sync+SSP4"},
+            "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Async+SSP4"},
             "conditions": {
                 "type": "array",
                 "items": condition,

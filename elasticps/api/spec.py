@@ -102,7 +102,7 @@ class TrainingSpec:
         1,
         minimum=1,
         aliases=("get_model_steps",),
-        help="pull the model every k steps; in between apply own gradients to the local copy",
+        help="async: pull the model every k steps; in between apply own gradients to the local copy",
     )
     grads_to_wait: int = spec_field(
         0,

@@ -369,6 +369,9 @@ def test_what_the_schema_accepts_parse_job_accepts() -> None:
     [
         ("spec.ps.replicas", 0, crd_schema.SPEC_RULES),
         ("spec.training", {"lrStalenessModulation": True}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"useLocking": True}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"getModelFrequency": 4}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"useAsync": False, "getModelFrequency": 2}, crd_schema.TRAINING_RULES),
     ],
 )
 def test_cel_rules_carry_parse_jobs_messages(path: str, value: Any, rules: list[dict[str, str]]) -> None:
