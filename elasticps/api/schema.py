@@ -1,7 +1,7 @@
 """The TrainingJob CustomResourceDefinition, derived from the typed spec: ``manifests/crd.yaml``.
 
 ``openapi_schema()`` walks the dataclasses of ``spec.py`` and turns each field's :class:`FieldInfo`
-into OpenAPI: help -> description, minimum (and exclusiveMinimum), Enum types -> ``enum``, defaults
+into OpenAPI: help -> description, minimum (and exclusiveMinimum), maximum, Enum types -> ``enum``, defaults
 -> ``default``, fields without a default -> ``required``; ``opaque`` mappings (a pod template, model
 params) are kept as given (``x-kubernetes-preserve-unknown-fields``); string mappings (resources)
 take strings or integers, like Kubernetes quantities. A bound or a default is therefore written once,
@@ -173,6 +173,8 @@ def _value_schema(hint: Any, info: FieldInfo, where: tuple[type, str]) -> dict[s
         schema["minimum"] = int(info.minimum) if hint is int else float(info.minimum)
         if info.exclusive_minimum:
             schema["exclusiveMinimum"] = True
+    if info.maximum is not None:
+        schema["maximum"] = int(info.maximum) if hint is int else float(info.maximum)
     schema.update(_FIELD_EXTRAS.get(where, {}))
     return schema
 

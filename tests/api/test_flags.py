@@ -81,6 +81,7 @@ def test_typed_values() -> None:
         (["--learning_rate=nan"], "must be a finite number"),
         (["--learning_rate=inf"], "must be a finite number"),
         (["--num_epochs=two"], "expected int, got 'two'"),
+        (["--num_epochs=1000000000000"], "must be <= 1000000, got 1000000000000"),
         (["--num_epochs=1.5"], "expected int, got '1.5'"),
         (["--use_async=maybe"], "expected true or false, got 'maybe'"),
         (["--use_asnyc"], "unrecognized arguments"),

@@ -237,6 +237,7 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
         ({"training": {"lrStalenessModulation": True}}, "spec.training.lrStalenessModulation", "needs useAsync"),
         ({"training": {"useLocking": True}}, "spec.training.useLocking", "needs useAsync"),
         ({"training": {"getModelFrequency": 4}}, "spec.training.getModelFrequency", "needs useAsync"),
+        ({"training": {"numEpochs": 10**12}}, "spec.training.numEpochs", "less than or equal to 1000000"),
     ],
     ids=[
         "negative-replicas",
@@ -246,6 +247,7 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
         "staleness-lr-in-sync",
         "locking-in-sync",
         "ssp-in-sync",
+        "absurd-epochs",
     ],
 )
 def test_the_api_server_refuses_bad_fields(kubectl: Kubectl, ns: str, spec: dict[str, Any], field: str, words: str) -> None:
