@@ -1,4 +1,4 @@
-"""Faults injected for real during `elasticps run`: kill -9 a worker or a PS shard, Ctrl-C."""
+"""Faults injected for real during `elasticps run`: kill -9 a worker or a PS shard, Ctrl-C, SIGTERM."""
 
 from __future__ import annotations
 
@@ -170,3 +170,9 @@ def test_ctrl_c_stops_every_replica(tmp_path: Path) -> None:
     stderr = assert_every_replica_stops(process, pids, signal.SIGINT, 130)
     assert "interrupted, every replica stopped" in stderr
 
+
+def test_sigterm_stops_every_replica_and_exits_143(tmp_path: Path) -> None:
+    # timeout, docker stop, CI runners and systemd stop a run with SIGTERM, not Ctrl-C.
+    process, pids = training_under_way(tmp_path)
+    stderr = assert_every_replica_stops(process, pids, signal.SIGTERM, 143)
+    assert "terminated, every replica stopped" in stderr
