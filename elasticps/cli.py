@@ -2,7 +2,9 @@
 the Kubernetes ``operator``.
 
 User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
-traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C.
+traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
+143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
+it first stops every replica it started, so none is left running.
 """
 
 from __future__ import annotations
@@ -10,14 +12,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(Exception):
+    """SIGTERM arrived during ``elasticps run``: unwinds like Ctrl-C, through the runner's clean-up."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Only the first one unwinds: a second SIGTERM must not cut the stopping of the replicas short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +97,9 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
         file=sys.stderr,
     )
     runner = LocalRunner(job, run_dir, Progress(job.name))
+    # Without a handler SIGTERM would end this process at once and orphan every replica (each runs
+    # in its own session); raised in the main thread, it takes the runner's finally, as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = runner.run()
     except JobFailed as err:
@@ -92,6 +110,11 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     except KeyboardInterrupt:
         print(f"job {job.name}: interrupted, every replica stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"job {job.name}: terminated, every replica stopped", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(summary(job, result))
     if result_file:
         result_file.write_text(json.dumps(outcome(result), indent=2))

@@ -2,7 +2,9 @@
 
 The spec dataclasses in ``spec.py`` declare their fields with :func:`spec_field`; the YAML parser
 (``parsing.py``), the command-line flags (``flags.py``) and the CRD schema read the same metadata,
-so a bound or a default is written once.
+so a bound or a default is written once. Counters that size what a job allocates or starts
+(epochs, replicas, steps between pulls) carry a ``maximum`` far above any real job, so a typo
+fails at parsing with the field's name instead of exhausting memory later.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class FieldInfo:
     help: str
     minimum: float | None = None
     exclusive_minimum: bool = False
+    maximum: float | None = None  # inclusive; a sanity bound no real job reaches (numEpochs 1e12 is a typo)
     aliases: tuple[str, ...] = ()  # extra command-line spellings, e.g. ElasticDL's --get_model_steps
     opaque: bool = False  # a free-form object (a pod template): kept as given, not validated here
 
@@ -33,12 +36,13 @@ def spec_field(
     help: str,
     minimum: float | None = None,
     exclusive_minimum: bool = False,
+    maximum: float | None = None,
     aliases: tuple[str, ...] = (),
     opaque: bool = False,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field carrying a :class:`FieldInfo`."""
-    info = FieldInfo(help, minimum, exclusive_minimum, aliases, opaque)
+    info = FieldInfo(help, minimum, exclusive_minimum, maximum, aliases, opaque)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_META_KEY: info})
     return dataclasses.field(default=default, metadata={_META_KEY: info})
@@ -69,6 +73,8 @@ def check_bounds(value: float, info: FieldInfo, where: str) -> None:
     """
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: must be a finite number, got {value}")
+    if info.maximum is not None and value > info.maximum:
+        raise ValueError(f"{where}: must be <= {_num(info.maximum)}, got {_num(value)}")
     if info.minimum is None:
         return
     if info.exclusive_minimum and not value > info.minimum:

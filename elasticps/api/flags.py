@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from typing import Any
 
-from elasticps.api.fields import check_bounds, field_info
+from elasticps.api.fields import check_bounds, field_info, snake
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingSpec
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -77,7 +79,16 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def training_from_args(args: argparse.Namespace) -> TrainingSpec:
-    return TrainingSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingSpec)})
+    """The flags' TrainingSpec (``config_from_args`` of ``elasticps ps`` and ``elasticps worker``).
+
+    Refuses the mode combinations a TrainingJob refuses (``TrainingMode.problems``): prints
+    ``error: --<flag>: <why>`` and exits 2, as argparse does for a bad value.
+    """
+    spec = TrainingSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingSpec)})
+    for field, why in TrainingMode.of(spec).problems():
+        print(f"error: --{snake(field)}: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    return spec
 
 
 def training_args(spec: TrainingSpec, grads_to_wait: int) -> list[str]:

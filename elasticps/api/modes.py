@@ -9,6 +9,8 @@ the PS and one step on the worker.
 Under the ``parameterServer`` strategy a mode is a pair (seed 000): the PS's update rule (sync
 averaging or async apply; staleness-aware learning rates wrap the async rule) and the worker's step
 (sync with retraining of rejected minibatches, async, or SSP: async with local steps between pulls).
+The async-only knobs (staleness-aware rates, ``useLocking``, ``getModelFrequency`` > 1) are refused
+with sync rather than ignored (:meth:`TrainingMode.problems`), so a sync mode is always plain Sync.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ class TrainingMode:
 
     @property
     def label(self) -> str:
-        """``status.mode`` and the MODE column: Sync or Async, +StalenessLR, +SSP<k>."""
+        """``status.mode`` and the MODE column: Sync, or Async with +StalenessLR and +SSP<k>."""
+        if self.rule is UpdateRule.SYNC:
+            return "Sync"  # problems() refuses every async-only knob with sync
         parts = [self.rule.value.capitalize()]
         if self.staleness_lr:
             parts.append("StalenessLR")
@@ -57,8 +61,14 @@ class TrainingMode:
     def problems(self) -> list[tuple[str, str]]:
         """Combinations that cannot run, as (field, why), the field in the spec's spelling."""
         found: list[tuple[str, str]] = []
-        if self.staleness_lr and self.rule is not UpdateRule.ASYNC:
+        if self.rule is UpdateRule.ASYNC:
+            return found
+        if self.staleness_lr:
             # Accepted gradients in sync mode are current; modulation would silently do nothing.
             found.append(("lrStalenessModulation", "needs useAsync: true"))
+        if self.use_locking:
+            found.append(("useLocking", "needs useAsync: true (sync already applies one update at a time)"))
+        if self.pull_every > 1:
+            found.append(("getModelFrequency", "needs useAsync: true (local steps between pulls are asynchronous SGD)"))
         return found
 

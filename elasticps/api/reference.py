@@ -29,7 +29,7 @@ HEADER = f"""# {KIND} reference
 
 `apiVersion: {API_VERSION}`, `kind: {KIND}` (plural `{PLURAL}`, short name `{SHORT_NAME}`), namespaced.
 The API server checks every field below against the CRD's schema (`manifests/crd.yaml`): a job with a
-wrong type, a value under its minimum or outside its enum, or breaking a rule is refused at
+wrong type, a value outside its bounds or its enum, or breaking a rule is refused at
 `kubectl apply` with the field's path. Defaults are filled in by the API server as the job is stored.
 """
 

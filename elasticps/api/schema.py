@@ -1,7 +1,7 @@
 """The TrainingJob CustomResourceDefinition, derived from the typed spec: ``manifests/crd.yaml``.
 
 ``openapi_schema()`` walks the dataclasses of ``spec.py`` and turns each field's :class:`FieldInfo`
-into OpenAPI: help -> description, minimum (and exclusiveMinimum), Enum types -> ``enum``, defaults
+into OpenAPI: help -> description, minimum (and exclusiveMinimum), maximum, Enum types -> ``enum``, defaults
 -> ``default``, fields without a default -> ``required``; ``opaque`` mappings (a pod template, model
 params) are kept as given (``x-kubernetes-preserve-unknown-fields``); string mappings (resources)
 take strings or integers, like Kubernetes quantities. A bound or a default is therefore written once,
@@ -82,6 +82,15 @@ TRAINING_RULES: list[dict[str, str]] = [
         "rule": "!has(self.lrStalenessModulation) || !self.lrStalenessModulation"
         " || (has(self.useAsync) && self.useAsync)",
         "message": "spec.training.lrStalenessModulation: needs useAsync: true",
+    },
+    {
+        "rule": "!has(self.useLocking) || !self.useLocking || (has(self.useAsync) && self.useAsync)",
+        "message": "spec.training.useLocking: needs useAsync: true (sync already applies one update at a time)",
+    },
+    {
+        "rule": "!has(self.getModelFrequency) || self.getModelFrequency <= 1 || (has(self.useAsync) && self.useAsync)",
+        "message": "spec.training.getModelFrequency: needs useAsync: true"
+        " (local steps between pulls are asynchronous SGD)",
     },
 ]
 
@@ -164,6 +173,8 @@ def _value_schema(hint: Any, info: FieldInfo, where: tuple[type, str]) -> dict[s
         schema["minimum"] = int(info.minimum) if hint is int else float(info.minimum)
         if info.exclusive_minimum:
             schema["exclusiveMinimum"] = True
+    if info.maximum is not None:
+        schema["maximum"] = int(info.maximum) if hint is int else float(info.maximum)
     schema.update(_FIELD_EXTRAS.get(where, {}))
     return schema
 
@@ -255,7 +266,7 @@ def status_schema() -> dict[str, Any]:
                 "enum": [phase.value for phase in JobPhase],
                 "description": "the type of the latest true condition",
             },
-            "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Sync+SSP4"},
+            "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Async+SSP4"},
             "conditions": {
                 "type": "array",
                 "items": condition,

@@ -13,6 +13,11 @@ from typing import Any
 
 from elasticps.api.fields import spec_field
 
+# Sanity bounds (see fields.FieldInfo.maximum): far above any real job, far below what breaks a process.
+MAX_EPOCHS = 1_000_000
+MAX_PULL_INTERVAL = 1_000_000
+MAX_REPLICAS = 10_000
+
 GROUP = "elasticps.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -101,8 +106,9 @@ class TrainingSpec:
     get_model_frequency: int = spec_field(
         1,
         minimum=1,
+        maximum=MAX_PULL_INTERVAL,
         aliases=("get_model_steps",),
-        help="pull the model every k steps; in between apply own gradients to the local copy",
+        help="async: pull the model every k steps; in between apply own gradients to the local copy",
     )
     grads_to_wait: int = spec_field(
         0,
@@ -113,7 +119,7 @@ class TrainingSpec:
         0, minimum=0, help="sync: accept gradients at most this many versions old"
     )
     minibatch_size: int = spec_field(64, minimum=1, help="records per minibatch on each worker")
-    num_epochs: int = spec_field(1, minimum=1, help="passes over the training data")
+    num_epochs: int = spec_field(1, minimum=1, maximum=MAX_EPOCHS, help="passes over the training data")
     learning_rate: float = spec_field(
         0.0, minimum=0.0, help="overrides the model's optimizer learning rate when > 0"
     )
@@ -142,7 +148,7 @@ class Resources:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    replicas: int = spec_field(1, minimum=0, help="number of replicas")
+    replicas: int = spec_field(1, minimum=0, maximum=MAX_REPLICAS, help="number of replicas")
     restart_policy: RestartPolicy = spec_field(
         RestartPolicy.ON_FAILURE, help="Always, OnFailure, Never or ExitCode"
     )

@@ -8,7 +8,9 @@ todo runs dry. Failure rules (ElasticDL's training once hung for want of the sec
 * a task whose worker has been silent (no heartbeat, no report) for ``task_timeout`` goes back to todo;
 * a failed task goes back to todo.
 
-So every record is trained exactly ``num_epochs`` times, counted by the ``done`` ledger.
+So every record is trained exactly ``num_epochs`` times, counted by the ``done`` ledger. The ledger
+grows one entry per epoch as each epoch starts: nothing is allocated for epochs not yet reached, so
+a large ``num_epochs`` costs nothing up front.
 Evaluation: every ``evaluation_steps`` model versions, and once after the last training task, the
 validation data is cut into evaluation tasks, handed out before training tasks; their metric sums are
 aggregated into one result per evaluated version. The job is finished when every training task of
@@ -86,7 +88,7 @@ class Progress:
     epoch: int
     records_done: int
     records_total: int
-    epoch_records: tuple[int, ...]
+    epoch_records: tuple[int, ...]  # records trained in each epoch started so far
     loss: float
     metrics: Mapping[str, float]
     metrics_version: int
@@ -107,8 +109,8 @@ class TaskQueue:
         self._doing: dict[int, _Doing] = {}
         self._last_seen: dict[str, float] = {}
         self._epoch = -1  # the newest epoch whose tasks were created
-        self._epoch_records = [0] * settings.num_epochs
-        self._done_starts: list[set[int]] = [set() for _ in range(settings.num_epochs)]
+        self._epoch_records: list[int] = []  # per started epoch, like _done_starts
+        self._done_starts: list[set[int]] = []
         self._evaluation: _Evaluation | None = None
         self._last_eval_trigger = 0
         self._final_eval_started = False
@@ -216,12 +218,15 @@ class TaskQueue:
             raise ValueError(f"saved for data/settings {state.get('settings')}, now {expected}")
         epoch = int(state["epoch"])
         done = [set(int(start) for start in starts) for starts in state["done"]]
-        if len(done) != self._s.num_epochs or epoch >= self._s.num_epochs:
+        # A ledger saved before it grew lazily has an (empty) entry for every epoch: kept readable.
+        if epoch >= self._s.num_epochs or len(done) < epoch + 1 or any(done[epoch + 1 :]):
             raise ValueError("saved ledger does not match the number of epochs")
+        done = done[: epoch + 1]
         self._epoch = epoch
         # Ids continue past the saved ones, so a late report of a lost task can never match a new one.
         self._next_id = int(state["next_id"])
         self._done_starts = done
+        self._epoch_records = [0] * len(done)
         self._todo = []
         for e in range(epoch + 1):
             tasks = self._cut(self._s.num_records, TaskKind.TRAINING, epoch=e, version=0)
@@ -270,6 +275,8 @@ class TaskQueue:
             return self._eval_todo.pop(0)
         if not self._todo and self._epoch + 1 < self._s.num_epochs:
             self._epoch += 1
+            self._epoch_records.append(0)
+            self._done_starts.append(set())
             tasks = self._cut(self._s.num_records, TaskKind.TRAINING, epoch=self._epoch, version=0)
             self._rng.shuffle(tasks)
             self._todo.extend(tasks)

@@ -48,7 +48,7 @@ def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **CHILD_ENV},
-            start_new_session=True,  # Ctrl-C reaches the runner, which stops every child itself
+            start_new_session=True,  # Ctrl-C and SIGTERM reach the runner, which stops every child itself
         )
     # The pid file lets a person (or a fault-injection test) find a replica's process.
     (log_dir / f"{replica.name}.pid").write_text(f"{popen.pid}\n")

@@ -17,7 +17,8 @@ Callers: ``elasticps run`` (``cli``), and tests that change a running job's spec
 So restart policies, ``backoffLimit``, ``activeDeadlineSeconds``, ``suspend`` and scaling work here
 exactly as in a cluster. ``ttlSecondsAfterFinished`` and ``cleanPodPolicy`` have no local meaning
 and are skipped by design (see ``executing``): the run ends with the job, and every process is
-stopped then, as on Ctrl-C.
+stopped then, as on Ctrl-C or SIGTERM (``cli`` turns SIGTERM into an exception that unwinds
+through :meth:`LocalRunner.run`'s ``finally``, like Ctrl-C's ``KeyboardInterrupt``).
 """
 
 from __future__ import annotations

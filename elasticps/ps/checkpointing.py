@@ -7,7 +7,11 @@ is the schedule around it:
 
 * every ``checkpoint_steps`` versions a snapshot (copies) is taken in the updating thread (sync:
   under the rule's lock, so one version; async: of the live arrays) and written by one background
-  writer thread, in order, keeping ``keep_checkpoint_max`` files;
+  writer thread, in version order, keeping ``keep_checkpoint_max`` files;
+* the writer never falls behind without bound: at most one snapshot waits behind the one being
+  written, and a newer snapshot replaces a waiting older one (that version is skipped on disk). So
+  a shard holds at most two snapshots, however slow the disk, and the push path never waits for
+  a write; the newest due version is always the one written last.
 * a restart loads the newest good checkpoint of this shard (``<checkpoint_dir>/ps-<shard>``),
   skipping corrupt ones, and rebuilds the model: each table from its own keys, the optimizer from
   the ``meta`` and its state from the ``opt/`` keys.
@@ -16,8 +20,8 @@ is the schedule around it:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from elasticps.api.optimizer import OptimizerConfig
@@ -55,14 +59,19 @@ def rebuild(found: checkpoint.Checkpoint, shard: int) -> Model:
 
 
 class Checkpointing:
-    """One shard's checkpoint schedule and its single writer thread."""
+    """One shard's checkpoint schedule and its single writer thread (started on the first due version)."""
 
     def __init__(self, directory: Path | None, every: int = 0, keep: int = 3, shard: int = 0) -> None:
         self.directory = directory
         self.every = every
         self.keep = keep
         self.shard = shard
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._lock = threading.Condition()
+        self._waiting: checkpoint.Checkpoint | None = None  # the next one to write; newer replaces it
+        self._busy = False  # the writer is writing one now
+        self._handed = -1  # the newest version handed to the writer: an older one is never written after it
+        self._thread: threading.Thread | None = None
+        self.skipped = 0  # snapshots replaced before they were written
 
     @classmethod
     def for_shard(cls, settings: StoreSettings) -> Checkpointing:
@@ -73,13 +82,32 @@ class Checkpointing:
         return self.directory is not None and self.every > 0 and version % self.every == 0
 
     def after_update(self, version: int, snapshot: Callable[[], checkpoint.Checkpoint]) -> None:
-        """Takes a snapshot now and queues its write when ``version`` is due for one."""
-        if self.due(version):
-            self._writer.submit(self._write, snapshot())
+        """Takes a snapshot now when ``version`` is due and hands it to the writer; never waits for disk."""
+        if not self.due(version):
+            return
+        with self._lock:
+            if self._waiting is not None:
+                # Dropped before the new copy is taken, so a shard never holds a third snapshot.
+                self._waiting = None
+                self.skipped += 1
+        taken = snapshot()
+        with self._lock:
+            if taken.version <= self._handed:
+                # Async updates may snapshot concurrently: a newer version got here first.
+                self.skipped += 1
+                return
+            if self._waiting is not None:
+                self.skipped += 1
+            self._waiting, self._handed = taken, taken.version
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"checkpoint-{self.shard}", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
 
     def flush(self) -> None:
-        """Waits for the checkpoints already queued (tests; shutdown)."""
-        self._writer.submit(lambda: None).result()
+        """Waits until the snapshots handed over so far are on disk (tests; shutdown)."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._waiting is None and not self._busy)
 
     def restore(self) -> tuple[Model, int] | None:
         """The model and version of the newest good checkpoint, if any; corrupt ones are skipped."""
@@ -89,6 +117,23 @@ class Checkpointing:
         if found is None:
             return None
         return rebuild(found, self.shard), found.version
+
+    def _run(self) -> None:
+        """The writer thread: writes the waiting snapshot, one at a time, for the life of the process."""
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._waiting is not None)
+                assert self._waiting is not None
+                snapshot, self._waiting, self._busy = self._waiting, None, True
+            try:
+                self._write(snapshot)
+            except Exception:  # the writer must outlive one bad snapshot, or flush() would wait forever
+                log.exception("checkpoint of version %d failed", snapshot.version)
+            finally:
+                del snapshot  # not held while waiting for the next one
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
 
     def _write(self, snapshot: checkpoint.Checkpoint) -> None:
         assert self.directory is not None  # due() said so

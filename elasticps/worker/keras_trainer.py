@@ -30,7 +30,18 @@ def configure_threads(num_threads: int) -> None:
 
 
 class KerasTrainer:
-    def __init__(self, module: ModelModule, params: Mapping[str, Any], minibatch_size: int, seed: int = 0) -> None:
+    """One worker's Keras model. ``learning_rate`` is the job's (``spec.training.learningRate``): when
+    > 0 it replaces the model optimizer's own rate for SSP's local steps, as the PS replaces it for
+    the pushed gradients, so both sides step with one rate. Built by ``worker/main.py``."""
+
+    def __init__(
+        self,
+        module: ModelModule,
+        params: Mapping[str, Any],
+        minibatch_size: int,
+        seed: int = 0,
+        learning_rate: float = 0.0,
+    ) -> None:
         self._module = module
         self._minibatch_size = minibatch_size
         self._rng = np.random.default_rng(seed)
@@ -39,6 +50,11 @@ class KerasTrainer:
         except TypeError as err:
             raise ModelError(f"{module.name}.custom_model(**{dict(params)}): {err}") from None
         self._local_optimizer = module.optimizer()
+        if learning_rate > 0:
+            # Refuses (OptimizerError) what the PS cannot run, a schedule above all, before the
+            # override would hide it; then the local copy steps at the job's rate.
+            optimizer_config(self._local_optimizer, learning_rate)
+            self._local_optimizer.learning_rate = learning_rate
         self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
         self._built = False
         self._variables: dict[str, tf.Variable] = {}
@@ -113,7 +129,7 @@ class KerasTrainer:
         return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """SSP: applies own gradients to the local copy between pulls."""
+        """SSP: applies own gradients to the local copy between pulls (at the job's rate when set)."""
         self._local_optimizer.apply_gradients(
             [(tf.convert_to_tensor(gradients[name]), v) for name, v in self._variables.items()]
         )

@@ -125,7 +125,11 @@ def _run(config: WorkerConfig) -> int:
         keras_trainer.configure_threads(config.num_threads)
         module = load_model_module(config.model_def)
         trainer = keras_trainer.KerasTrainer(
-            module, config.model_params, config.training.minibatch_size, seed=config.worker_id * 7919
+            module,
+            config.model_params,
+            config.training.minibatch_size,
+            seed=config.worker_id * 7919,
+            learning_rate=config.training.learning_rate,
         )
         training = open_reader(config.data_reader, config.training_data)
         validation = open_reader(config.data_reader, config.validation_data) if config.validation_data else None

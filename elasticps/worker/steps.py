@@ -118,11 +118,10 @@ class SSPStep:
 
 StepFactory = Callable[[TrainingMode, LocalModel], Step]
 
-# Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync pulls
-# before every minibatch whatever ``pull_every`` says, as it always has: both sync keys map to it.
+# Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync with
+# local steps has no entry: the spec refuses getModelFrequency > 1 without useAsync (api/modes.py).
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
     (UpdateRule.SYNC, False): lambda mode, model: SyncStep(model),
-    (UpdateRule.SYNC, True): lambda mode, model: SyncStep(model),
     (UpdateRule.ASYNC, False): lambda mode, model: AsyncStep(model),
     (UpdateRule.ASYNC, True): lambda mode, model: SSPStep(model, mode.pull_every),
 }

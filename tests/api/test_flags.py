@@ -53,15 +53,16 @@ def test_boolean_flag_followed_by_another_flag() -> None:
 def test_every_boolean_field_takes_both_forms() -> None:
     for field in dataclasses.fields(TrainingSpec):
         if field.type in (bool, "bool"):
-            assert getattr(parse(f"--{field.name}"), field.name) is True
-            assert getattr(parse(f"--{field.name}=true"), field.name) is True
-            assert getattr(parse(f"--{field.name}=false"), field.name) is False
+            mode = [] if field.name == "use_async" else ["--use_async"]  # the others are async-only
+            assert getattr(parse(*mode, f"--{field.name}"), field.name) is True
+            assert getattr(parse(*mode, f"--{field.name}=true"), field.name) is True
+            assert getattr(parse(*mode, f"--{field.name}=false"), field.name) is False
 
 
 def test_get_model_steps_is_an_alias_of_get_model_frequency() -> None:
-    assert parse("--get_model_steps", "4").get_model_frequency == 4
-    assert parse("--get_model_steps=5").get_model_frequency == 5
-    assert parse("--get_model_frequency", "6").get_model_frequency == 6
+    assert parse("--use_async", "--get_model_steps", "4").get_model_frequency == 4
+    assert parse("--use_async", "--get_model_steps=5").get_model_frequency == 5
+    assert parse("--use_async", "--get_model_frequency", "6").get_model_frequency == 6
 
 
 def test_typed_values() -> None:
@@ -80,6 +81,7 @@ def test_typed_values() -> None:
         (["--learning_rate=nan"], "must be a finite number"),
         (["--learning_rate=inf"], "must be a finite number"),
         (["--num_epochs=two"], "expected int, got 'two'"),
+        (["--num_epochs=1000000000000"], "must be <= 1000000, got 1000000000000"),
         (["--num_epochs=1.5"], "expected int, got '1.5'"),
         (["--use_async=maybe"], "expected true or false, got 'maybe'"),
         (["--use_asnyc"], "unrecognized arguments"),
@@ -92,6 +94,28 @@ def test_bad_values_exit_with_an_argparse_error(
         parse(*argv)
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--use_locking"], "error: --use_locking: needs useAsync: true"),
+        (["--get_model_frequency=4"], "error: --get_model_frequency: needs useAsync: true"),
+        (["--get_model_steps", "2", "--use_async=false"], "error: --get_model_frequency: needs useAsync: true"),
+        (["--lr_staleness_modulation"], "error: --lr_staleness_modulation: needs useAsync: true"),
+    ],
+)
+def test_ps_and_worker_refuse_async_only_flags_in_sync_mode(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for main in (ps_main, worker_main):
+        parser = argparse.ArgumentParser()
+        main.add_arguments(parser)
+        required = ["--ps_addrs=127.0.0.1:1", "--model_def=m", "--training_data=/d"] if main is worker_main else []
+        with pytest.raises(SystemExit) as raised:
+            main.config_from_args(parser.parse_args([*required, *argv]))
+        assert raised.value.code == 2, main.__name__
+        assert message in capsys.readouterr().err, main.__name__
 
 
 def test_parse_bool_rejects_other_text() -> None:
@@ -160,8 +184,8 @@ def random_spec(rng: random.Random) -> TrainingSpec:
     return TrainingSpec(
         use_async=use_async,
         lr_staleness_modulation=use_async and rng.random() < 0.5,
-        use_locking=rng.random() < 0.5,
-        get_model_frequency=rng.randint(1, 9),
+        use_locking=use_async and rng.random() < 0.5,
+        get_model_frequency=rng.randint(1, 9) if use_async else 1,
         grads_to_wait=rng.randint(0, 9),
         sync_version_tolerance=rng.randint(0, 3),
         minibatch_size=rng.choice([1, 64, 1000]),

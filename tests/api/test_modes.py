@@ -44,6 +44,39 @@ def test_staleness_lr_without_async_is_a_problem_naming_the_field() -> None:
         parse_job(job_document({"training": {"lrStalenessModulation": True}}))
 
 
+@pytest.mark.parametrize(
+    ("training", "field", "why"),
+    [
+        ({"useLocking": True}, "useLocking", "needs useAsync: true (sync already applies one update at a time)"),
+        (
+            {"getModelFrequency": 4},
+            "getModelFrequency",
+            "needs useAsync: true (local steps between pulls are asynchronous SGD)",
+        ),
+        (
+            {"useAsync": False, "getModelFrequency": 2},
+            "getModelFrequency",
+            "needs useAsync: true (local steps between pulls are asynchronous SGD)",
+        ),
+    ],
+)
+def test_async_only_settings_are_refused_in_sync_mode(training: dict[str, Any], field: str, why: str) -> None:
+    # They used to be ignored while the MODE column said e.g. Sync+SSP4.
+    with pytest.raises(SpecError) as raised:
+        parse_job(job_document({"training": training}))
+    assert str(raised.value) == f"spec.training.{field}: {why}"
+
+
+def test_every_refused_combination_is_named() -> None:
+    spec = TrainingSpec(lr_staleness_modulation=True, use_locking=True, get_model_frequency=3)
+    assert [field for field, _ in TrainingMode.of(spec).problems()] == [
+        "lrStalenessModulation",
+        "useLocking",
+        "getModelFrequency",
+    ]
+    assert TrainingMode.of(TrainingSpec(get_model_frequency=1)).problems() == []
+
+
 def test_strategy_defaults_to_parameter_server_and_is_checked() -> None:
     assert parse_job(job_document()).uses_ps
     assert parse_job(job_document({"strategy": "parameterServer"})).uses_ps

@@ -214,6 +214,18 @@ ERRORS: dict[str, tuple[str, Any, str]] = {
     "list for a mapping": ("spec.training", [1], "spec.training: must be a mapping, got a list"),
     "scalar for a mapping": ("spec.model.params", "x", "spec.model.params: must be a mapping, got 'x'"),
     "getModelFrequency 0": ("spec.training.getModelFrequency", 0, "spec.training.getModelFrequency: must be >= 1, got 0"),
+    "numEpochs 1e12": (
+        "spec.training.numEpochs",
+        1_000_000_000_000,
+        "spec.training.numEpochs: must be <= 1000000, got 1000000000000",
+    ),
+    "getModelFrequency 1e7": (
+        "spec.training.getModelFrequency",
+        10_000_000,
+        "spec.training.getModelFrequency: must be <= 1000000, got 10000000",
+    ),
+    "a million workers": ("spec.worker.replicas", 1_000_000, "spec.worker.replicas: must be <= 10000, got 1000000"),
+    "a million PS": ("spec.ps.replicas", 1_000_000, "spec.ps.replicas: must be <= 10000, got 1000000"),
     "minibatchSize 0": ("spec.training.minibatchSize", 0, "spec.training.minibatchSize: must be >= 1, got 0"),
     "negative gradsToWait": ("spec.training.gradsToWait", -1, "spec.training.gradsToWait: must be >= 0, got -1"),
     "negative learningRate": ("spec.training.learningRate", -0.1, "spec.training.learningRate: must be >= 0, got -0.1"),

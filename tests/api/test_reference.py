@@ -39,7 +39,8 @@ def test_every_field_is_in_its_section_with_its_default_and_constraints() -> Non
             assert path in sections, path
             assert re.search(rf"^\| (\[)?`{name}`", sections[path], flags=re.M), f"{path}.{name}"
     training = sections["spec.training"]
-    assert "| `getModelFrequency` | integer | `1` | >= 1 |" in training
+    assert "| `getModelFrequency` | integer | `1` | >= 1; <= 1000000 |" in training
+    assert "| `numEpochs` | integer | `1` | >= 1; <= 1000000 |" in training
     assert "| `taskTimeoutSeconds` | number | `60.0` | > 0.0 |" in training
     assert "one of `None`, `Running`, `All`" in sections["spec.runPolicy"]
     assert "needs useAsync: true" in training  # the CEL rule

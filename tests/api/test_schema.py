@@ -70,6 +70,8 @@ def validate(schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
         low = schema["minimum"]
         if (value <= low) if schema.get("exclusiveMinimum") else (value < low):
             errors.append(f"{where}: below the minimum {low}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errors.append(f"{where}: above the maximum {schema['maximum']}")
     if kind == "number" and value != value:  # NaN: JSON cannot carry it
         errors.append(f"{where}: not a number")
     if kind == "string":
@@ -170,6 +172,7 @@ def test_every_training_field(field: dataclasses.Field[Any]) -> None:
     else:
         assert prop["minimum"] == info.minimum
         assert prop.get("exclusiveMinimum", False) is info.exclusive_minimum
+    assert prop.get("maximum") == info.maximum
 
 
 def test_training_schema_has_exactly_the_dataclass_fields() -> None:
@@ -292,6 +295,11 @@ AGREEMENT = [
     ("spec.training.taskTimeoutSeconds", 0.5),
     ("spec.training.learningRate", float("nan")),
     ("spec.training.numEpochs", 1.5),
+    ("spec.training.numEpochs", 1_000_000),
+    ("spec.training.numEpochs", 1_000_000_000_000),
+    ("spec.training.getModelFrequency", 1_000_001),
+    ("spec.worker.replicas", 10_000),
+    ("spec.worker.replicas", 10_001),
     ("spec.training.numEpochs", "3"),
     ("spec.training.useAsync", "true"),
     ("spec.training.useAsynk", True),
@@ -369,6 +377,9 @@ def test_what_the_schema_accepts_parse_job_accepts() -> None:
     [
         ("spec.ps.replicas", 0, crd_schema.SPEC_RULES),
         ("spec.training", {"lrStalenessModulation": True}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"useLocking": True}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"getModelFrequency": 4}, crd_schema.TRAINING_RULES),
+        ("spec.training", {"useAsync": False, "getModelFrequency": 2}, crd_schema.TRAINING_RULES),
     ],
 )
 def test_cel_rules_carry_parse_jobs_messages(path: str, value: Any, rules: list[dict[str, str]]) -> None:

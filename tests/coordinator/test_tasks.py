@@ -334,7 +334,7 @@ def test_ledger_survives_a_restart() -> None:
     lost = get_task(q, "w2")  # in flight when PS 0 dies: not done, handed out again
     restarted = TaskQueue(QueueSettings(num_records=100, records_per_task=10, num_epochs=2), clock)
     restarted.restore(q.state())
-    assert restarted.progress().epoch_records == (30, 0)
+    assert restarted.progress().epoch_records == (30,)  # the second epoch has not started
     ranges = [(t.start, t.end) for t in done]
     while True:
         got = restarted.get("w1", 0)
@@ -346,6 +346,30 @@ def test_ledger_survives_a_restart() -> None:
         restarted.report("w1", got.id, True)
     assert_exact_cover(ranges, 100)
     assert restarted.finished and restarted.progress().epoch_records == (100, 100)
+
+
+def test_a_ledger_saved_with_an_entry_for_every_epoch_is_still_read() -> None:
+    q, clock = queue(num_records=100, records_per_task=10, num_epochs=3)
+    task = get_task(q, "w1")
+    assert q.report("w1", task.id, True)
+    state = q.state()
+    state["done"] = state["done"] + [[]] * (3 - len(state["done"]))  # the older, eager format
+    restarted = TaskQueue(QueueSettings(num_records=100, records_per_task=10, num_epochs=3), clock)
+    restarted.restore(state)
+    assert restarted.progress().epoch_records == (10,)
+
+
+def test_many_epochs_allocate_nothing_per_epoch_up_front() -> None:
+    # numEpochs 1e12 used to end in a MemoryError here (a ledger entry per epoch, made eagerly).
+    epochs = 10**12
+    q, _ = queue(num_records=100, records_per_task=50, num_epochs=epochs)
+    task = get_task(q, "w1")
+    assert q.report("w1", task.id, True)
+    progress = q.progress()
+    assert (progress.epoch, progress.records_done, progress.records_total) == (0, 50, 100 * epochs)
+    assert progress.epoch_records == (50,)
+    assert len(q.state()["done"]) == 1
+    assert not q.training_done
 
 
 def test_ledger_of_other_settings_is_refused() -> None:

@@ -1,10 +1,11 @@
-"""Faults injected for real during `elasticps run`: kill -9 a worker, kill -9 a PS shard."""
+"""Faults injected for real during `elasticps run`: kill -9 a worker or a PS shard, Ctrl-C, SIGTERM."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -107,15 +108,71 @@ def test_kill_ps0_coordinator_resumes_its_ledger(tmp_path: Path) -> None:
     assert result["epoch_records"] == [RECORDS, RECORDS]
 
 
-def test_ctrl_c_stops_every_replica(tmp_path: Path) -> None:
-    process, run_dir, _ = start_job(tmp_path)
+# ---- stopping `elasticps run` by a signal ---------------------------------------------------------
+# The job cannot finish while a test interrupts it (far more epochs than the test lasts), and the
+# signal goes only once the workers are seen training: the test never races the job.
+ENDLESS_EPOCHS = 100_000
+
+
+def training_under_way(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """`elasticps run` on a job that cannot finish during the test, once its workers train.
+
+    Returns the process and the pids of every replica (from the run's ``*.pid`` files).
+    """
+    process, run_dir, _ = start_job(tmp_path, numEpochs=ENDLESS_EPOCHS)
+    assert isinstance(process, subprocess.Popen)
     client = coordinator(run_dir)
-    wait_for(lambda: client.status().records_done > 0, 120, "training to start")
+
+    def trained_some() -> bool:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            return client.status(timeout_s=2.0).records_done > 0
+        except grpc.RpcError:
+            return False  # PS 0 is still starting
+
+    try:
+        wait_for(trained_some, 180, "training to start")
+    finally:
+        client.close()
     pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
-    assert len(pids) == 4
-    process.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
-    _, stderr = process.communicate(timeout=60)  # type: ignore[attr-defined]
-    assert process.returncode == 130, stderr  # type: ignore[attr-defined]
-    assert "interrupted, every replica stopped" in stderr and "Traceback" not in stderr
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert len(pids) == 4  # 2 PS + 2 workers
+    return process, pids
+
+
+def gone(pid: int) -> bool:
+    proc = Path(f"/proc/{pid}")
+    try:
+        return not proc.exists() or "zombie" in (proc / "status").read_text()
+    except OSError:
+        return True
+
+
+def assert_every_replica_stops(process: subprocess.Popen[str], pids: list[int], signum: int, code: int) -> str:
+    """Sends ``signum`` to the runner; it must exit ``code`` and leave no replica running."""
+    try:
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == code, stderr
+        assert "Traceback" not in stderr, stderr
+        wait_for(lambda: all(gone(pid) for pid in pids), 5, "every replica to stop")
+        return stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in pids:  # what a broken runner left behind, so one failure does not leak processes
+            if not gone(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_stops_every_replica(tmp_path: Path) -> None:
+    process, pids = training_under_way(tmp_path)
+    stderr = assert_every_replica_stops(process, pids, signal.SIGINT, 130)
+    assert "interrupted, every replica stopped" in stderr
+
+
+def test_sigterm_stops_every_replica_and_exits_143(tmp_path: Path) -> None:
+    # timeout, docker stop, CI runners and systemd stop a run with SIGTERM, not Ctrl-C.
+    process, pids = training_under_way(tmp_path)
+    stderr = assert_every_replica_stops(process, pids, signal.SIGTERM, 143)
+    assert "terminated, every replica stopped" in stderr

@@ -55,6 +55,15 @@ def test_malformed_job_is_one_line_and_exit_2(tmp_path: Path, data: tuple[Path, 
     assert "spec.training.getModelFrequency: must be >= 1, got 0" in lines[0]
 
 
+def test_an_absurd_epoch_count_is_refused_naming_the_field(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    # It used to reach the coordinator and end in a bare MemoryError (exit 1).
+    code, stderr, _ = run_job(tmp_path, job_document("huge", *data, numEpochs=1_000_000_000_000))
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "spec.training.numEpochs: must be <= 1000000, got 1000000000000" in lines[0]
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -235,8 +235,20 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
         ({"training": {"getModelFrequency": 0}}, "spec.training.getModelFrequency", "greater than or equal to 1"),
         ({"ps": {"replicas": 0}}, "spec.ps.replicas", "must be >= 1"),
         ({"training": {"lrStalenessModulation": True}}, "spec.training.lrStalenessModulation", "needs useAsync"),
+        ({"training": {"useLocking": True}}, "spec.training.useLocking", "needs useAsync"),
+        ({"training": {"getModelFrequency": 4}}, "spec.training.getModelFrequency", "needs useAsync"),
+        ({"training": {"numEpochs": 10**12}}, "spec.training.numEpochs", "less than or equal to 1000000"),
     ],
-    ids=["negative-replicas", "unknown-restart-policy", "zero-get-model-frequency", "no-ps", "staleness-lr-in-sync"],
+    ids=[
+        "negative-replicas",
+        "unknown-restart-policy",
+        "zero-get-model-frequency",
+        "no-ps",
+        "staleness-lr-in-sync",
+        "locking-in-sync",
+        "ssp-in-sync",
+        "absurd-epochs",
+    ],
 )
 def test_the_api_server_refuses_bad_fields(kubectl: Kubectl, ns: str, spec: dict[str, Any], field: str, words: str) -> None:
     refused = kubectl.apply(ns, training_job("bad", **spec), check=False)

@@ -566,7 +566,7 @@ def test_times() -> None:
 @pytest.mark.parametrize(
     "training,mode",
     [({}, "Sync"), ({"useAsync": True}, "Async"), ({"useAsync": True, "lrStalenessModulation": True}, "Async+StalenessLR"),
-     ({"getModelFrequency": 4}, "Sync+SSP4")],
+     ({"useAsync": True, "getModelFrequency": 4}, "Async+SSP4")],
 )
 def test_training_mode(training: dict[str, Any], mode: str) -> None:
     assert TrainingMode.of(make_job({"training": training}).spec.training).label == mode

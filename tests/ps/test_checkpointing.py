@@ -4,6 +4,9 @@ checkpoint a restart resumes from (the newest good one)."""
 from __future__ import annotations
 
 import functools
+import threading
+import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +47,56 @@ def test_writes_every_n_versions(tmp_path: Path, every: int, expected: list[int]
 
     for version in range(1, 11):
         schedule.after_update(version, functools.partial(snapshot_of, version))
-    schedule.flush()
+        schedule.flush()  # each written before the next: none is replaced while it waits
     assert taken == [v for v in range(1, 11) if v % every == 0]  # snapshots only when due
     assert names(tmp_path) == expected
+
+
+def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # checkpointSteps 1 with writes far slower than updates: the issue saw 73 snapshots queued
+    # after 100 versions. Now one is written, one waits, a newer one replaces the waiting one.
+    live = 0
+    most = 0
+    written: list[int] = []
+    guard = threading.Lock()
+
+    def snapshot_of(version: int) -> checkpoint.Checkpoint:
+        nonlocal live, most
+        taken = snap(version)
+        with guard:
+            live += 1
+            most = max(most, live)
+        weakref.finalize(taken, released)
+        return taken
+
+    def released() -> None:
+        nonlocal live
+        with guard:
+            live -= 1
+
+    save = checkpoint.save
+
+    def slow_save(directory: Path, found: checkpoint.Checkpoint, keep: int = 3) -> Path:
+        time.sleep(0.02)
+        written.append(found.version)
+        return save(directory, found, keep=keep)
+
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    schedule = Checkpointing(tmp_path, every=1, keep=3)
+    started = time.monotonic()
+    for version in range(1, 101):
+        schedule.after_update(version, functools.partial(snapshot_of, version))
+    pushing = time.monotonic() - started
+    schedule.flush()
+    assert most <= 2, f"{most} snapshots held at once"
+    assert pushing < 0.02 * 20  # the updates never waited for the disk (100 writes would take 2 s)
+    assert written[-1] == 100 and written == sorted(written) and len(written) < 100
+    assert names(tmp_path)[-1] == 100
+    assert schedule.skipped == 100 - len(written)
+    newest = checkpoint.load_latest(tmp_path)
+    assert newest is not None and newest.version == 100
 
 
 @pytest.mark.parametrize(("directory", "every"), [(None, 2), ("here", 0)])
@@ -83,7 +133,7 @@ def test_restore_picks_the_newest_good_checkpoint(tmp_path: Path) -> None:
     m = model()
     for version in (1, 2, 3):
         schedule.after_update(version, functools.partial(capture, m, version, 0))
-    schedule.flush()
+        schedule.flush()
     found = schedule.restore()
     assert found is not None and found[1] == 3
 

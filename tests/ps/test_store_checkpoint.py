@@ -39,7 +39,7 @@ def trained(directory: Path, versions: int) -> ParameterStore:
     store.initialize(initial(), ADAM)
     for step in range(versions):
         assert store.push(gradient(step), version=store.version).accepted
-    store.flush_checkpoints()
+        store.flush_checkpoints()  # each due version on disk: none replaced while waiting
     return store
 
 

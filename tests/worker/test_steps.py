@@ -41,7 +41,6 @@ def pulls(ps: FakePS) -> list[tuple[Any, ...]]:
     ("mode", "kind"),
     [
         (SYNC, SyncStep),
-        (TrainingMode(pull_every=4), SyncStep),  # sync pulls every minibatch whatever pull_every says
         (ASYNC, AsyncStep),
         (TrainingMode(rule=UpdateRule.ASYNC, staleness_lr=True), AsyncStep),
         (TrainingMode(rule=UpdateRule.ASYNC, pull_every=3), SSPStep),
@@ -52,8 +51,12 @@ def test_the_mode_picks_its_step(mode: TrainingMode, kind: type) -> None:
     assert isinstance(step_for(mode, model), kind)
 
 
-def test_every_update_rule_has_a_step_with_and_without_local_steps() -> None:
-    assert set(STEPS) == {(rule, local) for rule in UpdateRule for local in (False, True)}
+def test_every_update_rule_has_a_step_and_only_async_takes_local_steps() -> None:
+    # Sync with getModelFrequency > 1 is refused when the job is parsed (api/modes.py).
+    assert set(STEPS) == {(UpdateRule.SYNC, False), (UpdateRule.ASYNC, False), (UpdateRule.ASYNC, True)}
+    _, _, model = ready(UpdateRule.SYNC)
+    with pytest.raises(ValueError, match="no worker step"):
+        step_for(TrainingMode(pull_every=4), model)
 
 
 # ---- sync ----------------------------------------------------------------------------------------
