@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +58,13 @@ def elasticps(*args: str, cwd: Path) -> subprocess.Popen[str]:
         text=True,
         env=env,
     )
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Polls ``predicate`` until it is true; fails the test naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from local_jobs import elasticps, job_document, write_data, write_job
+from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
 
@@ -20,15 +20,6 @@ pytestmark = pytest.mark.slow
 
 RECORDS = 12000
 
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_job(tmp_path: Path, **training: object) -> tuple[object, Path, Path]:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from job_builders import merge
-from local_jobs import job_document, write_data
+from local_jobs import job_document, wait_for, write_data
 
 from elasticps.api.parsing import parse_job
 from elasticps.api.spec import TrainingJob
@@ -29,14 +29,6 @@ pytestmark = pytest.mark.slow
 
 RECORDS = 12000
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
