@@ -75,8 +75,9 @@ def sh(*cmd: str, check: bool = True, input: bytes | None = None) -> subprocess.
 
 def host_setup() -> None:
     """Kernel settings and the bridge. Settings a node needs; each is idempotent."""
-    sh("modprobe", "br_netfilter", check=False)  # often built in; /proc/sys/net/bridge tells
-    sh("modprobe", "overlay", check=False)
+    if shutil.which("modprobe"):  # the modules are often built in (no modprobe at all)
+        sh("modprobe", "br_netfilter", check=False)
+        sh("modprobe", "overlay", check=False)
     for key, value in (("net/ipv4/ip_forward", "1"), ("net/bridge/bridge-nf-call-iptables", "1")):
         path = Path("/proc/sys") / key
         if path.exists() and path.read_text().strip() != value:
