@@ -40,6 +40,30 @@ def test_sync_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) -
     # Real pod IPs from the node's bridge (not kwok's bookkeeping range).
     assert all(p["status"]["podIP"].startswith("10.245.0.") for p in pods), [p["status"].get("podIP") for p in pods]
 
+    # The kubelet runs the gRPC readiness probe: PS 0 turns Ready only once its health service answers.
+    def ps_ready() -> bool:
+        pod = kubectl.json("get", "pod", f"{name}-ps-0", "-n", ns)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+    wait_for(ps_ready, 180, "PS 0 Ready (gRPC readiness probe run by the kubelet)", interval=1)
+    ps_ip = kubectl.json("get", "pod", f"{name}-ps-0", "-n", ns)["status"]["podIP"]
+    # Inside a worker, as its process sees it: the PS's DNS name (CoreDNS), the user, the read-only
+    # root filesystem, the writable emptyDir at /tmp.
+    probe = (
+        "import os, socket\n"
+        f"print('dns', socket.getaddrinfo('{name}-ps-0.{ns}.svc', 2222)[0][4][0])\n"
+        "print('uid', os.getuid())\n"
+        "try:\n    open('/home/elasticps/x', 'w')\n    print('rootfs writable')\n"
+        "except OSError as e:\n    print('rootfs', e.errno, e.strerror)\n"
+        "open('/tmp/x', 'w').write('ok'); print('tmp writable')\n"
+    )
+    seen = kubectl("exec", "-n", ns, f"{name}-worker-0", "-c", "elasticps", "--", "python3", "-c", probe, check=False)
+    print(f"\nkubectl exec in worker-0:\n{seen.stdout}{seen.stderr}", file=sys.stderr)
+    assert f"dns {ps_ip}" in seen.stdout, seen.stdout + seen.stderr
+    assert "uid 1000" in seen.stdout
+    assert "rootfs 30 Read-only file system" in seen.stdout
+    assert "tmp writable" in seen.stdout
+
     def finished() -> str:
         phase = _phase(kubectl, ns, name)
         return phase if phase in ("Succeeded", "Failed") else ""

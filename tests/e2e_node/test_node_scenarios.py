@@ -1,0 +1,158 @@
+"""Faults on the real node: what users and the operator do to pods that really run.
+
+* a worker pod deleted mid-training: its process exits on SIGTERM, the operator replaces it, the job
+  still succeeds;
+* the PS pod deleted mid-training with checkpointDir on a hostPath volume: the new PS restores its
+  checkpoint ("resumes at version N") and the job succeeds;
+* the TrainingJob deleted: every pod exits on SIGTERM (exit codes and times printed);
+* async training to Succeeded.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_kit import CACHE, Kubectl, mnist_job, record, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.node]
+
+
+class Termination(threading.Thread):
+    """Polls a pod while it is deleted and keeps the last container state the kubelet reported:
+    the exit code and when the process ended, before the pod object disappears."""
+
+    def __init__(self, kubectl: Kubectl, ns: str, pod: str):
+        super().__init__(daemon=True)
+        self.kubectl, self.ns, self.pod = kubectl, ns, pod
+        self.terminated: dict[str, Any] | None = None
+        self.gone_after: float | None = None
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        while time.monotonic() - self.t0 < 120:
+            done = self.kubectl("get", "pod", self.pod, "-n", self.ns, "-o", "json", check=False)
+            if done.returncode != 0:
+                self.gone_after = time.monotonic() - self.t0
+                return
+            import json
+
+            pod = json.loads(done.stdout)
+            for c in pod.get("status", {}).get("containerStatuses", []):
+                if c["name"] == "elasticps" and "terminated" in c.get("state", {}):
+                    self.terminated = c["state"]["terminated"]
+            time.sleep(0.3)
+
+
+def _status(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kubectl.job(ns, name).get("status", {})
+    return found
+
+
+def _finished(kubectl: Kubectl, ns: str, name: str) -> str:
+    phase = str(_status(kubectl, ns, name).get("phase", ""))
+    return phase if phase in ("Succeeded", "Failed") else ""
+
+
+def _training(kubectl: Kubectl, ns: str, name: str) -> bool:
+    return int(_status(kubectl, ns, name).get("modelVersion") or 0) > 0
+
+
+def _delete_and_watch(kubectl: Kubectl, ns: str, pod: str) -> Termination:
+    watch = Termination(kubectl, ns, pod)
+    watch.start()
+    kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+    watch.join(130)
+    return watch
+
+
+@pytest.mark.timeout(1200)
+def test_async_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) -> None:
+    name = "mnist-async"
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(name, data, use_async=True))
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    print(f"\n{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
+    record(f"MNIST async: kubectl apply -> {phase}", time.monotonic() - t0)
+    assert phase == "Succeeded", status
+    assert status.get("mode", "").startswith("Async"), status
+
+
+@pytest.mark.timeout(1200)
+def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, data: Path) -> None:
+    name = "mnist-worker-loss"
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(name, data, epochs=2))
+    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train (modelVersion > 0)", interval=1)
+    watch = _delete_and_watch(kubectl, ns, f"{name}-worker-0")
+    print(f"\nworker-0 deleted: terminated {watch.terminated}, pod gone after {watch.gone_after} s", file=sys.stderr)
+    assert watch.terminated is not None, "the kubelet reported no terminated state for worker-0"
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    print(f"{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
+    record(f"MNIST sync, worker-0 deleted mid-training (exit {watch.terminated.get('exitCode')}): apply -> {phase}",
+           time.monotonic() - t0)
+    assert phase == "Succeeded", status
+
+
+@pytest.mark.timeout(1200)
+def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: str, data: Path) -> None:
+    name = "mnist-ps-loss"
+    ckpt = CACHE / "node-checkpoints" / ns
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ckpt.chmod(0o777)  # the PS runs as uid 1000
+    t0 = time.monotonic()
+    job = mnist_job(
+        name, data, epochs=2,
+        ps_volumes=[{"name": "ckpt", "hostPath": {"path": str(ckpt), "type": "Directory"}}],
+        ps_mounts=[{"name": "ckpt", "mountPath": "/ckpt"}],
+        training={"checkpointDir": "/ckpt", "checkpointSteps": 5},
+    )
+    kubectl.apply(ns, job)
+    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 12, 600,
+             f"{name} past its first checkpoints", interval=1)
+    before = int(_status(kubectl, ns, name).get("modelVersion") or 0)
+    watch = _delete_and_watch(kubectl, ns, f"{name}-ps-0")
+    print(f"\nps-0 deleted at version {before}: terminated {watch.terminated}, gone after {watch.gone_after} s", file=sys.stderr)
+    assert watch.terminated is not None and watch.terminated.get("exitCode") == 0, watch.terminated
+
+    def resumed() -> str:
+        logs = kubectl("logs", f"{name}-ps-0", "-n", ns, check=False).stdout
+        return next((line for line in logs.splitlines() if "resumes at version" in line), "")
+
+    line = wait_for(resumed, 300, "the new PS 0 to restore its checkpoint", interval=2)
+    print(line, file=sys.stderr)
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    print(f"{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
+    record(f"MNIST sync, ps-0 deleted at version {before} and restored: apply -> {phase}", time.monotonic() - t0)
+    assert phase == "Succeeded", status
+
+
+@pytest.mark.timeout(900)
+def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str, data: Path) -> None:
+    name = "mnist-delete"
+    kubectl.apply(ns, mnist_job(name, data, epochs=3))
+    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train", interval=1)
+    pods = [p["metadata"]["name"] for p in kubectl.pods(ns, name)]
+    watches = [Termination(kubectl, ns, pod) for pod in pods]
+    for w in watches:
+        w.start()
+    t0 = time.monotonic()
+    kubectl("delete", "trainingjob", name, "-n", ns, "--wait=false")
+    for w in watches:
+        w.join(130)
+    lines = [f"{w.pod}: exit {w.terminated and w.terminated.get('exitCode')} "
+             f"({w.terminated and w.terminated.get('reason')}), pod gone after {w.gone_after} s" for w in watches]
+    print("\n" + "\n".join(lines), file=sys.stderr)
+    record(f"TrainingJob deleted: all {len(pods)} pods gone", time.monotonic() - t0)
+    for w in watches:
+        assert w.gone_after is not None, f"{w.pod} still exists"
+        # SIGTERM, not the SIGKILL after the grace period (137): each process stopped by itself.
+        assert w.terminated is None or w.terminated.get("exitCode") != 137, lines
