@@ -63,7 +63,24 @@ def preflight() -> list[str]:
     for plugin in ("bridge", "host-local", "loopback", "portmap"):
         if not os.access(f"{CNI_BIN}/{plugin}", os.X_OK):
             missing.append(f"{CNI_BIN}/{plugin} (apt-get install containernetworking-plugins)")
+    other = running_kubelet()
+    if other:
+        missing.append(f"a free slot: the kubelet of another real node runs already (pid {other}); one per machine")
     return missing
+
+
+def running_kubelet() -> int | None:
+    """The pid of a kubelet of ours (any cluster dir) running on this machine, if any."""
+    needle = f"--hostname-override={NODE_NAME}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"kubelet") and needle in argv:
+                return int(proc.name)
+    return None
 
 
 def sh(*cmd: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
