@@ -392,7 +392,9 @@ def cmd_up(args: argparse.Namespace) -> None:
         where = ["--bind-address=0.0.0.0", f"--advertise-address={realnode.NODE_IP}",
                  "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
                  f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
-                 f"--kubelet-client-key={pki / 'kubelet-client.key'}"]
+                 f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                 # The node's Hostname address (real-node-0) resolves nowhere; its InternalIP does.
+                 "--kubelet-preferred-address-types=InternalIP,Hostname"]
     else:
         where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC",
                  # The `kubernetes` Service's endpoint would be 127.0.0.1, which
@@ -537,6 +539,10 @@ def start_real_node(state: dict, exe: dict[str, str], ports: dict[str, int], api
     for name in SYSTEM_USERS:
         kubeconfigs[name] = STATE_DIR / f"{name}.kubeconfig"
         write_kubeconfig(kubeconfigs[name], ports["apiserver"], pki / "ca.crt", system_token(STATE_DIR, name))
+    # Nothing of an earlier run's node survives (IP allocations, kubelet state); the image cache
+    # lives elsewhere (realnode.CONTAINERD_ROOT).
+    realnode.unmount_under(STATE_DIR / "node")
+    shutil.rmtree(STATE_DIR / "node", ignore_errors=True)
     paths = realnode.write_configs(STATE_DIR, ports, kubeconfigs, pki / "ca.crt", pause_version)
     sock = paths["containerd_sock"]
     state["containerd_sock"] = str(sock)

@@ -107,6 +107,20 @@ def host_setup() -> None:
     sh("ip", "link", "set", BRIDGE, "up")
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def has_capability(bit: int) -> bool:
+    """Whether this process holds a capability. Some sandboxes (these machines' VMs among them)
+    withhold CAP_SYS_RESOURCE even from root: then nobody may lower oom_score_adj, and runc fails
+    every pod sandbox (-998) with "can't get final child's PID from pipe: EOF". containerd's
+    restrict_oom_score_adj clamps the scores to its own instead (as for rootless containerd)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
 def write_configs(state: Path, ports: dict[str, int], kubeconfigs: dict[str, Path], ca: Path,
                   pause_version: str) -> dict[str, Path]:
     """containerd, CNI, kubelet, kube-proxy and CoreDNS configuration under state/node."""
@@ -144,6 +158,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  restrict_oom_score_adj = {str(not has_capability(CAP_SYS_RESOURCE)).lower()}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -88,7 +88,7 @@ def test_async_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) 
 def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, data: Path) -> None:
     name = "mnist-worker-loss"
     t0 = time.monotonic()
-    kubectl.apply(ns, mnist_job(name, data, epochs=2))
+    kubectl.apply(ns, mnist_job(name, data, epochs=4))
     wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train (modelVersion > 0)", interval=1)
     watch = _delete_and_watch(kubectl, ns, f"{name}-worker-0")
     print(f"\nworker-0 deleted: terminated {watch.terminated}, pod gone after {watch.gone_after} s", file=sys.stderr)
@@ -109,7 +109,7 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
     ckpt.chmod(0o777)  # the PS runs as uid 1000
     t0 = time.monotonic()
     job = mnist_job(
-        name, data, epochs=2,
+        name, data, epochs=4,
         ps_volumes=[{"name": "ckpt", "hostPath": {"path": str(ckpt), "type": "Directory"}}],
         ps_mounts=[{"name": "ckpt", "mountPath": "/ckpt"}],
         training={"checkpointDir": "/ckpt", "checkpointSteps": 5},
@@ -156,3 +156,45 @@ def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str
         assert w.gone_after is not None, f"{w.pod} still exists"
         # SIGTERM, not the SIGKILL after the grace period (137): each process stopped by itself.
         assert w.terminated is None or w.terminated.get("exitCode") != 137, lines
+
+
+@pytest.mark.timeout(900)
+def test_inside_the_pods_dns_probes_and_security(kubectl: Kubectl, ns: str, data: Path) -> None:
+    """While a job trains: the kubelet's gRPC probes pass, and inside a worker the PS's DNS name
+    resolves to the PS pod, the process is uid 1000, / is read-only and /tmp is writable."""
+    name = "mnist-inside"
+    kubectl.apply(ns, mnist_job(name, data, epochs=20))
+    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train", interval=1)
+    # The kubelet runs the gRPC readiness probe: PS 0 turns Ready only once its health service answers.
+    def ps_ready() -> bool:
+        pod = kubectl.json("get", "pod", f"{name}-ps-0", "-n", ns)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+    wait_for(ps_ready, 180, "PS 0 Ready (gRPC readiness probe run by the kubelet)", interval=1)
+    ps_ip = kubectl.json("get", "pod", f"{name}-ps-0", "-n", ns)["status"]["podIP"]
+    # Inside a worker, as its process sees it: the PS's DNS name (CoreDNS), the user, the read-only
+    # root filesystem, the writable emptyDir at /tmp.
+    probe = (
+        "import os, socket\n"
+        f"print('dns', socket.getaddrinfo('{name}-ps-0.{ns}.svc', 2222)[0][4][0])\n"
+        "print('uid', os.getuid())\n"
+        "try:\n    open('/home/elasticps/x', 'w')\n    print('rootfs writable')\n"
+        "except OSError as e:\n    print('rootfs', e.errno, e.strerror)\n"
+        "open('/tmp/x', 'w').write('ok'); print('tmp writable')\n"
+    )
+    seen = kubectl("exec", "-n", ns, f"{name}-worker-0", "-c", "elasticps", "--", "python3", "-c", probe, check=False)
+    print(f"\nkubectl exec in worker-0:\n{seen.stdout}{seen.stderr}", file=sys.stderr)
+    assert f"dns {ps_ip}" in seen.stdout, seen.stdout + seen.stderr
+    assert "uid 1000" in seen.stdout
+    assert "rootfs 30 Read-only file system" in seen.stdout
+    assert "tmp writable" in seen.stdout
+
+
+    def worker_ready() -> bool:
+        pod = kubectl.json("get", "pod", f"{name}-worker-0", "-n", ns)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+    wait_for(worker_ready, 120, "worker 0 Ready (its gRPC readiness probe, run by the kubelet)", interval=1)
+    events = kubectl("get", "events", "-n", ns, "--field-selector", "reason=Unhealthy", "-o", "name", check=False).stdout
+    print(f"probe failures reported by the kubelet: {events.split() or 'none'}", file=sys.stderr)
+    kubectl("delete", "trainingjob", name, "-n", ns, "--wait=false")
