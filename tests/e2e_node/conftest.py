@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from node_kit import CACHE, IMAGE, NODE_LABEL, ROOT, TIMINGS, Kubectl, node_data, record, wait_for
+from node_kit import CACHE, IMAGE, NODE_LABEL, ROOT, TIMINGS, Kubectl, full_data, node_data, record, wait_for
 
 CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
 sys.path.insert(0, str(ROOT / "hack" / "cluster"))
@@ -152,6 +152,11 @@ def data() -> Path:
     except FileNotFoundError as err:
         _skip(str(err))
         raise
+
+
+@pytest.fixture(scope="session")
+def big_data(data: Path) -> Path:
+    return full_data()
 
 
 @pytest.fixture

@@ -91,6 +91,13 @@ def _idx_subset(src: Path, dst: Path, count: int) -> None:
         f.write(struct.pack(">II", magic, count) + struct.pack(">" + "I" * (ndim - 1), *dims) + body)
 
 
+def full_data() -> Path:
+    """The whole MNIST (60000 training records) on the node's disk: for jobs that must still be
+    training when a test disturbs them."""
+    node_data()
+    return CACHE / "data" / "mnist"
+
+
 def node_data(train: int = 4096, test: int = 1024) -> Path:
     """MNIST on the node's disk, outside the repo, as a user would place it for a hostPath volume:
     the full set copied from MNIST_DIR (default ../shared/data/mnist) to ~/.cache/elasticps/data/mnist,

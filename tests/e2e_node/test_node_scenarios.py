@@ -85,11 +85,12 @@ def test_async_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) 
 
 
 @pytest.mark.timeout(1200)
-def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, data: Path) -> None:
+def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-worker-loss"
     t0 = time.monotonic()
-    kubectl.apply(ns, mnist_job(name, data, epochs=4))
-    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train (modelVersion > 0)", interval=1)
+    kubectl.apply(ns, mnist_job(name, big_data))
+    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 40, 600,
+             f"{name} to train (modelVersion >= 40 of ~469)", interval=0.5)
     watch = _delete_and_watch(kubectl, ns, f"{name}-worker-0")
     print(f"\nworker-0 deleted: terminated {watch.terminated}, pod gone after {watch.gone_after} s", file=sys.stderr)
     assert watch.terminated is not None, "the kubelet reported no terminated state for worker-0"
@@ -102,21 +103,21 @@ def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, data
 
 
 @pytest.mark.timeout(1200)
-def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: str, data: Path) -> None:
+def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-ps-loss"
     ckpt = CACHE / "node-checkpoints" / ns
     ckpt.mkdir(parents=True, exist_ok=True)
     ckpt.chmod(0o777)  # the PS runs as uid 1000
     t0 = time.monotonic()
     job = mnist_job(
-        name, data, epochs=4,
+        name, big_data,
         ps_volumes=[{"name": "ckpt", "hostPath": {"path": str(ckpt), "type": "Directory"}}],
         ps_mounts=[{"name": "ckpt", "mountPath": "/ckpt"}],
-        training={"checkpointDir": "/ckpt", "checkpointSteps": 5},
+        training={"checkpointDir": "/ckpt", "checkpointSteps": 20},
     )
     kubectl.apply(ns, job)
-    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 12, 600,
-             f"{name} past its first checkpoints", interval=1)
+    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 60, 600,
+             f"{name} past its first checkpoints (modelVersion >= 60 of ~469)", interval=0.5)
     before = int(_status(kubectl, ns, name).get("modelVersion") or 0)
     watch = _delete_and_watch(kubectl, ns, f"{name}-ps-0")
     print(f"\nps-0 deleted at version {before}: terminated {watch.terminated}, gone after {watch.gone_after} s", file=sys.stderr)
@@ -126,7 +127,7 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
         logs = kubectl("logs", f"{name}-ps-0", "-n", ns, check=False).stdout
         return next((line for line in logs.splitlines() if "resumes at version" in line), "")
 
-    line = wait_for(resumed, 300, "the new PS 0 to restore its checkpoint", interval=2)
+    line = wait_for(resumed, 300, "the new PS 0 to restore its checkpoint", interval=0.5)
     print(line, file=sys.stderr)
     phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
     status = _status(kubectl, ns, name)
@@ -136,9 +137,9 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
 
 
 @pytest.mark.timeout(900)
-def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str, data: Path) -> None:
+def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-delete"
-    kubectl.apply(ns, mnist_job(name, data, epochs=3))
+    kubectl.apply(ns, mnist_job(name, big_data))
     wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train", interval=1)
     pods = [p["metadata"]["name"] for p in kubectl.pods(ns, name)]
     watches = [Termination(kubectl, ns, pod) for pod in pods]
@@ -159,11 +160,11 @@ def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str
 
 
 @pytest.mark.timeout(900)
-def test_inside_the_pods_dns_probes_and_security(kubectl: Kubectl, ns: str, data: Path) -> None:
+def test_inside_the_pods_dns_probes_and_security(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     """While a job trains: the kubelet's gRPC probes pass, and inside a worker the PS's DNS name
     resolves to the PS pod, the process is uid 1000, / is read-only and /tmp is writable."""
     name = "mnist-inside"
-    kubectl.apply(ns, mnist_job(name, data, epochs=20))
+    kubectl.apply(ns, mnist_job(name, big_data))
     wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train", interval=1)
     # The kubelet runs the gRPC readiness probe: PS 0 turns Ready only once its health service answers.
     def ps_ready() -> bool:
@@ -188,7 +189,6 @@ def test_inside_the_pods_dns_probes_and_security(kubectl: Kubectl, ns: str, data
     assert "uid 1000" in seen.stdout
     assert "rootfs 30 Read-only file system" in seen.stdout
     assert "tmp writable" in seen.stdout
-
 
     def worker_ready() -> bool:
         pod = kubectl.json("get", "pod", f"{name}-worker-0", "-n", ns)
