@@ -137,6 +137,11 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.xfail(
+    strict=True,
+    reason="found on the real node: the worker is PID 1 of its container and installs no SIGTERM handler, "
+    "so the kernel drops SIGTERM and the kubelet SIGKILLs it after the grace period (exit 137); the PS exits 0",
+)
 def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-delete"
     kubectl.apply(ns, mnist_job(name, big_data))
@@ -198,3 +203,27 @@ def test_inside_the_pods_dns_probes_and_security(kubectl: Kubectl, ns: str, big_
     events = kubectl("get", "events", "-n", ns, "--field-selector", "reason=Unhealthy", "-o", "name", check=False).stdout
     print(f"probe failures reported by the kubelet: {events.split() or 'none'}", file=sys.stderr)
     kubectl("delete", "trainingjob", name, "-n", ns, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_kubectl_scale_adds_a_worker_to_a_training_job(kubectl: Kubectl, ns: str, big_data: Path) -> None:
+    """`kubectl scale` (the CRD's scale subresource) on a job that trains: a second worker pod starts
+    on the node, joins, and the job still succeeds."""
+    name = "mnist-scale"
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(name, big_data, workers=1))
+    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train with 1 worker", interval=1)
+    kubectl("scale", f"trainingjob/{name}", "-n", ns, "--replicas=2")
+
+    def second_worker_running() -> bool:
+        pods = [p for p in kubectl.pods(ns, name) if p["metadata"]["labels"].get("elasticps.io/replica-type") == "worker"]
+        return len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods)
+
+    wait_for(second_worker_running, 300, "a second worker pod Running after kubectl scale", interval=1)
+    t_scaled = time.monotonic() - t0
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    print(f"\n{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
+    record(f"MNIST sync scaled 1 -> 2 workers while training: 2 workers Running after {t_scaled:.1f} s; apply -> {phase}",
+           time.monotonic() - t0)
+    assert phase == "Succeeded", status
