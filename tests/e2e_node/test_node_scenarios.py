@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import threading
 import time
@@ -24,8 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.node]
 
 
 class Termination(threading.Thread):
-    """Polls a pod while it is deleted and keeps the last container state the kubelet reported:
-    the exit code and when the process ended, before the pod object disappears."""
+    """Watches a pod (``kubectl get -w``, every update) while it is deleted and keeps the last
+    container state the kubelet reported: the exit code and when the process ended, before the pod
+    object disappears."""
 
     def __init__(self, kubectl: Kubectl, ns: str, pod: str):
         super().__init__(daemon=True)
@@ -33,20 +36,43 @@ class Termination(threading.Thread):
         self.terminated: dict[str, Any] | None = None
         self.gone_after: float | None = None
         self.t0 = time.monotonic()
+        # The operator recreates a deleted pod under the same name: follow this one only.
+        self.uid = kubectl.json("get", "pod", pod, "-n", ns)["metadata"]["uid"]
+        self.proc = subprocess.Popen(
+            ["kubectl", "get", "pod", pod, "-n", ns, "-w", "--output-watch-events", "-o", "json"],
+            env=kubectl.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+
+    def start_clock(self) -> None:
+        self.t0 = time.monotonic()
 
     def run(self) -> None:
-        while time.monotonic() - self.t0 < 120:
-            done = self.kubectl("get", "pod", self.pod, "-n", self.ns, "-o", "json", check=False)
-            if done.returncode != 0:
-                self.gone_after = time.monotonic() - self.t0
-                return
-            import json
-
-            pod = json.loads(done.stdout)
-            for c in pod.get("status", {}).get("containerStatuses", []):
-                if c["name"] == "elasticps" and "terminated" in c.get("state", {}):
-                    self.terminated = c["state"]["terminated"]
-            time.sleep(0.3)
+        decoder = json.JSONDecoder()
+        buf = ""
+        assert self.proc.stdout is not None
+        try:
+            while True:
+                chunk = self.proc.stdout.readline()
+                if not chunk:
+                    return
+                buf += chunk
+                while buf.strip():
+                    try:
+                        event, end = decoder.raw_decode(buf.lstrip())
+                    except ValueError:
+                        break
+                    buf = buf.lstrip()[end:]
+                    pod = event.get("object", {})
+                    if pod.get("metadata", {}).get("uid") != self.uid:
+                        continue
+                    for c in pod.get("status", {}).get("containerStatuses", []):
+                        if c["name"] == "elasticps" and "terminated" in c.get("state", {}):
+                            self.terminated = c["state"]["terminated"]
+                    if event.get("type") == "DELETED":
+                        self.gone_after = time.monotonic() - self.t0
+                        return
+        finally:
+            self.proc.kill()
 
 
 def _status(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any]:
@@ -66,6 +92,8 @@ def _training(kubectl: Kubectl, ns: str, name: str) -> bool:
 def _delete_and_watch(kubectl: Kubectl, ns: str, pod: str) -> Termination:
     watch = Termination(kubectl, ns, pod)
     watch.start()
+    time.sleep(1)  # the watch is established
+    watch.start_clock()
     kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
     watch.join(130)
     return watch
@@ -150,6 +178,9 @@ def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str
     watches = [Termination(kubectl, ns, pod) for pod in pods]
     for w in watches:
         w.start()
+    time.sleep(1)
+    for w in watches:
+        w.start_clock()
     t0 = time.monotonic()
     kubectl("delete", "trainingjob", name, "-n", ns, "--wait=false")
     for w in watches:
