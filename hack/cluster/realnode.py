@@ -21,7 +21,6 @@ Only one real node per machine (one bridge, one pod subnet, port 53 on NODE_IP).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
