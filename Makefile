@@ -8,7 +8,7 @@ MNIST_DIR ?= ../shared/data/mnist
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit lint typecheck bench convergence proto manifests docs image clean
+.PHONY: run test unit e2e-node lint typecheck bench convergence proto manifests docs image clean
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -48,6 +48,12 @@ cluster-up: cluster-binaries
 
 cluster-down:
 	$(PYTHON) hack/cluster/cluster.py down
+
+# TrainingJobs that really train on a real node (kubelet + containerd beside the kwok nodes): needs
+# root, containerd, runc and the CNI plugins (hack/cluster/README.md); part of `make test` too.
+# ELASTICPS_REUSE_IMAGE=1 skips rebuilding the image when Docker has one.
+e2e-node: $(STAMP) cluster-binaries
+	$(PY) -m pytest -q -rs tests/e2e_node
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports --config pyproject.toml

@@ -25,6 +25,10 @@ Environment:
                          assets dir for the versions pinned in versions.sh)
   CPU_NODES, GPU_NODES, GPUS_PER_NODE   fake node layout (3, 1, 2)
 
+`up --real-node` adds one real node (hack/cluster/realnode.py): containerd, kubelet, kube-proxy
+and CoreDNS on this machine, as root; `load-image REF` copies an image from the local Docker
+engine into its containerd.
+
 Python 3.11 standard library only, so it runs before any venv exists.
 """
 
@@ -45,13 +49,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realnode  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 STATE_DIR = Path(
     os.environ.get("ELASTICPS_CLUSTER_DIR")
     or Path.home() / ".cache" / "elasticps" / "cluster-run"
 )
 # Start order; `down` stops in reverse so nothing loses its apiserver first.
-COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+              "containerd", "coredns", "kube-proxy", "kubelet"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
@@ -96,6 +104,16 @@ def run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+APISERVER_SANS = (
+    "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+    "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,"
+    # Pods on the real node dial the `kubernetes` Service's ClusterIP (kube-proxy DNATs it to the
+    # apiserver advertised on the node's bridge address).
+    f"IP:{realnode.KUBERNETES_SERVICE_IP},IP:{realnode.NODE_IP}\n"
+    "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+)
+
+
 def make_pki(pki: Path) -> None:
     """CA, apiserver serving cert and service-account key pair, via openssl.
 
@@ -103,7 +121,13 @@ def make_pki(pki: Path) -> None:
     kubeconfig can be written before the apiserver starts and stays valid
     across down/up. Kept when it already exists for the same reason.
     """
-    if (pki / "apiserver.crt").exists() and (pki / "sa.pub").exists():
+    ext = pki / "apiserver.ext"
+    if (pki / "apiserver.crt").exists() and (pki / "sa.pub").exists() and (pki / "kubelet-client.crt").exists() \
+            and ext.exists() and ext.read_text() == APISERVER_SANS:
+        return
+    if (pki / "ca.crt").exists() and (pki / "sa.pub").exists():
+        # An older state dir: keep CA and keys, (re)issue the certs with the current SANs.
+        issue_certs(pki)
         return
     pki.mkdir(parents=True, exist_ok=True)
     os.chmod(pki, 0o700)
@@ -111,22 +135,33 @@ def make_pki(pki: Path) -> None:
         "-subj", "/CN=elasticps-test-ca", "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
-    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
-        "-keyout", str(pki / "apiserver.key"), "-out", str(pki / "apiserver.csr"))
-    ext = pki / "apiserver.ext"
-    # The in-cluster names matter to clients that resolve kubernetes.default.
-    ext.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-    )
-    run("openssl", "x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
-        "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "3650",
-        "-extfile", str(ext), "-out", str(pki / "apiserver.crt"))
     # Service-account tokens are signed with this key (apiserver) and the
     # token controller (controller-manager) needs the private half too.
     run("openssl", "genrsa", "-out", str(pki / "sa.key"), "2048")
     run("openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    issue_certs(pki)
+
+
+def issue_certs(pki: Path) -> None:
+    """The apiserver's serving cert and its client cert towards kubelets, signed by our CA."""
+    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
+        "-keyout", str(pki / "apiserver.key"), "-out", str(pki / "apiserver.csr"))
+    ext = pki / "apiserver.ext"
+    # The in-cluster names matter to clients that resolve kubernetes.default.
+    ext.write_text(APISERVER_SANS)
+    run("openssl", "x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
+        "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "3650",
+        "-extfile", str(ext), "-out", str(pki / "apiserver.crt"))
+    # logs/exec/port-forward: the apiserver authenticates to the kubelet with this (system:masters,
+    # as kubeadm's apiserver-kubelet-client), the kubelet trusts our CA for client certs.
+    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes",
+        "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        "-keyout", str(pki / "kubelet-client.key"), "-out", str(pki / "kubelet-client.csr"))
+    cext = pki / "kubelet-client.ext"
+    cext.write_text("extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n")
+    run("openssl", "x509", "-req", "-in", str(pki / "kubelet-client.csr"), "-CA", str(pki / "ca.crt"),
+        "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "3650",
+        "-extfile", str(cext), "-out", str(pki / "kubelet-client.crt"))
 
 
 def write_auth(state: Path) -> str:
@@ -137,9 +172,29 @@ def write_auth(state: Path) -> str:
         os.chmod(token_file, 0o600)
     token = token_file.read_text().strip()
     tokens_csv = state / "tokens.csv"
-    tokens_csv.write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    lines = [f'{token},admin,admin-uid,"system:masters"']
+    # The real node's components, each with the identity the apiserver's default RBAC (and the Node
+    # authorizer) expects of it; unused on kwok-only clusters.
+    for name, (user, groups) in SYSTEM_USERS.items():
+        lines.append(f'{system_token(state, name)},{user},{user}-uid,"{groups}"')
+    tokens_csv.write_text("\n".join(lines) + "\n")
     os.chmod(tokens_csv, 0o600)
     return token
+
+
+SYSTEM_USERS = {
+    "kubelet": (f"system:node:{realnode.NODE_NAME}", "system:nodes,system:authenticated"),
+    "kube-proxy": ("system:kube-proxy", "system:authenticated"),
+    "coredns": ("system:coredns", "system:authenticated"),
+}
+
+
+def system_token(state: Path, name: str) -> str:
+    path = state / f"{name}.token"
+    if not path.exists():
+        path.write_text(secrets.token_hex(24))
+        os.chmod(path, 0o600)
+    return path.read_text().strip()
 
 
 def write_kubeconfig(path: Path, port: int, ca: Path, token: str) -> None:
@@ -278,8 +333,17 @@ def cmd_up(args: argparse.Namespace) -> None:
     if state:
         log("stale state from an earlier run: stopping leftovers")
         stop(state)
+    real = args.real_node or os.environ.get("ELASTICPS_REAL_NODE") == "1"
+    if real:
+        missing = realnode.preflight()
+        if missing:
+            sys.exit("--real-node: this machine lacks " + "; ".join(missing))
     t_start = time.monotonic()
-    exe = {n: binary(n) for n in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]}
+    names_needed = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+    if real:
+        names_needed += ["kubelet", "kube-proxy", "coredns", "pause"]
+    exe = {n: binary(n) for n in names_needed}
+    exe["containerd"] = shutil.which("containerd") or "containerd"
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     logs = STATE_DIR / "logs"
     # A fresh etcd each `up`: tests must not see objects of an earlier run.
@@ -289,13 +353,17 @@ def cmd_up(args: argparse.Namespace) -> None:
     pki = STATE_DIR / "pki"
     make_pki(pki)
     token = write_auth(STATE_DIR)
-    ports = {k: free_port() for k in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")}
+    port_names = ["etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"]
+    if real:
+        port_names += ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
+                       "coredns-health", "coredns-ready"]
+    ports = {k: free_port() for k in port_names}
     kubeconfig = STATE_DIR / "kubeconfig"
     write_kubeconfig(kubeconfig, ports["apiserver"], pki / "ca.crt", token)
     kc = str(kubeconfig)
     api = Api(ports["apiserver"], pki / "ca.crt", token)
     procs: dict[str, subprocess.Popen] = {}
-    state = {"bin": str(bin_dir()), "kubeconfig": kc, "ports": ports, "components": {}}
+    state = {"bin": str(bin_dir()), "kubeconfig": kc, "ports": ports, "components": {}, "real_node": real}
 
     def record(name: str, proc: subprocess.Popen) -> None:
         procs[name] = proc
@@ -316,20 +384,32 @@ def cmd_up(args: argparse.Namespace) -> None:
     t = wait_for("etcd", lambda: http_ok(f"{etcd_url}/health"), 30, procs["etcd"], logs / "etcd.log")
     log(f"etcd healthy after {t:.1f}s")
 
+    if real:
+        # Pods reach the apiserver through the `kubernetes` Service, whose endpoint is the advertise
+        # address: the node's bridge address (an address on this machine that pods can route to).
+        # It must listen there too, and 127.0.0.1 stays for kubectl: hence 0.0.0.0.
+        realnode.host_setup()
+        where = ["--bind-address=0.0.0.0", f"--advertise-address={realnode.NODE_IP}",
+                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                 f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                 f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                 # The node's Hostname address (real-node-0) resolves nowhere; its InternalIP does.
+                 "--kubelet-preferred-address-types=InternalIP,Hostname"]
+    else:
+        where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC",
+                 # The `kubernetes` Service's endpoint would be 127.0.0.1, which
+                 # Endpoints validation rejects every 10 s; no pod here needs it.
+                 "--endpoint-reconciler-type=none"]
     record("kube-apiserver", start("kube-apiserver", [
-        exe["kube-apiserver"], f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
+        exe["kube-apiserver"], f"--etcd-servers={etcd_url}", *where, f"--secure-port={ports['apiserver']}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}", f"--cert-dir={pki}",
-        f"--token-auth-file={STATE_DIR / 'tokens.csv'}", "--authorization-mode=RBAC",
+        f"--token-auth-file={STATE_DIR / 'tokens.csv'}",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         # Virtual IPs only: no kube-proxy exists, so nothing ever routes to them.
-        "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
-        # The `kubernetes` Service's endpoint would be 127.0.0.1, which
-        # Endpoints validation rejects every 10 s; no pod here needs it.
-        "--endpoint-reconciler-type=none",
+        f"--service-cluster-ip-range={realnode.SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false",
         # kcm and the scheduler read this CA from extension-apiserver-
         # authentication and log errors without it; no front proxy uses it.
         f"--requestheader-client-ca-file={pki / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
@@ -413,17 +493,146 @@ def cmd_up(args: argparse.Namespace) -> None:
     # manager has created the namespace's `default` ServiceAccount.
     wait_for("default ServiceAccount",
              lambda: api.call("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, 60)
+    if real:
+        start_real_node(state, exe, ports, api, pki, logs, record, procs, t_start)
     t_total = time.monotonic() - t_start
-    state["timings"] = {"apiserver_ready_s": round(t_api, 2), "cluster_ready_s": round(t_total, 2)}
+    state.setdefault("timings", {})
+    state["timings"].update({"apiserver_ready_s": round(t_api, 2), "cluster_ready_s": round(t_total, 2)})
     (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    log(f"{len(names)} fake nodes Ready; cluster ready {t_total:.1f}s after up "
+    log(f"{len(names)} fake nodes Ready{' + ' + realnode.NODE_NAME if real else ''}; cluster ready {t_total:.1f}s after up "
         f"(apiserver {t_api:.1f}s); logs in {logs}")
     print(env_lines(state), end="")
 
 
+def versions(*names: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["bash", "-c", f'source "{HERE}/versions.sh" && ' + " && ".join(f'echo "${n}"' for n in names)],
+        check=True, capture_output=True, text=True,
+    )
+    return dict(zip(names, out.stdout.split()))
+
+
+COREDNS_RBAC = [
+    ("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "system:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    }),
+    ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "system:coredns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}],
+    }),
+]
+
+
+def start_real_node(state: dict, exe: dict[str, str], ports: dict[str, int], api: Api, pki: Path,
+                    logs: Path, record, procs: dict[str, subprocess.Popen], t_start: float) -> None:
+    """containerd, CoreDNS, kube-proxy and kubelet of the real node (realnode.py), until it is Ready."""
+    t0 = time.monotonic()
+    pause_version = versions("PAUSE_VERSION")["PAUSE_VERSION"]
+    kubeconfigs = {}
+    for name in SYSTEM_USERS:
+        kubeconfigs[name] = STATE_DIR / f"{name}.kubeconfig"
+        write_kubeconfig(kubeconfigs[name], ports["apiserver"], pki / "ca.crt", system_token(STATE_DIR, name))
+    # Nothing of an earlier run's node survives (IP allocations, kubelet state); the image cache
+    # lives elsewhere (realnode.CONTAINERD_ROOT).
+    realnode.unmount_under(STATE_DIR / "node")
+    shutil.rmtree(STATE_DIR / "node", ignore_errors=True)
+    paths = realnode.write_configs(STATE_DIR, ports, kubeconfigs, pki / "ca.crt", pause_version)
+    sock = paths["containerd_sock"]
+    state["containerd_sock"] = str(sock)
+    for url, body in COREDNS_RBAC:
+        code, out = api.call("POST", url, body)
+        if code not in (201, 409):
+            sys.exit(f"creating {body['metadata']['name']}: {code} {out}")
+    record("containerd", start("containerd", [exe["containerd"], "--config", str(paths["containerd_conf"])], logs))
+    wait_for("containerd", lambda: realnode.ctr(sock, "version", check=False).returncode == 0, 30,
+             procs["containerd"], logs / "containerd.log")
+    realnode.ensure_pause(sock, Path(exe["pause"]), pause_version)
+    log(f"containerd up, {realnode.pause_image(pause_version)} present ({time.monotonic() - t0:.1f}s)")
+    record("coredns", start("coredns", [exe["coredns"], "-conf", str(paths["corefile"])], logs))
+    record("kube-proxy", start("kube-proxy", [exe["kube-proxy"], f"--config={paths['kube_proxy_conf']}", "--v=1"], logs))
+    node = STATE_DIR / "node"
+    record("kubelet", start("kubelet", [
+        exe["kubelet"], f"--config={paths['kubelet_conf']}", f"--kubeconfig={kubeconfigs['kubelet']}",
+        f"--root-dir={node / 'kubelet'}", f"--cert-dir={node / 'kubelet-pki'}",
+        f"--hostname-override={realnode.NODE_NAME}", f"--node-ip={realnode.NODE_IP}",
+        f"--node-labels={realnode.LABEL}=true", "--v=1",
+    ], logs))
+    t = wait_for(f"node {realnode.NODE_NAME} Ready", lambda: realnode.node_ready(api.call), 120,
+                 procs["kubelet"], logs / "kubelet.log")
+    log(f"{realnode.NODE_NAME} Ready after {t:.1f}s")
+    wait_for("coredns", lambda: http_ok(f"http://127.0.0.1:{ports['coredns-ready']}/ready"), 60,
+             procs["coredns"], logs / "coredns.log")
+    wait_for("kube-proxy", lambda: http_ok(f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz"), 60,
+             procs["kube-proxy"], logs / "kube-proxy.log")
+    state.setdefault("timings", {})["real_node_ready_s"] = round(time.monotonic() - t0, 2)
+    log(f"real node {realnode.NODE_NAME}: containerd, kubelet, kube-proxy, CoreDNS ready in "
+        f"{time.monotonic() - t0:.1f}s ({time.monotonic() - t_start:.1f}s since up)")
+
+
+def admin_api(state: dict) -> Api | None:
+    try:
+        token = (STATE_DIR / "admin.token").read_text().strip()
+    except OSError:
+        return None
+    return Api(state["ports"]["apiserver"], STATE_DIR / "pki" / "ca.crt", token)
+
+
+def drain_real_node(state: dict) -> None:
+    """Cordon the real node and delete its pods while the kubelet runs, so that containers stop
+    through SIGTERM and pod sandboxes (network namespaces, veths, IPs) are torn down by the CRI."""
+    api = admin_api(state)
+    if api is None:
+        return
+    node = realnode.NODE_NAME
+    try:
+        req_ok = _patch_unschedulable(api, node)
+        code, body = api.call("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
+        pods = body.get("items", []) if code == 200 and isinstance(body, dict) else []
+        for pod in pods:
+            md = pod["metadata"]
+            api.call("DELETE", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}")
+        deadline = time.monotonic() + 60
+        while pods and time.monotonic() < deadline:
+            code, body = api.call("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
+            if code != 200 or not body.get("items"):
+                break
+            time.sleep(0.5)
+        if pods:
+            log(f"drained {len(pods)} pod(s) from {node}" + ("" if req_ok else " (cordon failed)"))
+    except (OSError, urllib.error.URLError, ssl.SSLError) as err:
+        log(f"draining {node}: {err}")
+
+
+def _patch_unschedulable(api: Api, node: str) -> bool:
+    data = json.dumps({"spec": {"unschedulable": True}}).encode()
+    req = urllib.request.Request(f"{api.base}/api/v1/nodes/{node}", data=data, method="PATCH")
+    req.add_header("Authorization", f"Bearer {api.token}")
+    req.add_header("Content-Type", "application/merge-patch+json")
+    try:
+        with urllib.request.urlopen(req, context=api.ctx, timeout=5) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
 def stop(state: dict) -> None:
+    real = state.get("real_node")
+    sock = Path(state.get("containerd_sock", STATE_DIR / "node" / "containerd.sock"))
+    comps = state.get("components", {})
+    if real and comps.get("kubelet") and alive(comps["kubelet"]["pid"], comps["kubelet"]["exe"]):
+        drain_real_node(state)
     for name in reversed(COMPONENTS):
-        c = state.get("components", {}).get(name)
+        c = comps.get(name)
+        if name == "containerd" and real:
+            # The kubelet is gone: whatever still runs (a pod the drain missed) goes now.
+            realnode.cleanup_runtime(sock, log)
         if not c or not alive(c["pid"], c["exe"]):
             continue
         os.kill(c["pid"], signal.SIGTERM)
@@ -434,6 +643,14 @@ def stop(state: dict) -> None:
             log(f"{name} ignored SIGTERM; killing")
             os.kill(c["pid"], signal.SIGKILL)
         log(f"stopped {name} (pid {c['pid']})")
+        if name == "containerd":
+            realnode.kill_shims(sock, log)
+    if real:
+        realnode.unmount_under(STATE_DIR / "node")
+        realnode.cleanup_network()
+        kube_proxy = shutil.which("kube-proxy", path=state.get("bin")) or ""
+        if kube_proxy:
+            realnode.kube_proxy_cleanup(kube_proxy)
     (STATE_DIR / "state.json").unlink(missing_ok=True)
 
 
@@ -444,8 +661,28 @@ def cmd_down(args: argparse.Namespace) -> None:
     else:
         log("nothing running")
     if args.purge:
+        # Never delete through a mount point the kubelet left (hostPath subPaths are bind mounts).
+        realnode.unmount_under(STATE_DIR)
+        if realnode.mounts_under(STATE_DIR):
+            sys.exit(f"{STATE_DIR}: mounts remain ({realnode.mounts_under(STATE_DIR)[:3]}); not deleting")
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         log(f"removed {STATE_DIR}")
+
+
+def cmd_load_image(args: argparse.Namespace) -> None:
+    state = load_state()
+    if not running(state) or not state.get("real_node"):
+        sys.exit("no real node running: hack/cluster/cluster.py up --real-node")
+    docker_env = dict(os.environ)
+    engine = subprocess.run(["bash", str(HERE.parent / "image" / "engine.sh"), "start"], capture_output=True, text=True)
+    for line in engine.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        if key == "DOCKER_HOST":
+            docker_env["DOCKER_HOST"] = value
+    timings = {}
+    for ref in args.refs:
+        timings[ref] = round(realnode.import_image(Path(state["containerd_sock"]), ref, log, docker_env), 2)
+    print(json.dumps(timings))
 
 
 def cmd_env(args: argparse.Namespace) -> None:
@@ -460,7 +697,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     if not state:
         sys.exit("not running")
     ok = True
-    for name in COMPONENTS:
+    for name in [n for n in COMPONENTS if n in state["components"] or n in COMPONENTS[:5]]:
         c = state["components"].get(name)
         up = bool(c) and alive(c["pid"], c["exe"])
         ok &= up
@@ -472,7 +709,13 @@ def cmd_status(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up").set_defaults(fn=cmd_up)
+    u = sub.add_parser("up")
+    u.add_argument("--real-node", action="store_true",
+                   help="also one real node (containerd, kubelet, kube-proxy, CoreDNS); needs root")
+    u.set_defaults(fn=cmd_up)
+    li = sub.add_parser("load-image", help="docker save REF | ctr import into the real node's containerd")
+    li.add_argument("refs", nargs="+")
+    li.set_defaults(fn=cmd_load_image)
     d = sub.add_parser("down")
     d.add_argument("--purge", action="store_true", help="also delete the state dir (keys, token, logs)")
     d.set_defaults(fn=cmd_down)

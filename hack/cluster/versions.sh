@@ -13,6 +13,11 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+# The real node (cluster.py up --real-node): kubelet and kube-proxy come from K8S_VERSION's module
+# set; COREDNS_VERSION and PAUSE_VERSION are what kubeadm v1.34 deploys (its constants.go), the pause
+# binary is compiled from the pause.c shipped in the k8s.io/kubernetes module at K8S_VERSION.
+COREDNS_VERSION="${COREDNS_VERSION:-v1.12.1}"
+PAUSE_VERSION="${PAUSE_VERSION:-3.10.1}"
 
 # Everything built lives outside the repository, keyed by version, so that a
 # version bump never reuses a stale binary and `git clean` never costs a rebuild.
@@ -21,6 +26,8 @@ K8S_DIR="$ELASTICPS_CACHE/k8s-$K8S_VERSION"
 ETCD_DIR="$ELASTICPS_CACHE/etcd-$ETCD_VERSION"
 KWOK_DIR="$ELASTICPS_CACHE/kwok-$KWOK_VERSION"
 HELM_DIR="$ELASTICPS_CACHE/helm-$HELM_VERSION"
+COREDNS_DIR="$ELASTICPS_CACHE/coredns-$COREDNS_VERSION"
+PAUSE_DIR="$ELASTICPS_CACHE/pause-$PAUSE_VERSION"
 # One directory of symlinks in the layout controller-runtime's envtest expects
 # (kube-apiserver, etcd, kubectl), so KUBEBUILDER_ASSETS can point at it.
 ASSETS_DIR="$ELASTICPS_CACHE/assets-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"

@@ -1,0 +1,193 @@
+"""TrainingJobs that really train: the control plane of hack/cluster plus one real node (containerd,
+runc, CNI bridge, kubelet, kube-proxy, CoreDNS; ``cluster.py up --real-node``), the project's image
+imported into the node's containerd, the operator installed with the Helm chart from that image, MNIST
+on the node's disk mounted by hostPath, and ``kubectl`` for everything a user does.
+
+Session fixtures: ``node_cluster`` (build.sh, a no-op when cached; the image built by
+hack/image/build.sh unless ELASTICPS_REUSE_IMAGE=1 and Docker has it; ``up --real-node``;
+``load-image``), ``operator`` (helm install, Deployment available) and ``data``. With
+USE_EXISTING_CLUSTER=true the tests use the cluster of KUBECONFIG, which must have a node labelled
+``elasticps.io/real-node=true`` with the image on it and the operator installed.
+
+Skipped, with the reason printed, where a real node cannot run: not root, no containerd/runc/CNI
+plugins, no Docker engine for the image, or no Go toolchain and no cached binaries. Timings of each
+part are printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from node_kit import IMAGE, NODE_LABEL, ROOT, TIMINGS, Kubectl, full_data, node_data, record, wait_for
+
+CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
+sys.path.insert(0, str(ROOT / "hack" / "cluster"))
+import realnode  # noqa: E402
+
+RELEASE = "elasticps"
+OPERATOR_NS = "elasticps-system"
+
+
+def _skip(reason: str) -> None:
+    print(f"\nSKIPPING real-node tests: {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+def _timed(what: str, cmd: list[str], env: dict[str, str], timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    record(what, time.monotonic() - t0)
+    return done
+
+
+def _docker_env(env: dict[str, str]) -> dict[str, str]:
+    started = subprocess.run(["bash", str(ROOT / "hack" / "image" / "engine.sh"), "start"], capture_output=True, text=True, timeout=600)
+    if started.returncode == 3:
+        _skip(f"no Docker engine to build the image: {started.stderr.strip()}")
+    assert started.returncode == 0, started.stderr
+    out = dict(env)
+    for line in started.stdout.splitlines():
+        if line.startswith("export DOCKER_HOST="):
+            out["DOCKER_HOST"] = line.split("=", 1)[1]
+    return out
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment (KUBECONFIG, PATH with kubectl/helm 1.34 first) of a cluster with a real node."""
+    env = dict(os.environ)
+    if os.environ.get("USE_EXISTING_CLUSTER") == "true":
+        if not env.get("KUBECONFIG"):
+            pytest.fail("USE_EXISTING_CLUSTER=true needs KUBECONFIG")
+        yield env
+        return
+    missing = realnode.preflight()
+    if missing:
+        _skip("this machine lacks " + "; ".join(missing))
+    build = _timed("hack/cluster/build.sh (control plane + node binaries; ~0 s when cached)",
+                   ["bash", str(ROOT / "hack" / "cluster" / "build.sh")], env)
+    if build.returncode != 0:
+        if shutil.which("go") is None:
+            _skip("no cached Kubernetes binaries and no Go toolchain to build them (hack/cluster/build.sh)")
+        pytest.fail(f"hack/cluster/build.sh failed:\n{build.stderr[-3000:]}")
+    docker_env = _docker_env(env)
+    have = subprocess.run(["docker", "image", "inspect", IMAGE], env=docker_env, capture_output=True).returncode == 0
+    if not (have and os.environ.get("ELASTICPS_REUSE_IMAGE") == "1"):
+        image = _timed(f"hack/image/build.sh ({IMAGE})", ["bash", str(ROOT / "hack" / "image" / "build.sh")],
+                       {**docker_env, "PY": sys.executable})
+        assert image.returncode == 0, image.stdout[-2000:] + image.stderr[-3000:]
+    # A short path: the containerd socket lives in it (unix socket paths are limited to 108 bytes).
+    env["ELASTICPS_CLUSTER_DIR"] = str(tmp_path_factory.mktemp("node"))
+    up = _timed("cluster.py up --real-node (control plane, kwok nodes, real node Ready)",
+                [sys.executable, str(CLUSTER_PY), "up", "--real-node"], env, timeout=600)
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"cluster.py up --real-node failed:\n{up.stderr[-4000:]}")
+        print(up.stderr, file=sys.stderr)
+        for line in up.stdout.splitlines():  # export KUBECONFIG=...; export PATH=BIN:$PATH
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
+        load = _timed(f"cluster.py load-image {IMAGE} (docker save + ctr import; ~0 s when the node has it)",
+                      [sys.executable, str(CLUSTER_PY), "load-image", IMAGE], {**env, **{k: v for k, v in docker_env.items() if k == "DOCKER_HOST"}})
+        assert load.returncode == 0, load.stderr[-3000:]
+        print(load.stderr, file=sys.stderr)
+        yield env
+    finally:
+        _timed("cluster.py down --purge (drains the real node)", [sys.executable, str(CLUSTER_PY), "down", "--purge"], env, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def kubectl(node_cluster: dict[str, str]) -> Kubectl:
+    kubectl = Kubectl(node_cluster)
+    nodes = kubectl.json("get", "nodes", "-l", f"{NODE_LABEL}=true")["items"]
+    assert nodes, f"no node labelled {NODE_LABEL}=true"
+    return kubectl
+
+
+@pytest.fixture(scope="session")
+def operator(kubectl: Kubectl) -> Iterator[str]:
+    """The operator as users install it: the Helm chart (CRD included), the same image, running in
+    the cluster on the real node. Yields its namespace."""
+    if os.environ.get("USE_EXISTING_CLUSTER") == "true":
+        yield OPERATOR_NS
+        return
+    t0 = time.monotonic()
+    # What a user of this cluster writes into a values file: run the operator on the real node.
+    values = {
+        "nodeSelector": {NODE_LABEL: "true"},
+        "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "image": {"repository": IMAGE.split(":")[0], "tag": IMAGE.split(":")[1], "pullPolicy": "IfNotPresent"},
+    }
+    done = subprocess.run(
+        ["helm", "install", RELEASE, str(ROOT / "helm" / "elasticps"), "-n", OPERATOR_NS, "--create-namespace",
+         "-f", "-", "--wait", "--timeout", "5m"],
+        env=kubectl.env, input=yaml.safe_dump(values), capture_output=True, text=True, timeout=400,
+    )
+    if done.returncode != 0:
+        pods = kubectl("get", "pods", "-n", OPERATOR_NS, "-o", "wide", check=False).stdout
+        logs = kubectl("logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=elasticps", "--tail=50", check=False)
+        pytest.fail(f"helm install failed: {done.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
+    record("helm install --wait (operator Deployment available on the real node)", time.monotonic() - t0)
+    yield OPERATOR_NS
+    subprocess.run(["helm", "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout", "2m"],
+                   env=kubectl.env, capture_output=True, text=True, timeout=200)
+
+
+@pytest.fixture(scope="session")
+def data() -> Path:
+    try:
+        return node_data()
+    except FileNotFoundError as err:
+        _skip(str(err))
+        raise
+
+
+@pytest.fixture(scope="session")
+def big_data(data: Path) -> Path:
+    return full_data()
+
+
+@pytest.fixture
+def ns(kubectl: Kubectl, operator: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    words = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
+    name = f"n-{words}-{uuid.uuid4().hex[:4]}"
+    kubectl("create", "namespace", name)
+    wait_for(lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+             30, f"the default ServiceAccount of {name}")  # fmt: skip
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    kubectl, ns = funcargs.get("kubectl"), funcargs.get("ns")
+    if report.when == "call" and report.failed and isinstance(kubectl, Kubectl):
+        if ns:
+            report.sections.append(("cluster state", kubectl.show(ns)))
+            for pod in kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout.split():
+                logs = kubectl("logs", "-n", ns, pod, "--tail=40", check=False)
+                report.sections.append((f"{pod} log (tail)", logs.stdout + logs.stderr))
+        op = kubectl("logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=elasticps", "--tail=80", check=False)
+        report.sections.append(("operator log (tail)", op.stdout + op.stderr))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TIMINGS:
+        terminalreporter.section("real-node timings")
+        for line in TIMINGS:
+            terminalreporter.write_line(line)
