@@ -254,9 +254,28 @@ if need "${K8S_BINS[@]}"; then timed "kubernetes-$K8S_VERSION" build_kubernetes;
 if need "$ETCD_DIR/bin/etcd"; then timed "etcd-$ETCD_VERSION" build_etcd; else log "etcd $ETCD_VERSION: cached"; fi
 if need "$KWOK_DIR/bin/kwok" "$KWOK_DIR/bin/kwokctl"; then timed "kwok-$KWOK_VERSION" build_kwok; else log "kwok $KWOK_VERSION: cached"; fi
 if need "$HELM_DIR/bin/helm"; then timed "helm-$HELM_VERSION" build_helm; else log "helm $HELM_VERSION: cached"; fi
+# The real node's runtime comes from Debian (containerd, runc, the CNI plugins, iptables, iproute2)
+# and the pause binary needs gcc: installed here when missing and we are root with apt, as
+# hack/image/engine.sh does for docker.io. Elsewhere the real-node tests skip and say what is missing.
+install_node_packages() {
+  local missing=() pkg
+  for pkg in containerd runc containernetworking-plugins iptables iproute2 gcc libc6-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
+    log "real node: missing Debian packages ${missing[*]} (not root with apt: the real-node tests will skip)"
+    return 0
+  fi
+  log "real node: installing ${missing[*]} from Debian"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 \
+    || log "real node: apt-get install ${missing[*]} failed (the real-node tests will skip and say why)"
+}
+
 # The real node's parts (kubelet, kube-proxy, CoreDNS, pause); NODE_BINARIES=0 skips them.
 NODE_BINS=()
 if [[ "${NODE_BINARIES:-1}" != 0 ]]; then
+  command -v dpkg-query >/dev/null && install_node_packages
   if need "$K8S_DIR/bin/kubelet" "$K8S_DIR/bin/kube-proxy"; then timed "node-$K8S_VERSION" build_node; else log "kubelet/kube-proxy $K8S_VERSION: cached"; fi
   if need "$COREDNS_DIR/bin/coredns"; then timed "coredns-$COREDNS_VERSION" build_coredns; else log "coredns $COREDNS_VERSION: cached"; fi
   NODE_BINS=("$K8S_DIR/bin/kubelet" "$K8S_DIR/bin/kube-proxy" "$COREDNS_DIR/bin/coredns")

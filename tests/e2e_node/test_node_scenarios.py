@@ -171,11 +171,6 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=True,
-    reason="found on the real node: the worker is PID 1 of its container and installs no SIGTERM handler, "
-    "so the kernel drops SIGTERM and the kubelet SIGKILLs it after the grace period (exit 137); the PS exits 0",
-)
 def test_deleting_the_job_stops_every_pod_with_sigterm(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-delete"
     kubectl.apply(ns, mnist_job(name, big_data))
