@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from node_kit import IMAGE, NODE_LABEL, ROOT, TIMINGS, Kubectl, full_data, node_data, record, wait_for
+from node_kit import IMAGE, NODE_LABEL, RESULTS, ROOT, TIMINGS, Kubectl, full_data, node_data, record, wait_for
 
 CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
 sys.path.insert(0, str(ROOT / "hack" / "cluster"))
@@ -191,3 +191,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("real-node timings")
         for line in TIMINGS:
             terminalreporter.write_line(line)
+    if RESULTS:
+        terminalreporter.section("real-node results")
+        for text in RESULTS:
+            terminalreporter.write_line(text)

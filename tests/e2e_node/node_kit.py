@@ -30,8 +30,26 @@ T = TypeVar("T")
 TIMINGS: list[str] = []
 
 
+# What a user would look at after each scenario (kubectl output, the job's figures), printed at the end.
+RESULTS: list[str] = []
+
+
 def record(what: str, seconds: float) -> None:
     TIMINGS.append(f"{what}: {seconds:.1f} s")
+
+
+def figures(status: dict[str, Any]) -> str:
+    """The job's status in one line: phase, accuracy, records trained (progress), restarts, version."""
+    accuracy = next((v for k, v in status.get("metrics", {}).items() if "accuracy" in k.lower()), None)
+    shown = "none" if accuracy is None else f"{accuracy:.4f}"
+    return (
+        f"phase {status.get('phase')}, accuracy {shown}, progress {status.get('progress')}, "
+        f"restarts {status.get('restarts', 0)}, modelVersion {status.get('modelVersion')}"
+    )
+
+
+def report(title: str, shown: str, status: dict[str, Any]) -> None:
+    RESULTS.append(f"--- {title}: {figures(status)}\n{shown.rstrip()}")
 
 
 def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 1.0) -> T:

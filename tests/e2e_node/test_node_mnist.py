@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from node_kit import Kubectl, mnist_job, record, wait_for
+from node_kit import Kubectl, mnist_job, record, report, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 
@@ -52,6 +52,7 @@ def test_sync_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) -
     status = kubectl.job(ns, name)["status"]
     shown = kubectl.show(ns)
     print(f"\n{shown}\nstatus: {status}", file=sys.stderr)
+    report(f"MNIST sync on the real node, apply -> {phase} in {elapsed:.1f} s", shown, status)
     record(f"MNIST sync (1 PS + 2 workers, 4096 records, 1 epoch): all pods have IPs after", t_running)
     record(f"MNIST sync: kubectl apply -> {phase}", elapsed)
     assert phase == "Succeeded", status

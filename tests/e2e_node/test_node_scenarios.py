@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from node_kit import CACHE, Kubectl, mnist_job, record, wait_for
+from node_kit import CACHE, Kubectl, mnist_job, record, report, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 
@@ -133,7 +133,9 @@ def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, big_
     print(f"{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
     record(f"MNIST sync, worker-0 deleted mid-training (exit {watch.terminated.get('exitCode')}): apply -> {phase}",
            time.monotonic() - t0)
+    report("worker-0 deleted mid-training and replaced", kubectl.show(ns), status)
     assert phase == "Succeeded", status
+    assert status.get("progress") == "100%", status  # every record trained, the lost worker's task included
 
 
 @pytest.mark.timeout(1200)
@@ -167,7 +169,9 @@ def test_ps_deleted_restores_from_checkpoint_on_hostpath(kubectl: Kubectl, ns: s
     status = _status(kubectl, ns, name)
     print(f"{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
     record(f"MNIST sync, ps-0 deleted at version {before} and restored: apply -> {phase}", time.monotonic() - t0)
+    report(f"ps-0 deleted at version {before}, restored from its checkpoint ({line.strip()})", kubectl.show(ns), status)
     assert phase == "Succeeded", status
+    assert status.get("progress") == "100%", status
 
 
 @pytest.mark.timeout(900)
