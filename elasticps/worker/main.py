@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 128 + signal.SIGTERM
+# After SIGTERM: time to hand the task back and close the channels; then the process exits
+# regardless (a PS that is gone too, as when a whole job is deleted, would keep the report retrying).
+STOP_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ def run(config: WorkerConfig) -> int:
     from elasticps.worker.training import Stopped
 
     def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up below must not be interrupted
+        watchdog = threading.Timer(STOP_GRACE_S, os._exit, args=(EXIT_STOPPED,))
+        watchdog.daemon = True
+        watchdog.start()
         raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, stop)

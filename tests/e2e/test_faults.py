@@ -49,10 +49,16 @@ def coordinator(run_dir: Path) -> CoordinatorClient:
 
 
 def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path) -> None:
-    process, run_dir, result_file = start_job(tmp_path)
+    # Tasks of 6,000 records (one per worker per epoch): while the model moves and no task is
+    # reported yet, each worker is inside its first task, so the kill always leaves a task behind.
+    process, run_dir, result_file = start_job(tmp_path, recordsPerTask=6000)
     client = coordinator(run_dir)
-    # Kill once worker 0 is busy training: some records done, most of the job still ahead.
-    wait_for(lambda: 0 < client.status().records_done < RECORDS, 120, "training to start")
+
+    def inside_first_tasks() -> bool:
+        status = client.status()
+        return status.model_version >= 10 and status.records_done == 0
+
+    wait_for(inside_first_tasks, 120, "both workers inside their first task")
     victim = int((run_dir / "faults-worker-0.pid").read_text())
     os.kill(victim, signal.SIGKILL)
     _, stderr = process.communicate(timeout=240)  # type: ignore[attr-defined]
