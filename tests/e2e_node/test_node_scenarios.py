@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -263,3 +265,77 @@ def test_kubectl_scale_adds_a_worker_to_a_training_job(kubectl: Kubectl, ns: str
     record(f"MNIST sync scaled 1 -> 2 workers while training: 2 workers Running after {t_scaled:.1f} s; apply -> {phase}",
            time.monotonic() - t0)
     assert phase == "Succeeded", status
+
+
+def _host_pid(pod: str) -> int | None:
+    """The host pid of pod ``pod``'s ``elasticps`` process (PID 1 of its container), found by the
+    HOSTNAME the kubelet sets to the pod's name."""
+    hostname = f"HOSTNAME={pod}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/elasticps") for a in argv[:2]) and hostname in environ:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.timeout(1200)
+def test_worker_killed_in_its_pod_is_replaced_and_counted(kubectl: Kubectl, ns: str, big_data: Path) -> None:
+    """kill -9 of a worker's process (from the host, as the OOM killer would): its pod fails with exit
+    137, the operator replaces it per restartPolicy OnFailure and counts one restart; every record is
+    still trained."""
+    name = "mnist-worker-kill"
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(name, big_data))
+    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 40, 600,
+             f"{name} to train (modelVersion >= 40 of ~469)", interval=0.5)
+    pid = wait_for(lambda: _host_pid(f"{name}-worker-0"), 30, "worker-0's process on the host")
+    os.kill(pid, signal.SIGKILL)
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    record(f"MNIST sync, worker-0's process killed (-9) mid-training: apply -> {phase}", time.monotonic() - t0)
+    report("worker-0's process killed with SIGKILL in its pod, replaced", kubectl.show(ns), status)
+    assert phase == "Succeeded", status
+    assert status.get("progress") == "100%", status
+    assert status.get("restarts") == 1, status
+
+
+@pytest.mark.timeout(1200)
+def test_ps_killed_in_its_pod_restores_and_is_counted(kubectl: Kubectl, ns: str, big_data: Path) -> None:
+    """kill -9 of PS 0's process, checkpoints on a hostPath: its pod fails with exit 137, the operator
+    replaces it (restartPolicy Always) and counts one restart, the new PS restores the newest
+    checkpoint, and every record is still trained."""
+    name = "mnist-ps-kill"
+    ckpt = CACHE / "node-checkpoints" / ns
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ckpt.chmod(0o777)  # the PS runs as uid 1000
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(
+        name, big_data,
+        ps_volumes=[{"name": "ckpt", "hostPath": {"path": str(ckpt), "type": "Directory"}}],
+        ps_mounts=[{"name": "ckpt", "mountPath": "/ckpt"}],
+        training={"checkpointDir": "/ckpt", "checkpointSteps": 20},
+    ))
+    wait_for(lambda: int(_status(kubectl, ns, name).get("modelVersion") or 0) >= 60, 600,
+             f"{name} past its first checkpoints (modelVersion >= 60 of ~469)", interval=0.5)
+    before = int(_status(kubectl, ns, name).get("modelVersion") or 0)
+    pid = wait_for(lambda: _host_pid(f"{name}-ps-0"), 30, "PS 0's process on the host")
+    os.kill(pid, signal.SIGKILL)
+
+    def resumed() -> str:
+        logs = kubectl("logs", f"{name}-ps-0", "-n", ns, check=False).stdout
+        return next((line for line in logs.splitlines() if "resumes at version" in line), "")
+
+    line = wait_for(resumed, 300, "the new PS 0 to restore its checkpoint", interval=0.5)
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    record(f"MNIST sync, ps-0's process killed (-9) at version {before}: apply -> {phase}", time.monotonic() - t0)
+    report(f"ps-0's process killed with SIGKILL at version {before} ({line.strip()})", kubectl.show(ns), status)
+    assert phase == "Succeeded", status
+    assert status.get("progress") == "100%", status
+    assert status.get("restarts") == 1, status
