@@ -91,11 +91,11 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
     return spec
 
 
-def training_args(spec: TrainingSpec, grads_to_wait: int) -> list[str]:
+def training_args(spec: TrainingSpec) -> list[str]:
     """The flags that reproduce ``spec``; fields left at their default are omitted."""
     args: list[str] = []
     for field in dataclasses.fields(TrainingSpec):
-        value = grads_to_wait if field.name == "grads_to_wait" else getattr(spec, field.name)
+        value = getattr(spec, field.name)
         if value == field.default:
             continue
         if value is True:

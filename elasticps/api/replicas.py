@@ -66,15 +66,27 @@ def _training_args(job: TrainingJob, checkpoint_dir: str) -> list[str]:
     training = job.spec.training
     if checkpoint_dir and not training.checkpoint_dir:
         training = replace(training, checkpoint_dir=checkpoint_dir)
-    return training_args(training, job.grads_to_wait)
+    return training_args(training)
 
 
-def ps_replica(job: TrainingJob, index: int, *, host: str, port: int, checkpoint_dir: str = "", extra: Sequence[str] = ()) -> Replica:
+def ps_replica(
+    job: TrainingJob,
+    index: int,
+    *,
+    host: str,
+    port: int,
+    ps_addresses: Sequence[str] = (),
+    checkpoint_dir: str = "",
+    extra: Sequence[str] = (),
+) -> Replica:
+    """PS ``index``'s command. PS 0 coordinates sync rounds on every shard, so with more than one PS it
+    needs ``ps_addresses`` (all of them, in order); no PS is told the number of workers: the
+    coordinator counts the live ones."""
     args = [
         "ps",
         f"--ps_id={index}",
         f"--num_ps={job.spec.ps.replicas}",
-        f"--num_workers={job.spec.worker.replicas}",
+        *([f"--ps_addrs={','.join(ps_addresses)}"] if index == 0 and len(ps_addresses) > 1 else []),
         f"--host={host}",
         f"--port={port}",
         *_data_args(job),

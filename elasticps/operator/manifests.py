@@ -102,7 +102,9 @@ def replica(job: TrainingJob, role: Role, index: int) -> Replica:
     metrics on 9090 and the worker its health on 2223 (the probes' ports)."""
     metrics = f"--metrics_port={METRICS_PORT}"
     if role is Role.PS:
-        return ps_replica(job, index, host="0.0.0.0", port=PS_PORT, extra=(metrics,))
+        return ps_replica(
+            job, index, host="0.0.0.0", port=PS_PORT, ps_addresses=cluster_ps_addresses(job), extra=(metrics,)
+        )
     return worker_replica(job, index, cluster_ps_addresses(job), extra=(f"--health_port={HEALTH_PORT}", metrics))
 
 

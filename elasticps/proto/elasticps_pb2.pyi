@@ -78,6 +78,31 @@ TASK_TYPE_FINISHED: TaskType.ValueType  # 4
 """the job is done: the worker exits"""
 Global___TaskType: _TypeAlias = TaskType  # noqa: Y015
 
+class _JoinOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _JoinOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JoinOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    JOIN_OUTCOME_UNSPECIFIED: _JoinOutcome.ValueType  # 0
+    JOIN_OUTCOME_COMMITTED: _JoinOutcome.ValueType  # 1
+    """the round that counted this gradient is applied on every shard"""
+    JOIN_OUTCOME_PENDING: _JoinOutcome.ValueType  # 2
+    """admitted; the round is still open after wait_ms: ask again"""
+    JOIN_OUTCOME_REFUSED: _JoinOutcome.ValueType  # 3
+    """too old: the round moved on without it; pull and train again"""
+
+class JoinOutcome(_JoinOutcome, metaclass=_JoinOutcomeEnumTypeWrapper): ...
+
+JOIN_OUTCOME_UNSPECIFIED: JoinOutcome.ValueType  # 0
+JOIN_OUTCOME_COMMITTED: JoinOutcome.ValueType  # 1
+"""the round that counted this gradient is applied on every shard"""
+JOIN_OUTCOME_PENDING: JoinOutcome.ValueType  # 2
+"""admitted; the round is still open after wait_ms: ask again"""
+JOIN_OUTCOME_REFUSED: JoinOutcome.ValueType  # 3
+"""too old: the round moved on without it; pull and train again"""
+Global___JoinOutcome: _TypeAlias = JoinOutcome  # noqa: Y015
+
 @_typing.final
 class TensorMeta(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -161,21 +186,27 @@ class PushHead(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     LEARNING_RATE_FIELD_NUMBER: _builtins.int
+    MINIBATCH_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the model version the gradients were computed on"""
     learning_rate: _builtins.float
     """0: the PS's configured learning rate"""
+    minibatch: _builtins.str
+    """Sync: names the minibatch ("worker/session/sequence") in the shard's round audit log; a retrained
+    minibatch keeps its name, so a minibatch applied twice would show there.
+    """
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
         version: _builtins.int = ...,
         learning_rate: _builtins.float = ...,
+        minibatch: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "version", b"version", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "minibatch", b"minibatch", "version", b"version", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -281,6 +312,7 @@ class PushReply(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
+    """async: applied; sync: staged for the round (applied when the round commits)"""
     version: _builtins.int
     """the PS version after this push"""
     def __init__(
@@ -296,6 +328,93 @@ class PushReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushReply: _TypeAlias = PushReply  # noqa: Y015
+
+@_typing.final
+class CommitRequest(_message.Message):
+    """Sync rounds (decided by the coordinator, see JoinRound): apply the staged gradients of exactly
+    these workers as the update of round `round` (the shard's version before it). Idempotent: a round
+    the shard already applied changes nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        workers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitRequest: _TypeAlias = CommitRequest  # noqa: Y015
+
+@_typing.final
+class CommitReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """the shard's version after the commit"""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitReply: _TypeAlias = CommitReply  # noqa: Y015
+
+@_typing.final
+class DescribeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeRequest: _TypeAlias = DescribeRequest  # noqa: Y015
+
+@_typing.final
+class ShardState(_message.Message):
+    """What the coordinator asks of every shard: is it serving a model, at which version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INITIALIZED_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    initialized: _builtins.bool
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        initialized: _builtins.bool = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["initialized", b"initialized", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardState: _TypeAlias = ShardState  # noqa: Y015
 
 @_typing.final
 class GetTaskRequest(_message.Message):
@@ -438,19 +557,77 @@ class HeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
+    leaving: _builtins.bool
+    """the worker exits now (finished or stopped): it stops counting at once"""
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leaving", b"leaving", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class JoinRequest(_message.Message):
+    """Sync: a worker whose gradient is staged on every shard asks to have it counted in the current
+    round. The coordinator admits up to the round's quorum and then commits the round on every shard.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    version: _builtins.int
+    """the model version the gradient was computed on"""
+    wait_ms: _builtins.int
+    """how long an admitted worker's call may wait for the round to commit"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        version: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinRequest: _TypeAlias = JoinRequest  # noqa: Y015
+
+@_typing.final
+class JoinReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    outcome: Global___JoinOutcome.ValueType
+    version: _builtins.int
+    """the committed version (the next round's number)"""
+    def __init__(
+        self,
+        *,
+        outcome: Global___JoinOutcome.ValueType = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinReply: _TypeAlias = JoinReply  # noqa: Y015
 
 @_typing.final
 class JobStatusRequest(_message.Message):
@@ -503,6 +680,10 @@ class JobStatus(_message.Message):
     TASKS_REQUEUED_FIELD_NUMBER: _builtins.int
     GRADIENTS_REJECTED_FIELD_NUMBER: _builtins.int
     EPOCH_RECORDS_FIELD_NUMBER: _builtins.int
+    SHARD_VERSIONS_FIELD_NUMBER: _builtins.int
+    LIVE_WORKERS_FIELD_NUMBER: _builtins.int
+    GRADS_TO_WAIT_FIELD_NUMBER: _builtins.int
+    SHARD_PROBLEM_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -515,6 +696,12 @@ class JobStatus(_message.Message):
     """the model version those metrics evaluate"""
     tasks_requeued: _builtins.int
     gradients_rejected: _builtins.int
+    live_workers: _builtins.int
+    """workers heard from within the task timeout"""
+    grads_to_wait: _builtins.int
+    """sync: gradients averaged into the current round"""
+    shard_problem: _builtins.str
+    """why the shards disagree or lost their model ("": they agree)"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -522,6 +709,10 @@ class JobStatus(_message.Message):
     @_builtins.property
     def epoch_records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """records trained, per epoch"""
+
+    @_builtins.property
+    def shard_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """every shard's version, PS 0 first"""
 
     def __init__(
         self,
@@ -538,10 +729,14 @@ class JobStatus(_message.Message):
         tasks_requeued: _builtins.int = ...,
         gradients_rejected: _builtins.int = ...,
         epoch_records: _abc.Iterable[_builtins.int] | None = ...,
+        shard_versions: _abc.Iterable[_builtins.int] | None = ...,
+        live_workers: _builtins.int = ...,
+        grads_to_wait: _builtins.int = ...,
+        shard_problem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "records_done", b"records_done", "records_total", b"records_total", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "records_done", b"records_done", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,16 @@ class ParameterServerStub:
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.SerializeToString,
                 response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.CommitRound = channel.unary_unary(
+                '/elasticps.v1.ParameterServer/CommitRound',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.CommitRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.CommitReply.FromString,
+                _registered_method=True)
+        self.DescribeShard = channel.unary_unary(
+                '/elasticps.v1.ParameterServer/DescribeShard',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -73,6 +83,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitRound(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeShard(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +112,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushGradients,
                     request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
                     response_serializer=elasticps_dot_proto_dot_elasticps__pb2.PushReply.SerializeToString,
+            ),
+            'CommitRound': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitRound,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.CommitRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.CommitReply.SerializeToString,
+            ),
+            'DescribeShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShard,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +215,60 @@ class ParameterServer:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def CommitRound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.ParameterServer/CommitRound',
+            elasticps_dot_proto_dot_elasticps__pb2.CommitRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.ParameterServer/DescribeShard',
+            elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class CoordinatorStub:
     """Missing associated documentation comment in .proto file."""
@@ -207,6 +293,11 @@ class CoordinatorStub:
                 '/elasticps.v1.Coordinator/Heartbeat',
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.JoinRound = channel.unary_unary(
+                '/elasticps.v1.Coordinator/JoinRound',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.JoinRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.JoinReply.FromString,
                 _registered_method=True)
         self.GetJobStatus = channel.unary_unary(
                 '/elasticps.v1.Coordinator/GetJobStatus',
@@ -236,6 +327,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinRound(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetJobStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -259,6 +356,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.HeartbeatRequest.FromString,
                     response_serializer=elasticps_dot_proto_dot_elasticps__pb2.Ack.SerializeToString,
+            ),
+            'JoinRound': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinRound,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.JoinRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.JoinReply.SerializeToString,
             ),
             'GetJobStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJobStatus,
@@ -347,6 +449,33 @@ class Coordinator:
             '/elasticps.v1.Coordinator/Heartbeat',
             elasticps_dot_proto_dot_elasticps__pb2.HeartbeatRequest.SerializeToString,
             elasticps_dot_proto_dot_elasticps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinRound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.Coordinator/JoinRound',
+            elasticps_dot_proto_dot_elasticps__pb2.JoinRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,

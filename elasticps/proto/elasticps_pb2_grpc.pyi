@@ -45,6 +45,8 @@ class ParameterServerStub:
     """The first worker initialises an empty PS; later calls change nothing and say so."""
     PullDense: _grpc.UnaryStreamMultiCallable[_elasticps_pb2.PullRequest, _elasticps_pb2.Frame]
     PushGradients: _grpc.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]
+    CommitRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]
+    DescribeShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -53,6 +55,8 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """The first worker initialises an empty PS; later calls change nothing and say so."""
     PullDense: _aio.UnaryStreamMultiCallable[_elasticps_pb2.PullRequest, _elasticps_pb2.Frame]  # type: ignore[assignment]
     PushGradients: _aio.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]  # type: ignore[assignment]
+    CommitRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]  # type: ignore[assignment]
+    DescribeShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -77,6 +81,20 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.PushReply, _abc.Awaitable[_elasticps_pb2.PushReply]]: ...
 
+    @_abc_1.abstractmethod
+    def CommitRound(
+        self,
+        request: _elasticps_pb2.CommitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.CommitReply, _abc.Awaitable[_elasticps_pb2.CommitReply]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeShard(
+        self,
+        request: _elasticps_pb2.DescribeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.ShardState, _abc.Awaitable[_elasticps_pb2.ShardState]]: ...
+
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class CoordinatorStub:
@@ -87,6 +105,7 @@ class CoordinatorStub:
     GetTask: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.GetTaskRequest, _elasticps_pb2.Task]
     ReportTask: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.TaskResult, _elasticps_pb2.Ack]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.HeartbeatRequest, _elasticps_pb2.Ack]
+    JoinRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.JoinRequest, _elasticps_pb2.JoinReply]
     GetJobStatus: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.JobStatusRequest, _elasticps_pb2.JobStatus]
 
 @_typing.type_check_only
@@ -95,6 +114,7 @@ class CoordinatorAsyncStub(CoordinatorStub):
     GetTask: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.GetTaskRequest, _elasticps_pb2.Task]  # type: ignore[assignment]
     ReportTask: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.TaskResult, _elasticps_pb2.Ack]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.HeartbeatRequest, _elasticps_pb2.Ack]  # type: ignore[assignment]
+    JoinRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.JoinRequest, _elasticps_pb2.JoinReply]  # type: ignore[assignment]
     GetJobStatus: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.JobStatusRequest, _elasticps_pb2.JobStatus]  # type: ignore[assignment]
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -118,6 +138,13 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _elasticps_pb2.HeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.Ack, _abc.Awaitable[_elasticps_pb2.Ack]]: ...
+
+    @_abc_1.abstractmethod
+    def JoinRound(
+        self,
+        request: _elasticps_pb2.JoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.JoinReply, _abc.Awaitable[_elasticps_pb2.JoinReply]]: ...
 
     @_abc_1.abstractmethod
     def GetJobStatus(

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import DataReader, TrainingSpec, effective_grads_to_wait
+from elasticps.api.spec import DataReader, TrainingSpec
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
@@ -46,7 +46,7 @@ class PSConfig:
     host: str
     port: int
     port_file: str
-    num_workers: int
+    ps_addrs: tuple[str, ...]  # PS 0: every shard's address, in order (it coordinates sync rounds)
     data_reader: DataReader
     training_data: str
     validation_data: str
@@ -55,10 +55,6 @@ class PSConfig:
     training: TrainingSpec
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
 
-    @property
-    def grads_to_wait(self) -> int:
-        return effective_grads_to_wait(self.training.grads_to_wait, self.num_workers)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ps_id", type=int, default=0, help="this shard's index (0 also coordinates)")
@@ -66,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--port", type=int, default=2222, help="port to listen on (0: any free port)")
     parser.add_argument("--port_file", default="", help="write the bound port to this file once serving")
-    parser.add_argument("--num_workers", type=int, default=1, help="workers in the job (grads_to_wait 0 means this)")
+    parser.add_argument(
+        "--ps_addrs", default="", help="PS 0 with several shards: every shard's host:port, comma-separated, in order"
+    )
     parser.add_argument(
         "--data_reader", default=DataReader.IDX.value, choices=[r.value for r in DataReader], help="record reader"
     )
@@ -83,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> PSConfig:
     if not 0 <= args.ps_id < args.num_ps:
         raise SystemExit(f"error: --ps_id {args.ps_id} is not in [0, --num_ps {args.num_ps})")
+    ps_addrs = tuple(a for a in args.ps_addrs.split(",") if a)
+    if args.ps_id == 0 and args.num_ps > 1 and len(ps_addrs) != args.num_ps:
+        raise SystemExit(f"error: --ps_addrs: PS 0 coordinates {args.num_ps} shards and needs all their addresses")
     if args.chunk_bytes < 1:
         raise SystemExit(f"error: --chunk_bytes must be >= 1, got {args.chunk_bytes}")
     return PSConfig(
@@ -91,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         host=args.host,
         port=args.port,
         port_file=args.port_file,
-        num_workers=args.num_workers,
+        ps_addrs=ps_addrs,
         data_reader=DataReader(args.data_reader),
         training_data=args.training_data,
         validation_data=args.validation_data,
@@ -107,7 +108,7 @@ def store_settings(config: PSConfig) -> StoreSettings:
     return StoreSettings(
         shard=config.ps_id,
         mode=TrainingMode.of(t),
-        grads_to_wait=config.grads_to_wait,
+        grads_to_wait=max(1, t.grads_to_wait),
         sync_version_tolerance=t.sync_version_tolerance,
         checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,
         checkpoint_steps=t.checkpoint_steps,

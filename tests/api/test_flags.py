@@ -146,11 +146,11 @@ FULL = TrainingSpec(
 
 
 def test_defaults_render_to_no_flags() -> None:
-    assert training_args(TrainingSpec(), 0) == []
+    assert training_args(TrainingSpec()) == []
 
 
 def test_full_spec_renders_every_field() -> None:
-    args = training_args(FULL, FULL.grads_to_wait)
+    args = training_args(FULL)
     assert args == [
         "--use_async",
         "--lr_staleness_modulation",
@@ -171,12 +171,12 @@ def test_full_spec_renders_every_field() -> None:
 
 
 def test_round_trip_full_spec() -> None:
-    assert parse(*training_args(FULL, FULL.grads_to_wait)) == FULL
+    assert parse(*training_args(FULL)) == FULL
 
 
-def test_grads_to_wait_argument_overrides_the_spec() -> None:
-    assert parse(*training_args(TrainingSpec(), 4)).grads_to_wait == 4
-    assert "--grads_to_wait=4" in training_args(TrainingSpec(grads_to_wait=2), 4)
+def test_grads_to_wait_zero_stays_zero_so_the_coordinator_counts_live_workers() -> None:
+    assert parse(*training_args(TrainingSpec(grads_to_wait=0))).grads_to_wait == 0
+    assert "--grads_to_wait=2" in training_args(TrainingSpec(grads_to_wait=2))
 
 
 def random_spec(rng: random.Random) -> TrainingSpec:
@@ -203,7 +203,7 @@ def random_spec(rng: random.Random) -> TrainingSpec:
 @pytest.mark.parametrize("seed", range(30))
 def test_round_trip_random_specs(seed: int) -> None:
     spec = random_spec(random.Random(seed))
-    assert parse(*training_args(spec, spec.grads_to_wait)) == spec
+    assert parse(*training_args(spec)) == spec
 
 
 def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
@@ -222,7 +222,7 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
             },
         }
     )
-    expected = dataclasses.replace(job.spec.training, grads_to_wait=3)  # 0 -> the number of workers
+    expected = job.spec.training  # gradsToWait 0 stays 0: the coordinator follows the live workers
 
     ps = ps_replica(job, 1, host="127.0.0.1", port=0, checkpoint_dir="/run/ckpt")
     assert (ps.name, ps.args[0]) == ("j-ps-1", "ps")
@@ -230,7 +230,10 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     ps_main.add_arguments(parser)
     config = ps_main.config_from_args(parser.parse_args(list(ps.args[1:])))
     assert config.training == dataclasses.replace(expected, checkpoint_dir="/run/ckpt")
-    assert (config.ps_id, config.num_ps, config.num_workers, config.training_data) == (1, 2, 3, "/d/train.npz")
+    assert (config.ps_id, config.num_ps, config.training_data) == (1, 2, "/d/train.npz")
+    assert "--num_workers" not in " ".join(ps.args)  # no snapshot of the worker count that can go stale
+    ps0 = ps_replica(job, 0, host="127.0.0.1", port=0, ps_addresses=["a:1", "b:2"])
+    assert "--ps_addrs=a:1,b:2" in ps0.args
 
     worker = worker_replica(job, 2, ["a:1", "b:2"])
     assert (worker.name, worker.args[0]) == ("j-worker-2", "worker")
