@@ -36,6 +36,19 @@ class CoordinatorClient:
     def heartbeat(self) -> None:
         self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker), timeout=5.0)
 
+    def leave(self) -> None:
+        """Tells the coordinator this worker exits now, so sync rounds stop waiting for it (one try)."""
+        self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker, leaving=True), timeout=2.0)
+
+    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply:
+        """Sync: counts this worker's staged gradient (computed on ``version``) in the open round."""
+        request = pb.JoinRequest(worker=self.worker, version=version, wait_ms=wait_ms)
+        timeout = self._timeout_s + wait_ms / 1000
+        reply: pb.JoinReply = retrying(
+            lambda: self._stub.JoinRound(request, timeout=timeout), what="JoinRound", deadline_s=self._deadline_s
+        )
+        return reply
+
     def status(self, timeout_s: float = 5.0) -> pb.JobStatus:
         reply: pb.JobStatus = self._stub.GetJobStatus(pb.JobStatusRequest(), timeout=timeout_s)
         return reply

@@ -1,9 +1,15 @@
-"""The Coordinator gRPC service (hosted by PS 0): a translator over :class:`TaskQueue`.
+"""The Coordinator gRPC service (hosted by PS 0): a translator over :class:`TaskQueue` and :class:`Rounds`.
 
 gRPC calls arrive on many threads; one lock serialises them over the pure queue. The model version
 comes from PS 0's store through ``version_fn``, so evaluations follow the model's progress. With a
 ``journal`` path the queue's ledger is written there (atomically) after every report and read back
 at start-up, so a restarted PS 0 goes on where it was instead of training every record again.
+
+Sync jobs (``rounds`` given): ``JoinRound`` admits staged gradients into rounds, and a round that
+reaches its quorum is committed on every shard (``shards.py``) by the thread that closed it, under
+the rounds' condition, so rounds are applied one at a time and in order. A ticker re-checks the
+open round twice a second, so a round whose missing members died or ran out of work still closes.
+Lock order: the rounds' condition, then the queue's lock.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 
 import grpc
 
+from elasticps.coordinator.rounds import Admission, Rounds
+from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
 from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
@@ -27,6 +35,9 @@ log = logging.getLogger(__name__)
 
 _KINDS = {TaskKind.TRAINING: pb.TASK_TYPE_TRAINING, TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION}
 
+MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
+TICK_S = 0.5
+
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
@@ -35,12 +46,23 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         version_fn: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
         journal: Path | None = None,
+        rounds: Rounds | None = None,
+        shards: Shards | None = None,
     ) -> None:
+        if rounds is not None and shards is None:
+            raise ValueError("sync rounds need the shards to commit them on")
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
         self._settings = settings
         self._journal = journal
+        self._rounds = rounds
+        self._shards = shards
+        self._rounds_changed = threading.Condition()  # guards _rounds and _joined; notified per commit
+        self._joined: dict[str, tuple[int, int]] = {}  # worker -> (version computed on, round joined)
+        self._incarnations: dict[int, int] = {}  # shard -> the incarnation first seen
+        self._shard_problem = ""
+        self._stopped = threading.Event()
         if journal is not None and journal.exists():
             try:
                 self._queue.restore(json.loads(journal.read_text()))
@@ -92,13 +114,129 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.Ack:
         with self._lock:
-            self._queue.heartbeat(request.worker)
+            if request.leaving:
+                self._queue.leave(request.worker)
+                log.info("worker %s left", request.worker)
+            else:
+                self._queue.heartbeat(request.worker)
+        if request.leaving:
+            self._advance_rounds()
         return pb.Ack()
 
+    # ---- sync rounds ---------------------------------------------------------------------------
+    def JoinRound(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
+        if self._rounds is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
+        if not request.worker:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRound: worker is required")
+        rounds = self._rounds
+        worker, version = request.worker, request.version
+        give_up_at = time.monotonic() + min(max(0, request.wait_ms), MAX_JOIN_WAIT_MS) / 1000
+        with self._rounds_changed:
+            while True:
+                try:
+                    self._advance_rounds_locked()
+                except (ShardRefused, grpc.RpcError) as err:
+                    log.warning("round %d could not be committed: %s", rounds.version, err)
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"JoinRound: a shard did not commit: {err}")
+                joined = self._joined.get(worker)
+                if joined is None or joined[0] != version:  # a new gradient: ask to join
+                    with self._lock:
+                        self._queue.heartbeat(worker)
+                        live = len(self._queue.live_workers())
+                    admission = rounds.join(worker, version, live)
+                    if admission is Admission.REFUSED:
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
+                    if admission is Admission.ADMITTED:
+                        self._joined[worker] = (version, rounds.version)
+                        continue  # the join may complete the quorum
+                else:
+                    counted = rounds.counted(worker, joined[1])
+                    if counted is True:
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=rounds.version)
+                    if counted is False or not rounds.is_member(worker):  # taken out: its task went back
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    return pb.JoinReply(outcome=pb.JOIN_OUTCOME_PENDING, version=rounds.version)
+                self._rounds_changed.wait(min(remaining, TICK_S))
+
+    def _advance_rounds(self) -> None:
+        """Closes and commits the open round if it is due (from any thread, logging failures)."""
+        if self._rounds is None:
+            return
+        with self._rounds_changed:
+            try:
+                self._advance_rounds_locked()
+            except (ShardRefused, grpc.RpcError) as err:
+                log.warning("round %d could not be committed: %s", self._rounds.version, err)
+
+    def _advance_rounds_locked(self) -> None:
+        rounds, shards = self._rounds, self._shards
+        assert rounds is not None and shards is not None
+        with self._lock:
+            for worker in self._queue.take_requeued_workers():
+                rounds.drop(worker)
+            can_train = self._queue.can_train()
+        closed = rounds.closing or rounds.due(can_train)
+        if closed is None:
+            return
+        try:
+            versions = shards.commit(closed.round, closed.members)
+        except RoundAborted as err:
+            # Checked before anything was applied: the round is dropped, its members train again.
+            log.warning("round %d aborted: %s", closed.round, err)
+            rounds.abort(closed)
+            self._rounds_changed.notify_all()
+            return
+        rounds.committed(closed)
+        if any(v != rounds.version for v in versions):
+            self._shard_problem = f"after round {closed.round} the shards are at versions {versions}"
+            log.error("%s", self._shard_problem)
+        self._rounds_changed.notify_all()
+
+    def start(self) -> None:
+        """Starts the ticker that closes rounds whose missing members died or ran out of work."""
+        if self._rounds is None:
+            return
+        threading.Thread(target=self._tick, name="rounds", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _tick(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            with self._lock:
+                self._queue.requeue_silent()
+            self._advance_rounds()
+            with self._rounds_changed:
+                self._rounds_changed.notify_all()  # joins re-check members whose task went back
+
+    def _shard_versions(self) -> list[int]:
+        """Every shard's version (-1: no answer); notes a shard that restarted or lost its model."""
+        if self._shards is None:
+            return [self._version_fn()]
+        views = self._shards.describe()
+        for shard, view in enumerate(views):
+            if view is None:
+                continue
+            first = self._incarnations.setdefault(shard, view.incarnation)
+            if view.incarnation != first:
+                self._incarnations[shard] = view.incarnation
+                self._shard_problem = _restart_problem(shard, view)
+                log.warning("%s", self._shard_problem)
+        return [-1 if view is None else view.version for view in views]
+
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        shard_versions = self._shard_versions()
         with self._lock:
             self._queue.requeue_silent()
             progress = self._queue.progress()
+            live = len(self._queue.live_workers())
+        grads_to_wait = 0
+        if self._rounds is not None:
+            with self._rounds_changed:
+                grads_to_wait = self._rounds.effective_grads_to_wait(live)
         return pb.JobStatus(
             finished=progress.finished,
             epoch=progress.epoch,
@@ -112,4 +250,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             tasks_requeued=progress.tasks_requeued,
             gradients_rejected=progress.gradients_rejected,
             epoch_records=list(progress.epoch_records),
+            shard_versions=shard_versions,
+            live_workers=live,
+            grads_to_wait=grads_to_wait,
+            shard_problem=self._shard_problem,
         )
+
+
+def _restart_problem(shard: int, view: ShardView) -> str:
+    if view.initialized:
+        return f"PS shard {shard} restarted; it serves version {view.version}"
+    return f"PS shard {shard} restarted without a checkpoint and lost its model (workers push theirs again)"

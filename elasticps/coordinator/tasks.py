@@ -120,6 +120,7 @@ class TaskQueue:
         self._recent_losses: list[float] = []
         self.tasks_requeued = 0
         self.gradients_rejected = 0
+        self._requeued_workers: set[str] = set()
 
     # ---- workers ask, report, beat -----------------------------------------------------------
     def get(self, worker: str, model_version: int) -> Task | Wait | Finished:
@@ -138,6 +139,32 @@ class TaskQueue:
 
     def heartbeat(self, worker: str) -> None:
         self._last_seen[worker] = self._clock()
+
+    def leave(self, worker: str) -> None:
+        """``worker`` exits (finished, or stopped): its task goes back now, it stops counting as live."""
+        for task_id, doing in list(self._doing.items()):
+            if doing.worker == worker:
+                self._requeue(task_id)
+        self._last_seen.pop(worker, None)
+
+    # ---- membership (sync rounds count these) ------------------------------------------------
+    def live_workers(self) -> set[str]:
+        """Workers heard from (task, report, heartbeat) within the task timeout, and not gone."""
+        now = self._clock()
+        return {w for w, seen in self._last_seen.items() if now - seen <= self._s.task_timeout}
+
+    def can_train(self) -> set[str]:
+        """Live workers that hold a training task or could get one: those a sync round may wait for."""
+        live = self.live_workers()
+        if self._todo or self._epoch + 1 < self._s.num_epochs:
+            return live
+        return {d.worker for d in self._doing.values() if d.task.kind is TaskKind.TRAINING and d.worker in live}
+
+    def take_requeued_workers(self) -> set[str]:
+        """The workers whose tasks went back to the queue since the last call (their open-round
+        gradients must not count: those minibatches will be trained again)."""
+        taken, self._requeued_workers = self._requeued_workers, set()
+        return taken
 
     def report(
         self,
@@ -302,6 +329,7 @@ class TaskQueue:
 
     def _requeue(self, task_id: int) -> None:
         doing = self._doing.pop(task_id)
+        self._requeued_workers.add(doing.worker)
         queue = self._eval_todo if doing.task.kind is TaskKind.EVALUATION else self._todo
         queue.insert(0, doing.task)
         self.tasks_requeued += 1

@@ -340,7 +340,12 @@ class CommitRequest(_message.Message):
 
     ROUND_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     round: _builtins.int
+    dry_run: _builtins.bool
+    """Check only: the shard is at `round` and holds every named gradient. The coordinator asks every
+    shard first, so a round is applied by all shards or by none.
+    """
     @_builtins.property
     def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -348,10 +353,11 @@ class CommitRequest(_message.Message):
         *,
         round: _builtins.int = ...,
         workers: _abc.Iterable[_builtins.str] | None = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "round", b"round", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -400,17 +406,21 @@ class ShardState(_message.Message):
 
     INITIALIZED_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
+    incarnation: _builtins.int
+    """new for every start of the shard's process: a change means it restarted"""
     def __init__(
         self,
         *,
         initialized: _builtins.bool = ...,
         version: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initialized", b"initialized", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -105,13 +105,20 @@ class PSClient:
         return self.sharder.split(tensors)
 
     # ---- calls -------------------------------------------------------------------------------
-    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]:
-        """Offers the model to every shard; shards that already hold one keep theirs."""
+    def push_model(
+        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+    ) -> list[int]:
+        """Offers the model to every shard; shards that already hold one keep theirs.
+
+        ``versions``: per shard, the version the offered model is (a worker repairing a shard that
+        lost its model offers its copy at the version it pulled); None or -1: a new model, version 0."""
         config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
-        head = pb.Frame(model=pb.ModelHead(initialized=True, optimizer=config))
         parts = self.split(tensors)
 
         def push(shard: int) -> int:
+            version = max(0, versions[shard]) if versions is not None else 0
+            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, optimizer=config))
+
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes)
 
@@ -122,14 +129,17 @@ class PSClient:
 
         return self._fan_out(push)
 
-    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled:
+    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled:
         """Pulls every shard whose version differs from ``versions`` (use -1 for "I have nothing").
 
         With ``wait_ms``, a shard where the caller is current answers once its version moves (or
-        after ``wait_ms``): a long poll instead of a busy loop.
+        after ``wait_ms``): a long poll instead of a busy loop. ``only``: ask just these shards (the
+        others keep the caller's version, with no tensors).
         """
 
         def pull(shard: int) -> tuple[int, dict[str, np.ndarray], bool]:
+            if only is not None and shard not in only:
+                return versions[shard], {}, True
             request = pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=wait_ms)
             decoded: frames.Decoded = self._call(
                 lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
@@ -148,13 +158,21 @@ class PSClient:
         )
 
     def push_gradients(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        minibatch: str = "",
     ) -> Pushed:
+        """Async: every shard applies its part. Sync: every shard stages it for the round the worker
+        then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log."""
         parts = self.split(gradients)
 
         def push(shard: int) -> pb.PushReply:
             head = pb.Frame(
-                push=pb.PushHead(worker=self.worker, version=versions[shard], learning_rate=learning_rate)
+                push=pb.PushHead(
+                    worker=self.worker, version=versions[shard], learning_rate=learning_rate, minibatch=minibatch
+                )
             )
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes)

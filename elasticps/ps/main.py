@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
 from prometheus_client import REGISTRY, start_http_server
 
 from elasticps.api.flags import add_training_flags, training_from_args
-from elasticps.api.modes import TrainingMode
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
 from elasticps.files import write_atomically
@@ -29,7 +33,7 @@ from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
-from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, UninitializedError
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.rpc.frames import CHUNK_BYTES
@@ -37,6 +41,7 @@ from elasticps.rpc.frames import CHUNK_BYTES
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
+ROUND_LOG_ENV = "ELASTICPS_ROUND_LOG"
 
 
 @dataclass(frozen=True)
@@ -108,12 +113,44 @@ def store_settings(config: PSConfig) -> StoreSettings:
     return StoreSettings(
         shard=config.ps_id,
         mode=TrainingMode.of(t),
-        grads_to_wait=max(1, t.grads_to_wait),
         sync_version_tolerance=t.sync_version_tolerance,
         checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,
         checkpoint_steps=t.checkpoint_steps,
         keep_checkpoint_max=t.keep_checkpoint_max,
+        round_log=_round_log(config.ps_id),
     )
+
+
+def _round_log(shard: int) -> Path | None:
+    """``ELASTICPS_ROUND_LOG=DIR``: every sync commit's minibatches go to DIR/ps-<shard>.jsonl (audits)."""
+    directory = os.environ.get(ROUND_LOG_ENV)
+    return Path(directory) / f"ps-{shard}.jsonl" if directory else None
+
+
+class LocalShard:
+    """PS 0's own shard as the coordinator sees every shard (``coordinator.shards.ShardLink``)."""
+
+    def __init__(self, store: ParameterStore) -> None:
+        self._store = store
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        try:
+            return self._store.commit(round_, workers, dry_run).version
+        except (RoundError, UninitializedError) as err:
+            raise ShardRefused(0, str(err)) from err
+
+    def describe(self) -> ShardView:
+        return ShardView(self._store.initialized, self._store.version, self._store.incarnation)
+
+
+def rounds_and_shards(config: PSConfig, store: ParameterStore) -> tuple[Rounds | None, Shards]:
+    """PS 0's view of the job's shards, and sync rounds over them unless the job is asynchronous."""
+    links: list[ShardLink] = [LocalShard(store)]
+    links += [RemoteShard(i, address) for i, address in enumerate(config.ps_addrs) if i > 0]
+    t = config.training
+    if TrainingMode.of(t).rule is not UpdateRule.SYNC:
+        return None, Shards(links)
+    return Rounds(grads_to_wait=t.grads_to_wait, tolerance=t.sync_version_tolerance, version=store.version), Shards(links)
 
 
 def queue_settings(config: PSConfig) -> QueueSettings:
@@ -148,8 +185,12 @@ def run(config: PSConfig) -> int:
             print(f"ps-0: error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
-        coordinator = CoordinatorServicer(settings, version_fn=lambda: store.version, journal=journal)
+        rounds, shards = rounds_and_shards(config, store)
+        coordinator = CoordinatorServicer(
+            settings, version_fn=lambda: store.version, journal=journal, rounds=rounds, shards=shards
+        )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+        coordinator.start()
     health_servicer = add_health(server)
     port = bind(server, config.host, config.port)
     if config.metrics_port:

@@ -6,10 +6,12 @@ hands it to the rule, and it reads under the rule's :meth:`Rule.guard`. The serv
 :attr:`Rule.consistent_reads` (through the store) whether it may encode a version once for every
 puller. In the spirit of ps-lite's server request handle, the rule alone decides what a push does.
 
-* :class:`SyncAveraging` (seed 000, the default): a gradient counts only when
-  ``0 <= version_ps - version <= sync_version_tolerance``; ``grads_to_wait`` of them are summed,
-  their average applied once, and the version bumped. Updates and reads hold one lock, so a pull
-  never sees half an update.
+* :class:`RoundAveraging` (seed 000's synchronous SGD, the default): a push is *staged*, one per
+  worker, when ``0 <= version_ps - version <= sync_version_tolerance``; nothing is applied until the
+  coordinator commits the round (:meth:`Rule.commit`) naming exactly which workers' gradients it
+  counts. Every shard gets the same commit, so every shard averages the same minibatches, each once,
+  and all shards move to the same version together (``coordinator/rounds.py`` decides rounds).
+  Updates and reads hold one lock, so a pull never sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
   versions. Its learning rate per push comes from a :class:`~elasticps.ps.staleness.LearningRate`,
@@ -24,7 +26,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -40,10 +42,31 @@ from elasticps.ps.versions import ModelVersion
 
 @dataclass(frozen=True)
 class PushOutcome:
-    accepted: bool
+    accepted: bool  # async: applied; sync: staged for the round
     version: int  # the store's version after this push
     staleness: int
-    learning_rate: float  # the learning rate this push was applied with (0 when rejected)
+    learning_rate: float  # the learning rate this push was (or will be) applied with (0 when refused)
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """One checked push: each table's gradient, the version it was computed on, who sent it."""
+
+    update: Update
+    computed_on: int
+    base_lr: float
+    worker: str = ""
+    minibatch: str = ""  # the worker's name for the minibatch (audit log; see CommitOutcome)
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    version: int  # the store's version after the commit
+    applied: tuple[str, ...]  # the minibatches averaged by this commit (empty: already applied)
+
+
+class RoundError(Exception):
+    """A commit this shard cannot apply: ahead of its version, or naming a gradient it does not hold."""
 
 
 class Rule(abc.ABC):
@@ -58,52 +81,92 @@ class Rule(abc.ABC):
         Called under :meth:`guard`."""
 
     @abc.abstractmethod
-    def push(
-        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
-    ) -> PushOutcome:
-        """Applies or holds ``update``, computed on model version ``computed_on``."""
+    def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
+        """Applies or stages ``gradient``."""
+
+    def commit(
+        self, model: Model, version: ModelVersion, round_: int, workers: Sequence[str], dry_run: bool = False
+    ) -> CommitOutcome:
+        """Applies round ``round_`` with the staged gradients of ``workers`` (sync rules only); with
+        ``dry_run`` only checks that it could (RoundError if not)."""
+        raise RoundError(f"{type(self).__name__} has no rounds: every push is applied as it comes")
 
     @abc.abstractmethod
     def guard(self) -> AbstractContextManager[object]:
         """Held by pulls while they read and by the store while it installs a model."""
 
 
-class SyncAveraging(Rule):
+class RoundAveraging(Rule):
     consistent_reads = True
 
-    def __init__(self, grads_to_wait: int = 1, sync_version_tolerance: int = 0) -> None:
-        if grads_to_wait < 1:
-            raise ValueError(f"grads_to_wait must be >= 1, got {grads_to_wait}")
-        self.grads_to_wait = grads_to_wait
+    def __init__(self, sync_version_tolerance: int = 0) -> None:
         self.sync_version_tolerance = sync_version_tolerance
         self._lock = threading.Lock()  # updates and reads
-        self._pending: dict[str, Accumulator[Any]] = {}
-        self._count = 0
+        self._staged: dict[str, Gradient] = {}  # at most one per worker: its newest
+        self._sums: dict[str, Accumulator[Any]] = {}
 
     def reset(self, model: Model) -> None:
-        self._pending = model.accumulators()
-        self._count = 0
+        self._staged = {}
+        self._sums = model.accumulators()
 
     def guard(self) -> AbstractContextManager[object]:
         return self._lock
 
-    def push(
-        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
-    ) -> PushOutcome:
+    @property
+    def staged(self) -> int:
+        return len(self._staged)
+
+    def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
         with self._lock:
-            behind = version.value - computed_on
+            behind = version.value - gradient.computed_on
             if not 0 <= behind <= self.sync_version_tolerance:
                 return PushOutcome(False, version.value, max(0, behind), 0.0)
-            for name, gradient in update.items():
-                self._pending[name].add(gradient)
-            self._count += 1
-            if self._count >= self.grads_to_wait:
-                for name, summed in self._pending.items():
-                    model.tables[name].apply(summed.averaged(self._count), model.optimizer, base_lr)
-                    summed.clear()
-                self._count = 0
-                version.advance()  # under the lock: a checkpoint it starts copies this version
-            return PushOutcome(True, version.value, behind, base_lr)
+            self._staged[gradient.worker] = gradient  # a worker's newer gradient replaces its older one
+            return PushOutcome(True, version.value, behind, gradient.base_lr)
+
+    def commit(
+        self, model: Model, version: ModelVersion, round_: int, workers: Sequence[str], dry_run: bool = False
+    ) -> CommitOutcome:
+        with self._lock:
+            if round_ < version.value:
+                return CommitOutcome(version.value, ())  # applied before: a retried commit changes nothing
+            if round_ > version.value:
+                raise RoundError(f"round {round_} is ahead of this shard's version {version.value}")
+            if not workers:
+                raise RoundError(f"round {round_} names no gradient")
+            members = self._members(round_, workers)
+            if dry_run:
+                return CommitOutcome(version.value, ())
+            for gradient in members:
+                for name, part in gradient.update.items():
+                    self._sums[name].add(part)
+            base_lr = members[0].base_lr
+            for name, summed in self._sums.items():
+                model.tables[name].apply(summed.averaged(len(members)), model.optimizer, base_lr)
+                summed.clear()
+            for worker in workers:
+                del self._staged[worker]
+            self._forget_older_than(round_ + 1)
+            version.advance()  # under the lock: a checkpoint it starts copies this version
+            return CommitOutcome(version.value, tuple(g.minibatch for g in members))
+
+    def _members(self, round_: int, workers: Sequence[str]) -> list[Gradient]:
+        if len(set(workers)) != len(workers):
+            raise RoundError(f"round {round_} names a worker twice: {sorted(workers)}")
+        missing = [w for w in workers if w not in self._staged]
+        if missing:
+            raise RoundError(f"round {round_}: no staged gradient of {missing} on this shard")
+        members = [self._staged[w] for w in workers]
+        too_old = [g.worker for g in members if not 0 <= round_ - g.computed_on <= self.sync_version_tolerance]
+        if too_old:
+            raise RoundError(f"round {round_}: the staged gradients of {too_old} are of other versions")
+        return members
+
+    def _forget_older_than(self, version: int) -> None:
+        """Drops staged gradients no later round can count (a dead or refused worker's)."""
+        for worker, gradient in list(self._staged.items()):
+            if version - gradient.computed_on > self.sync_version_tolerance:
+                del self._staged[worker]
 
 
 class AsyncApply(Rule):
@@ -116,17 +179,15 @@ class AsyncApply(Rule):
     def guard(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def push(
-        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
-    ) -> PushOutcome:
-        stale = staleness(version.value, computed_on)
-        lr = self.learning_rate(base_lr, stale)
-        model.apply(update, lr, locking=self.use_locking)
+    def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
+        stale = staleness(version.value, gradient.computed_on)
+        lr = self.learning_rate(gradient.base_lr, stale)
+        model.apply(gradient.update, lr, locking=self.use_locking)
         return PushOutcome(True, version.advance(), stale, lr)
 
 
 def _sync(settings: StoreSettings) -> Rule:
-    return SyncAveraging(settings.grads_to_wait, settings.sync_version_tolerance)
+    return RoundAveraging(settings.sync_version_tolerance)
 
 
 def _async(settings: StoreSettings) -> Rule:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
-from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
+from elasticps.ps.store import GradientError, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import frames
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ParameterServerServicer:
         spec = decoded.first.model.optimizer
         config = OptimizerConfig(name=spec.name, params=dict(spec.params))
         try:
-            self._store.initialize(decoded.tensors, config)
+            self._store.initialize(decoded.tensors, config, decoded.first.model.version)
         except (GradientError, OptimizerError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
@@ -100,7 +100,7 @@ class ParameterServerServicer:
         self._metrics.bytes_received.inc(sum(t.nbytes for t in decoded.tensors.values()))
         started = time.perf_counter()
         try:
-            outcome = self._store.push(decoded.tensors, head.version, head.learning_rate)
+            outcome = self._store.push(decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch)
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
@@ -112,6 +112,21 @@ class ParameterServerServicer:
         self._metrics.staleness.observe(outcome.staleness)
         self._metrics.model_version.set(outcome.version)
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
+
+    def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:
+        try:
+            outcome = self._store.commit(request.round, list(request.workers), request.dry_run)
+        except UninitializedError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except RoundError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        self._metrics.model_version.set(outcome.version)
+        return pb.CommitReply(version=outcome.version)
+
+    def DescribeShard(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.ShardState:
+        return pb.ShardState(
+            initialized=self._store.initialized, version=self._store.version, incarnation=self._store.incarnation
+        )
 
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
@@ -126,6 +141,16 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
         ),
         "PushGradients": grpc.stream_unary_rpc_method_handler(
             servicer.PushGradients, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
+        ),
+        "CommitRound": grpc.unary_unary_rpc_method_handler(
+            servicer.CommitRound,
+            request_deserializer=pb.CommitRequest.FromString,
+            response_serializer=pb.CommitReply.SerializeToString,
+        ),
+        "DescribeShard": grpc.unary_unary_rpc_method_handler(
+            servicer.DescribeShard,
+            request_deserializer=pb.DescribeRequest.FromString,
+            response_serializer=pb.ShardState.SerializeToString,
         ),
     }
     declared = set(frames.PS_SERVICE.methods_by_name)

@@ -18,12 +18,8 @@ from elasticps.api.modes import TrainingMode
 class StoreSettings:
     shard: int = 0
     mode: TrainingMode = field(default_factory=TrainingMode)
-    grads_to_wait: int = 1  # sync: gradients averaged into one update
     sync_version_tolerance: int = 0  # sync: how many versions behind a gradient may be
     checkpoint_dir: Path | None = None  # this shard writes under <checkpoint_dir>/ps-<shard>
     checkpoint_steps: int = 0  # a checkpoint every this many versions (0: never)
     keep_checkpoint_max: int = 3
-
-    def __post_init__(self) -> None:
-        if self.grads_to_wait < 1:
-            raise ValueError(f"grads_to_wait must be >= 1, got {self.grads_to_wait}")
+    round_log: Path | None = None  # sync: every commit's minibatches appended here (JSON lines; audits)

@@ -6,7 +6,9 @@ chosen once from ``settings.mode``:
 
 * a push is checked against the model's tables (``tables.py``: names, dtypes, shapes, finiteness)
   and its learning rate, and refused with :class:`GradientError` before anything changes; then the
-  rule applies or holds it and says when the version moves;
+  rule applies or stages it and says when the version moves;
+* sync: a commit from the coordinator applies one round's staged gradients (:meth:`ParameterStore.commit`);
+  with ``round_log`` set, each commit's minibatches are appended there, one JSON line per round;
 * a pull reads under the rule's guard (:meth:`ParameterStore.reading`); whether a version can be
   encoded once for every puller is :attr:`ParameterStore.consistent_reads`, the rule's answer;
 * every new version is offered to the checkpoint schedule (``checkpointing.py``), which also
@@ -16,10 +18,12 @@ chosen once from ``settings.mode``:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -29,12 +33,20 @@ from elasticps.ps.checkpointing import Checkpointing, capture
 from elasticps.ps.errors import GradientError, UninitializedError
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
-from elasticps.ps.rules import PushOutcome, Rule, make_rule
+from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.tables import DENSE, DenseTable
 from elasticps.ps.versions import ModelVersion
 
-__all__ = ["GradientError", "ParameterStore", "PushOutcome", "StoreSettings", "UninitializedError"]
+__all__ = [
+    "CommitOutcome",
+    "GradientError",
+    "ParameterStore",
+    "PushOutcome",
+    "RoundError",
+    "StoreSettings",
+    "UninitializedError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,9 @@ class ParameterStore:
         self._model: Model | None = None
         self._checkpoints = Checkpointing.for_shard(settings)
         self._version = ModelVersion(on_advance=self._advanced)
+        self._round_log_lock = threading.Lock()
+        # A new number for every start of this shard: the coordinator tells a restarted shard by it.
+        self.incarnation = secrets.randbits(62) + 1
 
     # ---- state -------------------------------------------------------------------------------
     @property
@@ -76,15 +91,23 @@ class ParameterStore:
             raise UninitializedError(f"PS shard {self.settings.shard} holds no model yet")
         return model
 
-    def initialize(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> bool:
-        """Takes the first model pushed to this shard; returns False (and changes nothing) later."""
+    def initialize(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, version: int = 0) -> bool:
+        """Takes the first model pushed to this shard; returns False (and changes nothing) later.
+
+        ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
+        its model (restarted without a checkpoint) pushes its copy at the version the others hold."""
+        if version < 0:
+            raise GradientError(f"a model's version must be >= 0, got {version}")
         dense = DenseTable.create(tensors, self.settings.shard)
         built = make_optimizer(optimizer)
         with self._installing:
             if self._model is not None:
                 return False
-            self._install(Model(dense, built), 0)
-        log.info("shard %d initialised: %d variables, %s", self.settings.shard, len(tensors), built.config.name)
+            self._install(Model(dense, built), version)
+        log.info(
+            "shard %d initialised at version %d: %d variables, %s",
+            self.settings.shard, version, len(tensors), built.config.name,
+        )
         return True
 
     def _install(self, model: Model, version: int) -> None:
@@ -108,7 +131,14 @@ class ParameterStore:
             yield self._version.value, ({} if model is None else model.dense.variables)
 
     # ---- updates -----------------------------------------------------------------------------
-    def push(self, gradients: Mapping[str, np.ndarray], version: int, learning_rate: float = 0.0) -> PushOutcome:
+    def push(
+        self,
+        gradients: Mapping[str, np.ndarray],
+        version: int,
+        learning_rate: float = 0.0,
+        worker: str = "",
+        minibatch: str = "",
+    ) -> PushOutcome:
         """One worker's dense gradients, computed on ``version``, handed to the rule once checked."""
         model = self._require_model()
         update = {DENSE: gradients}
@@ -118,7 +148,27 @@ class ParameterStore:
             # update (sync: after the gradient was summed), leaving the accumulator corrupted.
             raise GradientError(f"learning rate {learning_rate!r} must be finite and >= 0 (0: the PS's)")
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
-        return self._rule.push(model, self._version, update, version, base_lr)
+        return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch))
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool = False) -> CommitOutcome:
+        """Applies sync round ``round_`` with the staged gradients of ``workers`` (RoundError if it
+        cannot); with ``dry_run`` only checks that it could."""
+        outcome = self._rule.commit(self._require_model(), self._version, round_, workers, dry_run)
+        if outcome.applied and self.settings.round_log is not None:
+            self._log_round(round_, outcome.applied)
+        return outcome
+
+    def _log_round(self, round_: int, minibatches: Sequence[str]) -> None:
+        line = json.dumps({"shard": self.settings.shard, "round": round_, "minibatches": list(minibatches)})
+        path = self.settings.round_log
+        assert path is not None
+        try:
+            with self._round_log_lock:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("a") as log_file:
+                    log_file.write(line + "\n")
+        except OSError as err:  # an audit aid: never fails the commit that was applied
+            log.error("cannot append round %d to %s: %s", round_, path, err)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _advanced(self, version: int) -> None:

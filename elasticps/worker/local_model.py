@@ -52,6 +52,10 @@ class LocalModel:
         self._in_flight: Future[Pushed] | None = None
 
     @property
+    def worker(self) -> str:
+        return self._ps.worker
+
+    @property
     def versions(self) -> list[int]:
         """The PS shards' versions the local copy was pulled at (a copy)."""
         return list(self._versions)
@@ -70,9 +74,9 @@ class LocalModel:
         self.settle()
         self.pull()
 
-    def _pull(self, initialise: bool = False, wait_ms: int = 0) -> None:
+    def _pull(self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None) -> None:
         with self.metrics.pull_seconds.time():
-            pulled = self._ps.pull(self._versions, wait_ms=wait_ms)
+            pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only)
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
@@ -85,10 +89,24 @@ class LocalModel:
         self._versions = pulled.versions
         self.metrics.model_version.set(pulled.versions[0])
 
+    def pull_aligned(self, wait_ms: int) -> None:
+        """Pulls until every shard is at the same version (sync: a round is being committed on the
+        shards one after another; the lagging ones are waited for, up to ``wait_ms`` per pull)."""
+        self.pull()
+        while len(set(self._versions)) > 1:
+            newest = max(self._versions)
+            self._pull(wait_ms=wait_ms, only=[i for i, v in enumerate(self._versions) if v < newest])
+
     def _reinitialise(self, shards: list[int]) -> None:
         log.warning("PS shards %s lost their model: pushing ours again", shards)
         self.counters.reinitialised += 1
-        self._ps.push_model(self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate))
+        # At the version we pulled from them: in sync every shard is at one version, so the repaired
+        # shard joins the next round with the others.
+        known = [v for v in self._versions if v >= 0]
+        version = max(known) if known else 0
+        self._ps.push_model(
+            self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate), [version] * self._ps.num_shards
+        )
         self._versions = [-1] * self._ps.num_shards
         self._pull()
 
@@ -103,7 +121,7 @@ class LocalModel:
         self._trainer.apply_local(gradients)
 
     # ---- pushes ------------------------------------------------------------------------------
-    def push(self, gradients: Mapping[str, np.ndarray]) -> Pushed:
+    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "") -> Pushed:
         """Pushes and waits for every shard's answer, tagged with the local copy's versions.
 
         A shard that lost its model gets ours pushed again (and pulled); the push then counts as
@@ -111,7 +129,7 @@ class LocalModel:
         """
         try:
             with self.metrics.push_seconds.time():
-                return self._ps.push_gradients(gradients, self._versions, self._learning_rate)
+                return self._ps.push_gradients(gradients, self._versions, self._learning_rate, minibatch)
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
             return Pushed([False] * self._ps.num_shards, list(self._versions))

@@ -34,17 +34,23 @@ class PSClientLike(Protocol):
     @property
     def num_shards(self) -> int: ...
 
-    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled: ...
+    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled: ...
 
     def push_gradients(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        minibatch: str = "",
     ) -> Pushed: ...
 
     def push_gradients_async(
         self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
     ) -> Future[Pushed]: ...
 
-    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]: ...
+    def push_model(
+        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+    ) -> list[int]: ...
 
 
 class CoordinatorLike(Protocol):
@@ -55,6 +61,16 @@ class CoordinatorLike(Protocol):
     def report(self, result: pb.TaskResult) -> None: ...
 
     def heartbeat(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply: ...
+
+
+class RoundsLike(Protocol):
+    """The coordinator as a sync step sees it: joining rounds (``CoordinatorClient.join_round``)."""
+
+    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply: ...
 
 
 class Trainer(Protocol):

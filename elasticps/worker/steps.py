@@ -4,8 +4,10 @@ Chosen once per worker by :func:`step_for` from the job's :class:`TrainingMode` 
 derives it, ``training.py`` asks for the step and calls it; the loop itself has no mode branches).
 Each step uses the :class:`LocalModel` for the model traffic and only decides when to pull and push:
 
-* :class:`SyncStep` (``UpdateRule.SYNC``): pull before each minibatch if the PS has a newer model,
-  push and wait; a rejected push (the PS moved on) means pull and train the same minibatch again.
+* :class:`SyncStep` (``UpdateRule.SYNC``): pull (every shard at one version), compute, stage the
+  gradient on every shard, then join the coordinator's round and wait for it to be committed on
+  every shard. A gradient the round did not take (too old: the round moved on; or its task went
+  back to the queue) means pull and train the same minibatch again.
 * :class:`AsyncStep` (``UpdateRule.ASYNC``): the PS accepts every gradient, nothing is retrained; a
   pull waits for this worker's own push, so a gradient's staleness counts only other workers' updates.
 * :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between apply own
@@ -17,17 +19,19 @@ A new mode (e.g. LocalSGD: K local steps, then model averaging) is one class her
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.proto import elasticps_pb2 as pb
 from elasticps.worker.local_model import LocalModel
+from elasticps.worker.ports import RoundsLike
 
-# Sync: after a gradient was accepted but the update waits for other workers' gradients, the next
-# pull waits up to this long for the update instead of training a minibatch on a model the PS is
-# about to replace (that gradient would be rejected and the minibatch trained again). Bounded, so
-# a dead or slow peer costs at most this per step: the survivor then fills the update itself.
-SYNC_WAIT_MS = 250
+# Sync: how long one JoinRound call waits for the round to be committed before it asks again, and
+# how long a pull waits for a shard that is behind the others (a commit reaching shards in turn).
+JOIN_WAIT_MS = 5_000
+ALIGN_WAIT_MS = 1_000
 
 
 class Step(Protocol):
@@ -44,29 +48,39 @@ class Step(Protocol):
 
 
 class SyncStep:
-    def __init__(self, model: LocalModel) -> None:
+    def __init__(self, model: LocalModel, rounds: RoundsLike) -> None:
         self._model = model
-        self._update_pending = False  # our last gradient was accepted, the update it joins not yet applied
+        self._rounds = rounds
+        self._session = secrets.token_hex(3)  # minibatch names stay unique across restarts
+        self._sequence = 0
 
     def start_task(self) -> None:
         pass
 
     def train(self, x: Any, y: Any) -> float:
         model = self._model
+        self._sequence += 1
+        minibatch = f"{model.worker}/{self._session}/{self._sequence}"  # kept when trained again
         while True:
-            model.pull(wait_ms=SYNC_WAIT_MS if self._update_pending else 0)
+            model.pull_aligned(ALIGN_WAIT_MS)
+            version = model.versions[0]
             loss, gradients = model.gradients(x, y)
-            pushed = model.push(gradients)
-            if pushed.all_accepted:
-                # Accepted but the versions did not move: the update waits for other workers' gradients.
-                self._update_pending = pushed.versions == model.versions
+            if model.push(gradients, minibatch).all_accepted and self._counted(version):
                 return loss
-            self._update_pending = False
-            model.counters.rejected += 1  # the PS moved on: pull and train this minibatch again
+            model.counters.rejected += 1  # the round moved on without it: pull and train it again
             model.metrics.rejected.inc()
 
+    def _counted(self, version: int) -> bool:
+        """Joins the round with the gradient staged on every shard; whether the round counted it."""
+        while True:
+            reply = self._rounds.join_round(version, JOIN_WAIT_MS)
+            if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
+                return True
+            if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
+                return False
+
     def end_task(self) -> None:
-        self._model.settle()  # nothing travels after a sync push; kept for the step contract
+        self._model.settle()  # the last round was committed before train() returned
 
 
 class AsyncStep:
@@ -116,20 +130,20 @@ class SSPStep:
         self._model.settle()
 
 
-StepFactory = Callable[[TrainingMode, LocalModel], Step]
+StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike], Step]
 
 # Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync with
 # local steps has no entry: the spec refuses getModelFrequency > 1 without useAsync (api/modes.py).
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
-    (UpdateRule.SYNC, False): lambda mode, model: SyncStep(model),
-    (UpdateRule.ASYNC, False): lambda mode, model: AsyncStep(model),
-    (UpdateRule.ASYNC, True): lambda mode, model: SSPStep(model, mode.pull_every),
+    (UpdateRule.SYNC, False): lambda mode, model, rounds: SyncStep(model, rounds),
+    (UpdateRule.ASYNC, False): lambda mode, model, rounds: AsyncStep(model),
+    (UpdateRule.ASYNC, True): lambda mode, model, rounds: SSPStep(model, mode.pull_every),
 }
 
 
-def step_for(mode: TrainingMode, model: LocalModel) -> Step:
-    """The step of ``mode``, working on ``model``."""
+def step_for(mode: TrainingMode, model: LocalModel, rounds: RoundsLike) -> Step:
+    """The step of ``mode``, working on ``model`` (sync: joining ``rounds``)."""
     factory = STEPS.get((mode.rule, mode.pull_every > 1))
     if factory is None:
         raise ValueError(f"no worker step for the training mode {mode.label}")
-    return factory(mode, model)
+    return factory(mode, model, rounds)

@@ -62,7 +62,7 @@ class Worker:
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
-        self._step = step_for(mode, self._model)
+        self._step = step_for(mode, self._model, coordinator)
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -82,6 +82,10 @@ class Worker:
                 self._run_task(task)
         finally:
             self._stop.set()
+            try:  # best effort: sync rounds stop waiting for this worker now, not after its timeout
+                self._coordinator.leave()
+            except Exception as err:
+                log.debug("could not say goodbye to the coordinator: %s", err)
 
     def _beat(self) -> None:
         while not self._stop.wait(self._heartbeat_s):

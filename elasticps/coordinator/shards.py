@@ -1,0 +1,128 @@
+"""The coordinator's line to every PS shard: commit a sync round on all of them, ask their versions.
+
+Used by the coordinator servicer (``servicer.py``), which decides rounds (``rounds.py``) and has
+:class:`Shards` carry them out. A round is committed in two phases, so it is applied by every shard or
+by none: first every shard checks that it is at the round's version and holds every named gradient
+(``dry_run``), then every shard applies it. A shard that refuses the check aborts the round before
+anything changed (a shard that restarted has lost its staged gradients: the members train again).
+
+PS 0's own shard is reached in-process (``ps/main.py`` adapts its store to :class:`ShardLink`); the
+others through :class:`RemoteShard`, over gRPC. Shard calls run in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import grpc
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.rpc.channels import create_channel
+from elasticps.rpc.status import Failure, classify, retrying
+
+T = TypeVar("T")
+
+COMMIT_DEADLINE_S = 60.0  # a shard that stays unreachable this long fails the commit (it is retried later)
+DESCRIBE_TIMEOUT_S = 1.0
+
+
+class ShardRefused(Exception):
+    """A shard said no to a round (not at its version, a gradient missing, no model)."""
+
+    def __init__(self, shard: int, why: str) -> None:
+        super().__init__(f"PS shard {shard}: {why}")
+        self.shard = shard
+
+
+class RoundAborted(Exception):
+    """A shard refused a round's check: no shard applied it."""
+
+
+@dataclass(frozen=True)
+class ShardView:
+    initialized: bool
+    version: int
+    incarnation: int
+
+
+class ShardLink(Protocol):
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        """Applies (or with ``dry_run`` checks) the round; the shard's version after it. Raises
+        :class:`ShardRefused` when the shard cannot."""
+
+    def describe(self) -> ShardView: ...
+
+
+class RemoteShard:
+    def __init__(self, index: int, address: str) -> None:
+        self.index = index
+        self._channel = create_channel(address)
+        self._stub = pb_grpc.ParameterServerStub(self._channel)
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
+        try:
+            reply: pb.CommitReply = retrying(
+                lambda: self._stub.CommitRound(request, timeout=10.0), what="CommitRound", deadline_s=COMMIT_DEADLINE_S
+            )
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else None
+            if code is not None and classify(code) in (Failure.PERMANENT, Failure.UNINITIALIZED):
+                raise ShardRefused(self.index, err.details() or str(code)) from err
+            raise
+        return reply.version
+
+    def describe(self) -> ShardView:
+        state: pb.ShardState = self._stub.DescribeShard(pb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
+        return ShardView(state.initialized, state.version, state.incarnation)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class Shards:
+    def __init__(self, links: Sequence[ShardLink]) -> None:
+        if not links:
+            raise ValueError("at least one shard is needed")
+        self._links = list(links)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(links)), thread_name_prefix="shards")
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def commit(self, round_: int, workers: Sequence[str]) -> list[int]:
+        """Applies the round on every shard, after every shard said it can; each shard's version.
+
+        Raises :class:`RoundAborted` when a shard refused the check (nothing was applied); any other
+        error leaves the round half applied and the caller must retry it (a commit is idempotent)."""
+        try:
+            self._each(lambda link: link.commit(round_, workers, True))
+        except ShardRefused as err:
+            raise RoundAborted(str(err)) from err
+        return self._each(lambda link: link.commit(round_, workers, False))
+
+    def describe(self) -> list[ShardView | None]:
+        """Every shard's state; None for a shard that did not answer in time."""
+
+        def ask(link: ShardLink) -> ShardView | None:
+            try:
+                return link.describe()
+            except grpc.RpcError:
+                return None
+
+        return self._each(ask)
+
+    def _each(self, call: Callable[[ShardLink], T]) -> list[T]:
+        if len(self._links) == 1:
+            return [call(self._links[0])]
+        return list(self._pool.map(call, self._links))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for link in self._links:
+            if isinstance(link, RemoteShard):
+                link.close()
