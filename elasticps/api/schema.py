@@ -248,7 +248,8 @@ def status_schema() -> dict[str, Any]:
         "properties": {
             "type": {
                 "type": "string",
-                "description": "Created, Running, Restarting, Succeeded, Suspended, Failed, Unschedulable or CannotStart",
+                "description": "Created, Running, Restarting, Succeeded, Suspended, Failed, Unschedulable, CannotStart, "
+                "ShardsConsistent or GradsToWaitClamped",
             },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "CamelCase, machine-readable"},
@@ -279,7 +280,23 @@ def status_schema() -> dict[str, Any]:
             },
             "startTime": _time("when the job (last) started: creation or resume; activeDeadlineSeconds counts from here"),
             "completionTime": _time("when the job succeeded or failed; ttlSecondsAfterFinished counts from here"),
-            "modelVersion": {"type": "integer", "description": "updates applied by the PS (from the coordinator)"},
+            "modelVersion": {
+                "type": "integer",
+                "description": "updates applied by the PS (from the coordinator): the oldest shard's version",
+            },
+            "shardVersions": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "every PS shard's model version, PS 0 first (from the coordinator)",
+            },
+            "liveWorkers": {
+                "type": "integer",
+                "description": "workers the coordinator heard from within the task timeout",
+            },
+            "gradsToWait": {
+                "type": "integer",
+                "description": "sync: gradients a round averages now (gradsToWait, cut down to the live workers)",
+            },
             "epoch": {"type": "integer", "description": "current epoch, from 0"},
             "progress": {"type": "string", "description": "records trained over records to train, e.g. 45%"},
             "metrics": {

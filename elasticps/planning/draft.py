@@ -1,9 +1,10 @@
 """One planner pass under way: what it observed and what it will do, gathered by the rules.
 
 Callers: ``plan`` creates a :class:`Draft` per pass and hands it to each rule module in turn
-(``ends``, ``suspension``, ``failures``, ``stuck``, ``scaling``, ``phase``); they append deletes,
-creates, Events and rechecks, and edit the :class:`~elasticps.planning.status.StatusDraft`. At the
-end :meth:`Draft.actions` puts them in the order every executor carries them out.
+(``ends``, ``suspension``, ``failures``, ``stuck``, ``scaling``, ``phase``, ``training``); they
+append deletes, creates, Events and rechecks, and edit the
+:class:`~elasticps.planning.status.StatusDraft`. At the end :meth:`Draft.actions` puts them in the
+order every executor carries them out.
 """
 
 from __future__ import annotations

@@ -67,13 +67,30 @@ class ObservedService:
 
 @dataclass(frozen=True)
 class JobProgress:
-    """What PS 0's coordinator said (``GetJobStatus``); ``progress`` is records done / records total."""
+    """What PS 0's coordinator said (``GetJobStatus``); ``progress`` is records done / records total.
+
+    ``shard_versions``: every PS shard's model version, PS 0 first (empty: not known).
+    ``live_workers``: workers the coordinator heard from within the task timeout (0: not known).
+    ``grads_to_wait``: sync, the gradients averaged into the current round (0: not known, or async).
+    ``shard_problem``: why the shards disagree or lost their model, in the coordinator's words
+    (empty: they agree).
+    """
 
     finished: bool
     model_version: int
     progress: float
     epoch: int = 0
     metrics: Mapping[str, float] = field(default_factory=dict)
+    shard_versions: tuple[int, ...] = ()
+    live_workers: int = 0
+    grads_to_wait: int = 0
+    shard_problem: str = ""
+
+    @property
+    def version(self) -> int:
+        """The model's version: the oldest shard's when the shards are known (a shard behind the
+        others has not applied the later updates), else the coordinator's own."""
+        return min(self.shard_versions) if self.shard_versions else self.model_version
 
 
 @dataclass(frozen=True)

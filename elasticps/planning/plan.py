@@ -44,9 +44,14 @@ implement them:
 9. Phase: Restarting from a replacement's delete until every desired replica runs again (or exited
    0); otherwise Running once every PS (none without a PS strategy) and at least one worker run
    (an elastic job trains on what it has) (``phase``).
+10. What the coordinator says of the training, on its answer only: condition ShardsConsistent
+   (False, reason ShardsDisagree with the coordinator's message, when the PS shards disagree or
+   lost their model; a Warning Event as it turns False, a Normal one as it recovers), and
+   condition GradsToWaitClamped (True while a sync job's explicit ``gradsToWait`` is above its live
+   workers, with an Event as it starts) (``training``).
 
 Conditions are Kubeflow's (Created, Running, Restarting, Succeeded, Suspended, Failed, plus
-Unschedulable and CannotStart): one entry per type; ``lastTransitionTime`` changes when ``status``
+Unschedulable, CannotStart, ShardsConsistent and GradsToWaitClamped): one entry per type; ``lastTransitionTime`` changes when ``status``
 does, ``lastUpdateTime`` when status, reason or message do. Running and Restarting exclude each
 other; Succeeded and Failed turn both False. ``SetStatus`` carries a JSON merge patch of
 ``.status`` that holds only what changed (``None`` deletes a key), and is left out when nothing
@@ -68,6 +73,7 @@ from elasticps.planning.settings import PlannerSettings, ReplicaCheck
 from elasticps.planning.status import StatusDraft
 from elasticps.planning.stuck import stuck
 from elasticps.planning.suspension import resume_if_suspended, suspend
+from elasticps.planning.training import training
 
 
 def plan(
@@ -105,6 +111,7 @@ def _apply_rules(d: Draft) -> None:
     scale_down(d)  # 8
     if create_missing(d):
         phase(d)  # 9
+        training(d)  # 10
 
 
 def plan_invalid(observed: Observed, message: str) -> list[Event | SetStatus]:

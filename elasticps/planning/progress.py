@@ -1,19 +1,24 @@
-"""PS 0's ``GetJobStatus`` reply as the planner reads it: pure.
+"""PS 0's ``GetJobStatus`` reply as the planner reads it, and what it means for a job: pure.
 
 Callers: both executors (the operator's ``probing`` through ``observing``, the local runner), each
-asking PS 0's coordinator in its own way and handing the reply to :func:`job_progress`.
+asking PS 0's coordinator in its own way and handing the reply to :func:`job_progress`, the one
+place that reads the wire format; the planner's ``reporting`` (``status.gradsToWait``) and
+``training`` (condition GradsToWaitClamped) read a sync job's rounds through :func:`sync_rounds`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from elasticps.api.spec import TrainingJob
 from elasticps.planning.observed import JobProgress
 from elasticps.proto import elasticps_pb2 as pb
 
 
 def job_progress(reply: pb.JobStatus) -> JobProgress:
-    """The reply as :class:`JobProgress`; the training loss joins the metrics (NaN ones are left out)."""
+    """The reply as :class:`JobProgress`; the training loss joins the metrics (NaN ones are left out).
+    A coordinator that predates a field leaves it at its zero value, which reads as "not known"."""
     fraction = reply.records_done / reply.records_total if reply.records_total > 0 else 0.0
     metrics = {str(k): float(v) for k, v in reply.metrics.items() if math.isfinite(v)}
     if reply.records_done and math.isfinite(reply.loss):
@@ -24,4 +29,41 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         progress=fraction,
         epoch=int(reply.epoch),
         metrics=metrics,
+        shard_versions=tuple(int(v) for v in reply.shard_versions),
+        live_workers=max(0, int(reply.live_workers)),
+        grads_to_wait=max(0, int(reply.grads_to_wait)),
+        shard_problem=reply.shard_problem.strip(),
     )
+
+
+@dataclass(frozen=True)
+class SyncRounds:
+    """A sync job's rounds as the coordinator's reply shows them.
+
+    ``requested``: ``spec.training.gradsToWait`` (0: one gradient per worker). ``averaged``: the
+    gradients a round averages now (``status.gradsToWait``). ``live_workers``: the workers the
+    coordinator heard from (0: not known).
+    """
+
+    requested: int
+    averaged: int
+    live_workers: int
+
+    @property
+    def clamped(self) -> bool:
+        """A round cannot wait for more gradients than there are live workers to send them: an
+        explicit ``gradsToWait`` above the live workers is cut down to them."""
+        return 0 < self.live_workers < self.requested
+
+
+def sync_rounds(job: TrainingJob, progress: JobProgress) -> SyncRounds | None:
+    """The job's sync rounds (None for an async job). ``averaged`` is the coordinator's number when
+    it gives one, else the spec's (``TrainingJob.grads_to_wait``) cut down to the live workers."""
+    if job.spec.training.use_async:
+        return None
+    live = progress.live_workers
+    if progress.grads_to_wait > 0:
+        averaged = progress.grads_to_wait
+    else:
+        averaged = min(job.grads_to_wait, live) if live > 0 else job.grads_to_wait
+    return SyncRounds(requested=job.spec.training.grads_to_wait, averaged=averaged, live_workers=live)

@@ -1,5 +1,6 @@
 """What every status patch reports of the observation: replica counts, readiness, the training mode
-and the coordinator's progress.
+and the coordinator's progress (the model version, the oldest shard's when the shards are known,
+every shard's version, the live workers and, for a sync job, the gradients a round averages).
 
 Callers: ``plan``, at the end of every pass (finished jobs included: the counts stay true).
 """
@@ -13,7 +14,9 @@ from elasticps.api.modes import TrainingMode
 from elasticps.api.replicas import Role
 from elasticps.planning.draft import Draft
 from elasticps.planning.observed import RUNNING_PHASES, PodPhase
+from elasticps.planning.progress import sync_rounds
 from elasticps.planning.roles import selector
+
 
 def observed_fields(d: Draft) -> dict[str, Any]:
     fields: dict[str, Any] = {"mode": TrainingMode.of(d.job.spec.training).label}
@@ -36,7 +39,15 @@ def observed_fields(d: Draft) -> dict[str, Any]:
         fields["observedGeneration"] = d.obs.generation
     coordinator = d.obs.coordinator
     if coordinator is not None:
-        fields["modelVersion"] = coordinator.model_version
+        fields["modelVersion"] = coordinator.version  # the oldest shard's, when the shards are known
+        if coordinator.shard_versions:
+            fields["shardVersions"] = list(coordinator.shard_versions)
+        fields["liveWorkers"] = coordinator.live_workers
+        rounds = sync_rounds(d.job, coordinator)
+        if rounds is not None:
+            fields["gradsToWait"] = rounds.averaged
+        elif "gradsToWait" in d.obs.status:
+            fields["gradsToWait"] = None  # the job turned async: no round averages anything
         fields["epoch"] = coordinator.epoch
         fraction = min(max(coordinator.progress, 0.0), 1.0) if math.isfinite(coordinator.progress) else 0.0
         fields["progress"] = f"{math.floor(fraction * 100)}%"

@@ -160,3 +160,15 @@ def test_coordinator_reply() -> None:
     assert progress.metrics == {"accuracy": 0.75, "loss": 0.5}
     assert job_progress(pb.JobStatus(loss=float("nan"))).metrics == {}
     assert job_progress(pb.JobStatus(records_total=0)).progress == 0.0
+
+
+def test_coordinator_reply_with_shards_live_workers_and_rounds() -> None:
+    reply = pb.JobStatus(model_version=121, shard_versions=[121, 120, 121], live_workers=3, grads_to_wait=2,
+                         shard_problem=" PS 1 is behind \n")
+    progress = job_progress(reply)
+    assert progress.shard_versions == (121, 120, 121) and progress.version == 120  # the oldest shard's
+    assert (progress.live_workers, progress.grads_to_wait, progress.shard_problem) == (3, 2, "PS 1 is behind")
+    older = job_progress(pb.JobStatus(model_version=9))  # a coordinator that predates these fields
+    assert (older.shard_versions, older.live_workers, older.grads_to_wait, older.shard_problem) == ((), 0, 0, "")
+    assert older.version == 9
+

@@ -36,8 +36,10 @@ from elasticps.planning.actions import (
 from elasticps.planning.observed import JobProgress, Observed, ObservedPod, ObservedService, PodPhase
 from elasticps.planning.plan import plan as planner_plan
 from elasticps.planning.plan import plan_invalid
+from elasticps.planning.progress import SyncRounds, sync_rounds
 from elasticps.planning.settings import PlannerSettings, ReplicaCheck
 from elasticps.planning.status import apply_merge_patch, merge_patch, parse_time, rfc3339
+from elasticps.planning.training import clamped_message
 
 NOW = 1_700_000_000.0
 SETTINGS = PlannerSettings(pending_timeout_s=600.0)
@@ -133,6 +135,10 @@ def condition(status: dict[str, Any], kind: str) -> tuple[str, str] | None:
 
 FINISHED = JobProgress(finished=True, model_version=500, progress=1.0, epoch=1, metrics={"accuracy": 0.97})
 TRAINING = JobProgress(finished=False, model_version=120, progress=0.45, epoch=0, metrics={"loss": 0.3})
+# A coordinator that reports its shards, its live workers and its sync rounds.
+SHARDED = JobProgress(finished=False, model_version=121, progress=0.45, shard_versions=(121, 120), live_workers=2,
+                      grads_to_wait=2)
+SPLIT = replace(SHARDED, shard_problem="PS 1 lost its model (version 0, PS 0 at 121)", shard_versions=(121, 0))
 
 
 def prior(kind: str, job: TrainingJob) -> dict[str, Any]:
@@ -244,6 +250,39 @@ def _check_fresh(actions: list[Action], status: dict[str, Any]) -> None:
     assert made == [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0),
                     CreateReplica("tj-ps-0", Role.PS, 0), CreateReplica("tj-worker-0", Role.WORKER, 0),
                     CreateReplica("tj-worker-1", Role.WORKER, 1)]
+
+
+def _check_shards(actions: list[Action], status: dict[str, Any]) -> None:
+    assert (status["modelVersion"], status["shardVersions"]) == (120, [121, 120])  # the oldest shard's
+    assert (status["liveWorkers"], status["gradsToWait"]) == (2, 2)
+    assert condition(status, "GradsToWaitClamped") is None  # never clamped: never there
+
+
+def _check_split_message(actions: list[Action], status: dict[str, Any]) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "ShardsConsistent"]
+    assert c["message"] == "PS 1 lost its model (version 0, PS 0 at 121)"
+    [event] = [a for a in actions if isinstance(a, Event)]
+    assert (event.type, event.message) == ("Warning", c["message"])
+    assert status["modelVersion"] == 0
+
+
+def _check_no_shard_conditions(actions: list[Action], status: dict[str, Any]) -> None:
+    assert condition(status, "ShardsConsistent") is None and condition(status, "GradsToWaitClamped") is None
+    assert "shardVersions" not in status and status["modelVersion"] == 120
+
+
+def _check_clamped_message(actions: list[Action], status: dict[str, Any]) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "GradsToWaitClamped"]
+    assert c["message"] == "gradsToWait 4 is above the 2 live workers: rounds average 2 gradients"
+    assert status["gradsToWait"] == 2
+
+
+def _with_condition(kind: str, value: str, reason: str) -> dict[str, Any]:
+    """A running job's status that also holds condition ``kind`` (as an earlier pass wrote it)."""
+    extra = {"type": kind, "status": value, "reason": reason, "message": "earlier",
+             "lastTransitionTime": rfc3339(NOW - 100), "lastUpdateTime": rfc3339(NOW - 100)}
+    running = prior("running", make_job())
+    return {"conditions": [*running["conditions"], extra]}
 
 
 def _unschedulable(since: float) -> list[ObservedPod]:
@@ -412,6 +451,43 @@ CASES = [
     Case("network policies not listable: left alone", up(), network_policies=None, policies=[]),
     Case("suspended: no network policy created", [], spec={"runPolicy": {"suspend": True}}, prior="suspended",
          network_policies=(), phase="Suspended"),
+    # what the coordinator says of the shards and the sync rounds
+    Case("shards agree: ShardsConsistent, modelVersion the oldest shard's", up(2, 2), spec={"ps": {"replicas": 2}},
+         coordinator=SHARDED, phase="Running", events=[], conditions={"ShardsConsistent": ("True", "ShardsAgree")},
+         check=_check_shards),
+    Case("shards disagree: ShardsConsistent False, a Warning", up(2, 2), spec={"ps": {"replicas": 2}}, coordinator=SPLIT,
+         phase="Running", events=["ShardsDisagree"], conditions={"ShardsConsistent": ("False", "ShardsDisagree")},
+         check=_check_split_message),
+    Case("shards still disagree: no second event", up(2, 2), spec={"ps": {"replicas": 2}}, coordinator=SPLIT,
+         status=_with_condition("ShardsConsistent", "False", "ShardsDisagree"), events=[],
+         conditions={"ShardsConsistent": ("False", "ShardsDisagree")}),
+    Case("shards agree again: ShardsConsistent True, an event", up(2, 2), spec={"ps": {"replicas": 2}},
+         coordinator=SHARDED, status=_with_condition("ShardsConsistent", "False", "ShardsDisagree"),
+         events=["ShardsAgree"], conditions={"ShardsConsistent": ("True", "ShardsAgree")}),
+    Case("a coordinator silent on its shards: no shard conditions", up(), coordinator=TRAINING, events=[],
+         check=_check_no_shard_conditions),
+    Case("PS 0 silent: shard conditions kept", up(2, 2), spec={"ps": {"replicas": 2}}, coordinator=None,
+         status=_with_condition("ShardsConsistent", "False", "ShardsDisagree"), events=[],
+         conditions={"ShardsConsistent": ("False", "ShardsDisagree")}),
+    Case("gradsToWait above the live workers: GradsToWaitClamped", up(), spec={"training": {"gradsToWait": 4}},
+         coordinator=replace(SHARDED, shard_versions=(121,)), events=["GradsToWaitClamped"],
+         conditions={"GradsToWaitClamped": ("True", "FewerLiveWorkers")}, check=_check_clamped_message),
+    Case("still clamped: no second event", up(), spec={"training": {"gradsToWait": 4}},
+         status=_with_condition("GradsToWaitClamped", "True", "FewerLiveWorkers"),
+         coordinator=replace(SHARDED, shard_versions=(121,)), events=[],
+         conditions={"GradsToWaitClamped": ("True", "FewerLiveWorkers")}),
+    Case("enough live workers again: GradsToWaitClamped False", up(0, 4) + [pod("ps", 0)],
+         spec={"training": {"gradsToWait": 4}, "worker": {"replicas": 4}},
+         status=_with_condition("GradsToWaitClamped", "True", "FewerLiveWorkers"),
+         coordinator=replace(SHARDED, shard_versions=(121,), live_workers=4, grads_to_wait=4), events=[],
+         conditions={"GradsToWaitClamped": ("False", "GradsToWaitMet")}),
+    Case("gradsToWait 0 follows the live workers: not clamped", up(), coordinator=replace(SHARDED, live_workers=1,
+         grads_to_wait=1, shard_versions=(121,)), events=[],
+         check=lambda a, s: condition(s, "GradsToWaitClamped") is None or pytest.fail(str(s["conditions"]))),
+    Case("async: no rounds, never clamped", up(), spec={"training": {"useAsync": True, "gradsToWait": 4}},
+         coordinator=replace(SHARDED, grads_to_wait=0, shard_versions=(121,)), events=[],
+         check=lambda a, s: (condition(s, "GradsToWaitClamped") is None and "gradsToWait" not in s)
+         or pytest.fail(str(s))),
     # a template Kubernetes would refuse
     Case("malformed template: Failed InvalidSpec", [], spec={"worker": {"template": {"spec": {"containers": "x"}}}},
          prior="fresh", with_services=False, network_policies=(), phase="Failed", conditions={"Failed": ("True", "InvalidSpec")}),
@@ -499,7 +575,8 @@ def undeclared(schema: dict[str, Any], value: Any, where: str = "status") -> lis
 def test_table_covers_every_rule_of_the_issue() -> None:
     reasons = {r for c in CASES for r in c.events or []} | {v[1] for c in CASES for v in c.conditions.values()}
     for reason in ("Created", "TrainingJobRunning", "Restarting", "BackoffLimitExceeded", "ReplicaFailed", "Succeeded",
-                   "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "InvalidSpec"):
+                   "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "InvalidSpec",
+                   "ShardsDisagree", "ShardsAgree", "GradsToWaitClamped", "GradsToWaitMet"):
         assert reason in reasons, reason
 
 
@@ -561,6 +638,90 @@ def test_times() -> None:
     assert parse_time(rfc3339(NOW)) == NOW
     assert parse_time("2023-11-14T22:13:20.5+00:00") == NOW + 0.5
     assert parse_time(None) is None and parse_time("soon") is None
+
+
+# ---- shards, live workers and sync rounds ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "training,workers,live,reported,averaged,clamped",
+    [
+        ({"gradsToWait": 4}, 2, 2, 2, 2, True),  # the coordinator's number
+        ({"gradsToWait": 4}, 2, 2, 0, 2, True),  # not reported: the spec's, cut down to the live workers
+        ({"gradsToWait": 4}, 4, 4, 4, 4, False),
+        ({"gradsToWait": 2}, 4, 3, 2, 2, False),  # backup workers
+        ({"gradsToWait": 4}, 4, 0, 0, 4, False),  # live workers not known: nothing to judge
+        ({}, 3, 2, 0, 2, False),  # gradsToWait 0: one gradient per live worker, never clamped
+        ({}, 3, 0, 0, 3, False),
+    ],
+)
+def test_sync_rounds(training: dict[str, Any], workers: int, live: int, reported: int, averaged: int,
+                     clamped: bool) -> None:
+    job = make_job({"training": training, "worker": {"replicas": workers}})
+    rounds = sync_rounds(job, replace(TRAINING, live_workers=live, grads_to_wait=reported))
+    assert rounds is not None
+    assert (rounds.requested, rounds.averaged, rounds.clamped) == (training.get("gradsToWait", 0), averaged, clamped)
+
+
+def test_an_async_job_has_no_rounds() -> None:
+    job = make_job({"training": {"useAsync": True, "gradsToWait": 4}})
+    assert sync_rounds(job, replace(SHARDED, grads_to_wait=0, live_workers=1)) is None
+
+
+def test_clamp_messages() -> None:
+    assert clamped_message(SyncRounds(requested=4, averaged=2, live_workers=2)) == (
+        "gradsToWait 4 is above the 2 live workers: rounds average 2 gradients"
+    )
+    assert clamped_message(SyncRounds(requested=3, averaged=1, live_workers=1)) == (
+        "gradsToWait 3 is above the 1 live worker: rounds average 1 gradient"
+    )
+
+
+def test_a_steady_sharded_job_writes_no_status() -> None:
+    job = make_job({"ps": {"replicas": 2}})
+    first = status_after(plan(job, observe(up(2, 2), prior("running", job), coordinator=SHARDED, ps=2), SETTINGS),
+                         prior("running", job))
+    assert plan(job, observe(up(2, 2), first, coordinator=SHARDED, ps=2), SETTINGS) == []
+    assert plan(job, observe(up(2, 2), first, coordinator=None, ps=2), SETTINGS) == []  # PS 0 silent: all kept
+    newer = replace(SHARDED, shard_versions=(122, 122), model_version=122)
+    [action] = plan(job, observe(up(2, 2), first, coordinator=newer, ps=2), SETTINGS)
+    assert action == SetStatus({"modelVersion": 122, "shardVersions": [122, 122]})
+
+
+def test_lifecycle_shards_split_and_heal_workers_leave_and_return() -> None:
+    cluster = Cluster(make_job({"ps": {"replicas": 2}, "worker": {"replicas": 3}, "training": {"gradsToWait": 3}}))
+    cluster.step()
+    cluster.kubelet()
+    cluster.coordinator = replace(SHARDED, live_workers=3, grads_to_wait=3)
+    assert events(cluster.step()) == []
+    assert condition(cluster.status, "ShardsConsistent") == ("True", "ShardsAgree")
+    assert condition(cluster.status, "GradsToWaitClamped") is None
+
+    cluster.coordinator = replace(SPLIT, live_workers=1, grads_to_wait=1)  # PS 1 restarted empty, 2 workers silent
+    actions = cluster.step()
+    assert [(a.reason, a.type) for a in actions if isinstance(a, Event)] == [
+        ("ShardsDisagree", "Warning"), ("GradsToWaitClamped", "Normal")]
+    assert condition(cluster.status, "ShardsConsistent") == ("False", "ShardsDisagree")
+    assert condition(cluster.status, "GradsToWaitClamped") == ("True", "FewerLiveWorkers")
+    assert (cluster.status["modelVersion"], cluster.status["liveWorkers"], cluster.status["gradsToWait"]) == (0, 1, 1)
+    assert events(cluster.step()) == []  # nothing new: no new events
+    assert cluster.status["phase"] == "Running"  # reported, never a failure
+
+    cluster.coordinator = replace(SHARDED, live_workers=3, grads_to_wait=3)
+    assert events(cluster.step()) == ["ShardsAgree"]
+    assert condition(cluster.status, "ShardsConsistent") == ("True", "ShardsAgree")
+    assert condition(cluster.status, "GradsToWaitClamped") == ("False", "GradsToWaitMet")
+    assert (cluster.status["modelVersion"], cluster.status["gradsToWait"]) == (120, 3)
+
+
+def test_a_job_turned_async_drops_gradsToWait() -> None:
+    job = make_job()
+    sync = status_after(plan(job, observe(up(), prior("running", job), coordinator=SHARDED), SETTINGS),
+                        prior("running", job))
+    assert sync["gradsToWait"] == 2
+    async_job = make_job({"training": {"useAsync": True}})
+    async_status = status_after(plan(async_job, observe(up(), sync, coordinator=SHARDED), SETTINGS), sync)
+    assert "gradsToWait" not in async_status and async_status["mode"] == "Async"
 
 
 @pytest.mark.parametrize(
