@@ -24,6 +24,8 @@ from pathlib import Path
 
 import grpc
 
+from elasticps.coordinator.journal import Journals
+from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Rounds
 from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
 from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
@@ -48,9 +50,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         journal: Path | None = None,
         rounds: Rounds | None = None,
         shards: Shards | None = None,
+        journals: Journals | None = None,
+        checkpoint_steps: int = 0,
+        recovery_deadline_s: float = 300.0,
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
+        self._clock = clock
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
@@ -60,19 +66,34 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._shards = shards
         self._rounds_changed = threading.Condition()  # guards _rounds and _joined; notified per commit
         self._joined: dict[str, tuple[int, int]] = {}  # worker -> (version computed on, round joined)
-        self._incarnations: dict[int, int] = {}  # shard -> the incarnation first seen
         self._shard_problem = ""
         self._stopped = threading.Event()
-        if journal is not None and journal.exists():
+        # Sync: the ledger is saved at checkpointed versions and rolled back with the shards.
+        self._journals = journals if rounds is not None else None
+        self._checkpoint_steps = checkpoint_steps
+        self._recovery_deadline_s = recovery_deadline_s
+        self._boots: list[int | None] = [None] * (len(shards) if shards is not None else 0)
+        self._incarnation = 0
+        self.rollbacks = 0
+        # Sync: nothing is handed out until the shards were asked what they hold (PS 0 may have restarted).
+        self._ready = threading.Event()
+        if rounds is None:
+            self._ready.set()
+        if journal is not None and rounds is None and journal.exists():
             try:
                 self._queue.restore(json.loads(journal.read_text()))
                 log.info("coordinator resumes from %s", journal)
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.warning("ignoring coordinator journal %s: %s", journal, err)
 
+    def _require_ready(self, context: grpc.ServicerContext) -> None:
+        if not self._ready.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is still asking the PS shards what they hold")
+
     def GetTask(self, request: pb.GetTaskRequest, context: grpc.ServicerContext) -> pb.Task:
         if not request.worker:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "GetTask: worker is required")
+        self._require_ready(context)
         with self._lock:
             got = self._queue.get(request.worker, self._version_fn())
         if isinstance(got, Task):
@@ -92,6 +113,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def ReportTask(self, request: pb.TaskResult, context: grpc.ServicerContext) -> pb.Ack:
         if not all(math.isfinite(v) for v in request.metric_sums.values()) or request.records < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ReportTask: metrics must be finite")
+        self._require_ready(context)
         with self._lock:
             self._queue.report(
                 request.worker,
@@ -105,7 +127,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Ack()
 
     def _write_journal(self) -> None:
-        if self._journal is None:
+        if self._journal is None or self._rounds is not None:  # sync: saved per checkpointed version
             return
         try:
             write_atomically(self._journal, json.dumps(self._queue.state()))
@@ -129,6 +151,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
         if not request.worker:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRound: worker is required")
+        self._require_ready(context)
         rounds = self._rounds
         worker, version = request.worker, request.version
         give_up_at = time.monotonic() + min(max(0, request.wait_ms), MAX_JOIN_WAIT_MS) / 1000
@@ -193,19 +216,107 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if any(v != rounds.version for v in versions):
             self._shard_problem = f"after round {closed.round} the shards are at versions {versions}"
             log.error("%s", self._shard_problem)
+        self._save_ledger(rounds.version)
         self._rounds_changed.notify_all()
 
+    def _save_ledger(self, version: int) -> None:
+        """At a version the shards checkpoint, the ledger too: what a rollback to it goes back to."""
+        steps = self._checkpoint_steps
+        if self._journals is None or steps <= 0 or version % steps:
+            return
+        with self._lock:
+            state = {**self._queue.state(), "incarnation": self._incarnation}
+        try:
+            self._journals.write(version, state)
+        except OSError as err:
+            log.error("cannot save the ledger at version %d: %s", version, err)
+
+    # ---- recovery (sync) -----------------------------------------------------------------------
+    def _recover_locked(self, views: list[ShardView]) -> None:
+        """Brings every shard and the ledger to one version (see ``recovery.py``)."""
+        rounds, shards = self._rounds, self._shards
+        assert rounds is not None and shards is not None
+        journals = self._journals.versions() if self._journals is not None else []
+        decision = decide(views, journals)
+        if isinstance(decision, Rollback):
+            assert self._journals is not None
+            state = self._journals.read(decision.version)
+            incarnation = max([int(state.get("incarnation", 0)), self._incarnation, *(v.incarnation for v in views)]) + 1
+            views = shards.roll_back(decision.version, incarnation)
+            with self._lock:
+                queue = TaskQueue(self._settings, self._clock)
+                queue.restore(state)
+                queue.take_over_workers(self._queue)
+                self._queue = queue
+            self._incarnation = incarnation
+            rounds.reset(decision.version)
+            self._joined.clear()
+            self._shard_problem = ""  # one version everywhere again
+            self.rollbacks += 1
+            log.warning(
+                "every shard and the task ledger rolled back to version %d (incarnation %d)",
+                decision.version, incarnation,
+            )
+        else:
+            rounds.reset(decision.version)
+            self._joined.clear()
+            if decision.lost:
+                self._shard_problem = (
+                    f"PS shards {list(decision.lost)} restarted without a checkpoint and lost their model "
+                    f"(optimizer state included); the workers' copy of version {decision.version} replaces it"
+                )
+                log.warning("%s", self._shard_problem)
+        self._boots = [v.boot for v in views]
+        self._rounds_changed.notify_all()
+
+    def _watch_shards(self) -> None:
+        """Rolls every shard back when one restarted (its boot number changed)."""
+        shards = self._shards
+        assert shards is not None
+        with self._rounds_changed:
+            views = shards.describe()
+            if any(v is None for v in views):
+                return  # a shard is down: it is looked at again once it answers
+            known = [v for v in views if v is not None]
+            if not needs_recovery(self._boots, known):
+                return
+            restarted = [i for i, (b, v) in enumerate(zip(self._boots, known)) if b is not None and b != v.boot]
+            log.warning("PS shards %s restarted", restarted)
+            try:
+                self._recover_locked(known)
+            except (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError) as err:
+                log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
+
     def start(self) -> None:
-        """Starts the ticker that closes rounds whose missing members died or ran out of work."""
+        """Starts the ticker: it first brings the shards and the ledger to one version, then closes
+        rounds whose missing members died or ran out of work and watches for restarted shards."""
         if self._rounds is None:
             return
         threading.Thread(target=self._tick, name="rounds", daemon=True).start()
+
+    def _first_recovery(self) -> None:
+        shards = self._shards
+        assert shards is not None
+        while not self._stopped.is_set():
+            try:
+                views = shards.describe_all(self._recovery_deadline_s)
+                with self._rounds_changed:
+                    self._recover_locked(views)
+                break
+            except (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError) as err:
+                log.error("cannot bring the shards to one version yet: %s", err)
+                self._stopped.wait(1.0)
+        self._ready.set()
+        log.info("coordinator ready at version %d", self._rounds.version if self._rounds else 0)
 
     def stop(self) -> None:
         self._stopped.set()
 
     def _tick(self) -> None:
+        self._first_recovery()
         while not self._stopped.wait(TICK_S):
+            if self._shards is not None and len(self._shards) > 1:
+                self._watch_shards()
             with self._lock:
                 self._queue.requeue_silent()
             self._advance_rounds()
@@ -213,19 +324,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self._rounds_changed.notify_all()  # joins re-check members whose task went back
 
     def _shard_versions(self) -> list[int]:
-        """Every shard's version (-1: no answer); notes a shard that restarted or lost its model."""
+        """Every shard's version (-1: no answer)."""
         if self._shards is None:
             return [self._version_fn()]
-        views = self._shards.describe()
-        for shard, view in enumerate(views):
-            if view is None:
-                continue
-            first = self._incarnations.setdefault(shard, view.incarnation)
-            if view.incarnation != first:
-                self._incarnations[shard] = view.incarnation
-                self._shard_problem = _restart_problem(shard, view)
-                log.warning("%s", self._shard_problem)
-        return [-1 if view is None else view.version for view in views]
+        return [-1 if view is None else view.version for view in self._shards.describe()]
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         shard_versions = self._shard_versions()
@@ -255,9 +357,3 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             grads_to_wait=grads_to_wait,
             shard_problem=self._shard_problem,
         )
-
-
-def _restart_problem(shard: int, view: ShardView) -> str:
-    if view.initialized:
-        return f"PS shard {shard} restarted; it serves version {view.version}"
-    return f"PS shard {shard} restarted without a checkpoint and lost its model (workers push theirs again)"

@@ -46,7 +46,13 @@ class RoundAborted(Exception):
 class ShardView:
     initialized: bool
     version: int
-    incarnation: int
+    boot: int  # new for each start of the shard's process
+    incarnation: int = 0
+    checkpoints: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(state: pb.ShardState) -> ShardView:
+        return ShardView(state.initialized, state.version, state.boot, state.incarnation, tuple(state.checkpoints))
 
 
 class ShardLink(Protocol):
@@ -55,6 +61,10 @@ class ShardLink(Protocol):
         :class:`ShardRefused` when the shard cannot."""
 
     def describe(self) -> ShardView: ...
+
+    def roll_back(self, version: int, incarnation: int) -> ShardView:
+        """Installs the shard's checkpoint of ``version`` as model ``(incarnation, version)``;
+        raises :class:`ShardRefused` when the shard has no good checkpoint of it."""
 
 
 class RemoteShard:
@@ -78,7 +88,20 @@ class RemoteShard:
 
     def describe(self) -> ShardView:
         state: pb.ShardState = self._stub.DescribeShard(pb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
-        return ShardView(state.initialized, state.version, state.incarnation)
+        return ShardView.of(state)
+
+    def roll_back(self, version: int, incarnation: int) -> ShardView:
+        request = pb.RestoreRequest(version=version, incarnation=incarnation)
+        try:
+            state: pb.ShardState = retrying(
+                lambda: self._stub.RestoreShard(request, timeout=60.0), what="RestoreShard", deadline_s=COMMIT_DEADLINE_S
+            )
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else None
+            if code is not None and classify(code) is not Failure.TRANSIENT:
+                raise ShardRefused(self.index, err.details() or str(code)) from err
+            raise
+        return ShardView.of(state)
 
     def close(self) -> None:
         self._channel.close()
@@ -115,6 +138,16 @@ class Shards:
                 return None
 
         return self._each(ask)
+
+    def describe_all(self, deadline_s: float) -> list[ShardView]:
+        """Every shard's state, waiting (up to ``deadline_s``) for shards that are still starting."""
+        return self._each(
+            lambda link: retrying(link.describe, what="DescribeShard", deadline_s=deadline_s)
+        )
+
+    def roll_back(self, version: int, incarnation: int) -> list[ShardView]:
+        """Rolls every shard back to its checkpoint of ``version``, as model ``(incarnation, version)``."""
+        return self._each(lambda link: link.roll_back(version, incarnation))
 
     def _each(self, call: Callable[[ShardLink], T]) -> list[T]:
         if len(self._links) == 1:

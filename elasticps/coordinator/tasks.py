@@ -160,6 +160,14 @@ class TaskQueue:
             return live
         return {d.worker for d in self._doing.values() if d.task.kind is TaskKind.TRAINING and d.worker in live}
 
+    def take_over_workers(self, old: TaskQueue) -> None:
+        """This queue was restored to replace ``old``: the workers stay known as live, and task ids
+        continue past every id ``old`` handed out (a late report of a lost task never matches)."""
+        self._last_seen.update(old._last_seen)
+        self._next_id = max(self._next_id, old._next_id)
+        self.tasks_requeued += len(old._doing)
+        self._requeued_workers |= {doing.worker for doing in old._doing.values()}
+
     def take_requeued_workers(self) -> set[str]:
         """The workers whose tasks went back to the queue since the last call (their open-round
         gradients must not count: those minibatches will be trained again)."""

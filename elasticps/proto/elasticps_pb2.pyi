@@ -187,6 +187,7 @@ class PushHead(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     LEARNING_RATE_FIELD_NUMBER: _builtins.int
     MINIBATCH_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the model version the gradients were computed on"""
@@ -196,6 +197,8 @@ class PushHead(_message.Message):
     """Sync: names the minibatch ("worker/session/sequence") in the shard's round audit log; a retrained
     minibatch keeps its name, so a minibatch applied twice would show there.
     """
+    incarnation: _builtins.int
+    """of the model the gradients were computed on (see ModelHead)"""
     def __init__(
         self,
         *,
@@ -203,10 +206,11 @@ class PushHead(_message.Message):
         version: _builtins.int = ...,
         learning_rate: _builtins.float = ...,
         minibatch: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "minibatch", b"minibatch", "version", b"version", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "learning_rate", b"learning_rate", "minibatch", b"minibatch", "version", b"version", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -221,8 +225,14 @@ class ModelHead(_message.Message):
     INITIALIZED_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     OPTIMIZER_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
+    incarnation: _builtins.int
+    """Bumped each time the coordinator rolls every shard back to a common checkpoint: versions count
+    updates, so after a rollback a version number comes back with other weights; the pair
+    (incarnation, version) names one model.
+    """
     @_builtins.property
     def optimizer(self) -> Global___OptimizerConfig:
         """PushModel only"""
@@ -233,10 +243,11 @@ class ModelHead(_message.Message):
         initialized: _builtins.bool = ...,
         version: _builtins.int = ...,
         optimizer: Global___OptimizerConfig | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["optimizer", b"optimizer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initialized", b"initialized", "optimizer", b"optimizer", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "initialized", b"initialized", "optimizer", b"optimizer", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -282,6 +293,7 @@ class PullRequest(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the caller's version: a caller that is current gets a head and no tensors"""
@@ -290,16 +302,19 @@ class PullRequest(_message.Message):
     A sync worker whose gradient waits for the others' uses it instead of training on a model
     whose next gradient would be rejected.
     """
+    incarnation: _builtins.int
+    """with version: what the caller holds"""
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
         version: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -406,25 +421,59 @@ class ShardState(_message.Message):
 
     INITIALIZED_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    BOOT_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
-    incarnation: _builtins.int
+    boot: _builtins.int
     """new for every start of the shard's process: a change means it restarted"""
+    incarnation: _builtins.int
+    """of the model it serves (see ModelHead)"""
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the versions it has checkpoints of"""
+
     def __init__(
         self,
         *,
         initialized: _builtins.bool = ...,
         version: _builtins.int = ...,
+        boot: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        checkpoints: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShardState: _TypeAlias = ShardState  # noqa: Y015
+
+@_typing.final
+class RestoreRequest(_message.Message):
+    """Every shard is rolled back to the same checkpointed version (a shard restarted)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    incarnation: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreRequest: _TypeAlias = RestoreRequest  # noqa: Y015
 
 @_typing.final
 class GetTaskRequest(_message.Message):

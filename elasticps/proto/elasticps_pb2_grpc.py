@@ -59,6 +59,11 @@ class ParameterServerStub:
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
                 _registered_method=True)
+        self.RestoreShard = channel.unary_unary(
+                '/elasticps.v1.ParameterServer/RestoreShard',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -95,6 +100,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreShard(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'DescribeShard': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeShard,
                     request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.SerializeToString,
+            ),
+            'RestoreShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreShard,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.FromString,
                     response_serializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.SerializeToString,
             ),
     }
@@ -258,6 +274,33 @@ class ParameterServer:
             target,
             '/elasticps.v1.ParameterServer/DescribeShard',
             elasticps_dot_proto_dot_elasticps__pb2.DescribeRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.ParameterServer/RestoreShard',
+            elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
             elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
             options,
             channel_credentials,

@@ -47,6 +47,7 @@ class ParameterServerStub:
     PushGradients: _grpc.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]
     CommitRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]
     DescribeShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]
+    RestoreShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -57,6 +58,7 @@ class ParameterServerAsyncStub(ParameterServerStub):
     PushGradients: _aio.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]  # type: ignore[assignment]
     CommitRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]  # type: ignore[assignment]
     DescribeShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
+    RestoreShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -92,6 +94,13 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     def DescribeShard(
         self,
         request: _elasticps_pb2.DescribeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.ShardState, _abc.Awaitable[_elasticps_pb2.ShardState]]: ...
+
+    @_abc_1.abstractmethod
+    def RestoreShard(
+        self,
+        request: _elasticps_pb2.RestoreRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.ShardState, _abc.Awaitable[_elasticps_pb2.ShardState]]: ...
 

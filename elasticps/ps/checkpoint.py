@@ -103,6 +103,16 @@ def _version_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def path_of(directory: Path, version: int) -> Path:
+    """Where the checkpoint of ``version`` is (or would be) in ``directory``."""
+    return _checkpoint_path(directory, version)
+
+
+def version_of(path: Path) -> int | None:
+    """The version a checkpoint file's name says, or None for another file."""
+    return _version_of(path.name)
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     """Checkpoint files in ``directory``, newest (highest version in the name) first.
 

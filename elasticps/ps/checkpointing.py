@@ -118,6 +118,20 @@ class Checkpointing:
             return None
         return rebuild(found, self.shard), found.version
 
+    def versions(self) -> list[int]:
+        """The versions this shard has checkpoint files of, newest first (not yet verified)."""
+        if self.directory is None:
+            return []
+        found = (checkpoint.version_of(path) for path in checkpoint.list_checkpoints(self.directory))
+        return [v for v in found if v is not None]
+
+    def load(self, version: int) -> Model:
+        """The model of this shard's checkpoint at exactly ``version`` (CheckpointError if it is
+        missing or corrupt)."""
+        if self.directory is None:
+            raise checkpoint.CheckpointError("-", "this shard writes no checkpoints")
+        return rebuild(checkpoint.load(checkpoint.path_of(self.directory, version)), self.shard)
+
     def _run(self) -> None:
         """The writer thread: writes the waiting snapshot, one at a time, for the life of the process."""
         while True:

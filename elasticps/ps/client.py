@@ -54,6 +54,7 @@ class ShardsUninitialized(Exception):
 @dataclass(frozen=True)
 class Pulled:
     versions: list[int]  # per shard
+    incarnations: list[int]  # per shard: which timeline the version counts on (see ModelHead)
     tensors: dict[str, np.ndarray]  # only the shards that had a newer model
     uninitialized: list[int]  # shards that hold no model yet
 
@@ -106,18 +107,25 @@ class PSClient:
 
     # ---- calls -------------------------------------------------------------------------------
     def push_model(
-        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+        self,
+        tensors: Mapping[str, np.ndarray],
+        optimizer: OptimizerConfig,
+        versions: Sequence[int] | None = None,
+        incarnation: int = 0,
     ) -> list[int]:
         """Offers the model to every shard; shards that already hold one keep theirs.
 
         ``versions``: per shard, the version the offered model is (a worker repairing a shard that
-        lost its model offers its copy at the version it pulled); None or -1: a new model, version 0."""
+        lost its model offers its copy at the version and incarnation it pulled); None or -1: a new
+        model, version 0."""
         config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
         parts = self.split(tensors)
 
         def push(shard: int) -> int:
             version = max(0, versions[shard]) if versions is not None else 0
-            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, optimizer=config))
+            head = pb.Frame(
+                model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation, optimizer=config)
+            )
 
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes)
@@ -129,32 +137,43 @@ class PSClient:
 
         return self._fan_out(push)
 
-    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled:
-        """Pulls every shard whose version differs from ``versions`` (use -1 for "I have nothing").
+    def pull(
+        self,
+        versions: Sequence[int],
+        wait_ms: int = 0,
+        only: Sequence[int] | None = None,
+        incarnations: Sequence[int] | None = None,
+    ) -> Pulled:
+        """Pulls every shard whose (incarnation, version) differs from the caller's (-1: "I have nothing").
 
         With ``wait_ms``, a shard where the caller is current answers once its version moves (or
         after ``wait_ms``): a long poll instead of a busy loop. ``only``: ask just these shards (the
         others keep the caller's version, with no tensors).
         """
 
-        def pull(shard: int) -> tuple[int, dict[str, np.ndarray], bool]:
+        held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+
+        def pull(shard: int) -> tuple[int, int, dict[str, np.ndarray], bool]:
             if only is not None and shard not in only:
-                return versions[shard], {}, True
-            request = pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=wait_ms)
+                return versions[shard], held[shard], {}, True
+            request = pb.PullRequest(
+                worker=self.worker, version=versions[shard], wait_ms=wait_ms, incarnation=held[shard]
+            )
             decoded: frames.Decoded = self._call(
                 lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )
             head = decoded.first.model
-            return head.version, decoded.tensors, head.initialized
+            return head.version, head.incarnation, decoded.tensors, head.initialized
 
         results = self._fan_out(pull)
         tensors: dict[str, np.ndarray] = {}
-        for _, part, _ in results:
+        for _, _, part, _ in results:
             tensors.update(part)
         return Pulled(
-            versions=[version for version, _, _ in results],
+            versions=[version for version, _, _, _ in results],
+            incarnations=[incarnation for _, incarnation, _, _ in results],
             tensors=tensors,
-            uninitialized=[shard for shard, (_, _, ok) in enumerate(results) if not ok],
+            uninitialized=[shard for shard, (_, _, _, ok) in enumerate(results) if not ok],
         )
 
     def push_gradients(
@@ -163,15 +182,21 @@ class PSClient:
         versions: Sequence[int],
         learning_rate: float = 0.0,
         minibatch: str = "",
+        incarnations: Sequence[int] | None = None,
     ) -> Pushed:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
         then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log."""
         parts = self.split(gradients)
+        held = list(incarnations) if incarnations is not None else [0] * self.num_shards
 
         def push(shard: int) -> pb.PushReply:
             head = pb.Frame(
                 push=pb.PushHead(
-                    worker=self.worker, version=versions[shard], learning_rate=learning_rate, minibatch=minibatch
+                    worker=self.worker,
+                    version=versions[shard],
+                    learning_rate=learning_rate,
+                    minibatch=minibatch,
+                    incarnation=held[shard],
                 )
             )
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
@@ -187,10 +212,15 @@ class PSClient:
         return Pushed([r.accepted for r in replies], [r.version for r in replies])
 
     def push_gradients_async(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        incarnations: Sequence[int] | None = None,
     ) -> Future[Pushed]:
         """The same push, returned as a future so the caller can compute while it travels."""
-        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate)
+        held = None if incarnations is None else list(incarnations)
+        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate, "", held)
 
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)

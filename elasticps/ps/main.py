@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY, start_http_server
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
@@ -30,6 +31,7 @@ from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, open_reader
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
@@ -140,7 +142,17 @@ class LocalShard:
             raise ShardRefused(0, str(err)) from err
 
     def describe(self) -> ShardView:
-        return ShardView(self._store.initialized, self._store.version, self._store.incarnation)
+        store = self._store
+        return ShardView(
+            store.initialized, store.version, store.boot, store.incarnation, tuple(store.checkpoint_versions())
+        )
+
+    def roll_back(self, version: int, incarnation: int) -> ShardView:
+        try:
+            self._store.roll_back(version, incarnation)
+        except CheckpointError as err:
+            raise ShardRefused(0, str(err)) from err
+        return self.describe()
 
 
 def rounds_and_shards(config: PSConfig, store: ParameterStore) -> tuple[Rounds | None, Shards]:
@@ -186,8 +198,16 @@ def run(config: PSConfig) -> int:
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
         rounds, shards = rounds_and_shards(config, store)
+        t = config.training
+        journals = Journals(Path(t.checkpoint_dir) / "coordinator", 2 * t.keep_checkpoint_max) if t.checkpoint_dir else None
         coordinator = CoordinatorServicer(
-            settings, version_fn=lambda: store.version, journal=journal, rounds=rounds, shards=shards
+            settings,
+            version_fn=lambda: store.version,
+            journal=journal,
+            rounds=rounds,
+            shards=shards,
+            journals=journals,
+            checkpoint_steps=t.checkpoint_steps,
         )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
         coordinator.start()

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
+from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.store import GradientError, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import frames
 
@@ -43,7 +44,7 @@ class ParameterServerServicer:
         self._chunk_bytes = chunk_bytes
         self._metrics = metrics or PSMetrics(CollectorRegistry(), store.settings.shard)
         self._cache_lock = threading.Lock()
-        self._cached: tuple[int, list[bytes]] | None = None
+        self._cached: tuple[tuple[int, int], list[bytes]] | None = None  # (incarnation, version) -> frames
 
     def PushModel(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.ModelHead:
         decoded = _decode(request_iterator, context)
@@ -52,7 +53,8 @@ class ParameterServerServicer:
         spec = decoded.first.model.optimizer
         config = OptimizerConfig(name=spec.name, params=dict(spec.params))
         try:
-            self._store.initialize(decoded.tensors, config, decoded.first.model.version)
+            head = decoded.first.model
+            self._store.initialize(decoded.tensors, config, head.version, head.incarnation)
         except (GradientError, OptimizerError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
@@ -63,11 +65,13 @@ class ParameterServerServicer:
             self._metrics.pulled("uninitialized")
             yield pb.Frame(model=pb.ModelHead(initialized=False, version=0)).SerializeToString()
             return
-        if request.version == store.version and request.wait_ms > 0:
+        current = request.incarnation == store.incarnation
+        if current and request.version == store.version and request.wait_ms > 0:
             store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
-        if request.version == store.version:
+        if request.incarnation == store.incarnation and request.version == store.version:
             self._metrics.pulled("current")
-            yield pb.Frame(model=pb.ModelHead(initialized=True, version=request.version)).SerializeToString()
+            head = pb.ModelHead(initialized=True, version=request.version, incarnation=request.incarnation)
+            yield pb.Frame(model=head).SerializeToString()
             return
         self._metrics.pulled("full")
         # The store says whether a version is fixed while it is read (then encode it once for every
@@ -77,19 +81,19 @@ class ParameterServerServicer:
             yield message
 
     def _live_frames(self) -> Iterator[bytes]:
-        with self._store.reading() as (version, variables):
-            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
+        with self._store.reading() as (incarnation, version, variables):
+            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
             yield from frames.encode(head, variables, self._chunk_bytes)
 
     def _shared_frames(self) -> list[bytes]:
         with self._cache_lock:
             cached = self._cached
-            if cached is not None and cached[0] == self._store.version:
+            if cached is not None and cached[0] == (self._store.incarnation, self._store.version):
                 return cached[1]
-            with self._store.reading() as (version, variables):
-                head = pb.Frame(model=pb.ModelHead(initialized=True, version=version))
+            with self._store.reading() as (incarnation, version, variables):
+                head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
                 encoded = list(frames.encode(head, variables, self._chunk_bytes))
-            self._cached = (version, encoded)
+            self._cached = ((incarnation, version), encoded)
             return encoded
 
     def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
@@ -100,7 +104,9 @@ class ParameterServerServicer:
         self._metrics.bytes_received.inc(sum(t.nbytes for t in decoded.tensors.values()))
         started = time.perf_counter()
         try:
-            outcome = self._store.push(decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch)
+            outcome = self._store.push(
+                decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch, head.incarnation
+            )
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
@@ -124,9 +130,22 @@ class ParameterServerServicer:
         return pb.CommitReply(version=outcome.version)
 
     def DescribeShard(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.ShardState:
+        store = self._store
         return pb.ShardState(
-            initialized=self._store.initialized, version=self._store.version, incarnation=self._store.incarnation
+            initialized=store.initialized,
+            version=store.version,
+            boot=store.boot,
+            incarnation=store.incarnation,
+            checkpoints=store.checkpoint_versions(),
         )
+
+    def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:
+        try:
+            self._store.roll_back(request.version, request.incarnation)
+        except CheckpointError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"RestoreShard: {err}")
+        self._metrics.model_version.set(self._store.version)
+        return self.DescribeShard(pb.DescribeRequest(), context)
 
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
@@ -150,6 +169,11 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
         "DescribeShard": grpc.unary_unary_rpc_method_handler(
             servicer.DescribeShard,
             request_deserializer=pb.DescribeRequest.FromString,
+            response_serializer=pb.ShardState.SerializeToString,
+        ),
+        "RestoreShard": grpc.unary_unary_rpc_method_handler(
+            servicer.RestoreShard,
+            request_deserializer=pb.RestoreRequest.FromString,
             response_serializer=pb.ShardState.SerializeToString,
         ),
     }

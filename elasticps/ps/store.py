@@ -61,7 +61,9 @@ class ParameterStore:
         self._version = ModelVersion(on_advance=self._advanced)
         self._round_log_lock = threading.Lock()
         # A new number for every start of this shard: the coordinator tells a restarted shard by it.
-        self.incarnation = secrets.randbits(62) + 1
+        self.boot = secrets.randbits(62) + 1
+        # Which timeline the version counts on: bumped by the coordinator with every rollback.
+        self.incarnation = 0
 
     # ---- state -------------------------------------------------------------------------------
     @property
@@ -91,7 +93,9 @@ class ParameterStore:
             raise UninitializedError(f"PS shard {self.settings.shard} holds no model yet")
         return model
 
-    def initialize(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, version: int = 0) -> bool:
+    def initialize(
+        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, version: int = 0, incarnation: int = 0
+    ) -> bool:
         """Takes the first model pushed to this shard; returns False (and changes nothing) later.
 
         ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
@@ -103,16 +107,18 @@ class ParameterStore:
         with self._installing:
             if self._model is not None:
                 return False
-            self._install(Model(dense, built), version)
+            self._install(Model(dense, built), version, incarnation)
         log.info(
             "shard %d initialised at version %d: %d variables, %s",
             self.settings.shard, version, len(tensors), built.config.name,
         )
         return True
 
-    def _install(self, model: Model, version: int) -> None:
+    def _install(self, model: Model, version: int, incarnation: int | None = None) -> None:
         with self._rule.guard():
             self._rule.reset(model)
+            if incarnation is not None:
+                self.incarnation = incarnation
             self._version.reset(version)
             self._model = model  # last: a push or pull that sees the model sees it whole
 
@@ -121,14 +127,14 @@ class ParameterStore:
         return self._version.wait_newer(version, timeout_s)
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[tuple[int, Mapping[str, np.ndarray]]]:
-        """The version and the dense variables, to be read (encoded) inside the ``with`` block.
+    def reading(self) -> Iterator[tuple[int, int, Mapping[str, np.ndarray]]]:
+        """The incarnation, version and dense variables, to be read (encoded) inside the ``with`` block.
 
         Under the rule's guard: sync, a consistent view (updates wait); async, the live arrays.
         """
         with self._rule.guard():
             model = self._model
-            yield self._version.value, ({} if model is None else model.dense.variables)
+            yield self.incarnation, self._version.value, ({} if model is None else model.dense.variables)
 
     # ---- updates -----------------------------------------------------------------------------
     def push(
@@ -138,9 +144,14 @@ class ParameterStore:
         learning_rate: float = 0.0,
         worker: str = "",
         minibatch: str = "",
+        incarnation: int = 0,
     ) -> PushOutcome:
-        """One worker's dense gradients, computed on ``version``, handed to the rule once checked."""
+        """One worker's dense gradients, computed on ``version``, handed to the rule once checked.
+
+        Gradients of another incarnation (computed before a rollback) are refused, changing nothing."""
         model = self._require_model()
+        if incarnation != self.incarnation:
+            return PushOutcome(False, self._version.value, 0, 0.0)
         update = {DENSE: gradients}
         model.check(update)
         if not (math.isfinite(learning_rate) and learning_rate >= 0):
@@ -180,6 +191,17 @@ class ParameterStore:
     def flush_checkpoints(self) -> None:
         """Waits for the checkpoints already submitted (tests; shutdown)."""
         self._checkpoints.flush()
+
+    def checkpoint_versions(self) -> list[int]:
+        return self._checkpoints.versions()
+
+    def roll_back(self, version: int, incarnation: int) -> None:
+        """Installs this shard's checkpoint of exactly ``version`` as model ``(incarnation, version)``
+        (the coordinator rolls every shard back to one version); CheckpointError if it cannot."""
+        model = self._checkpoints.load(version)
+        with self._installing:
+            self._install(model, version, incarnation)
+        log.info("shard %d rolled back to version %d (incarnation %d)", self.settings.shard, version, incarnation)
 
     def restore(self) -> bool:
         """Loads the newest good checkpoint of this shard, if any; corrupt ones are skipped."""

@@ -49,6 +49,7 @@ class LocalModel:
         self._ps = ps
         self._learning_rate = learning_rate
         self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
+        self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
         self._in_flight: Future[Pushed] | None = None
 
     @property
@@ -76,7 +77,7 @@ class LocalModel:
 
     def _pull(self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None) -> None:
         with self.metrics.pull_seconds.time():
-            pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only)
+            pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
@@ -87,15 +88,17 @@ class LocalModel:
         if pulled.tensors:
             self._trainer.assign(pulled.tensors)
         self._versions = pulled.versions
+        self._incarnations = pulled.incarnations
         self.metrics.model_version.set(pulled.versions[0])
 
     def pull_aligned(self, wait_ms: int) -> None:
         """Pulls until every shard is at the same version (sync: a round is being committed on the
         shards one after another; the lagging ones are waited for, up to ``wait_ms`` per pull)."""
         self.pull()
-        while len(set(self._versions)) > 1:
-            newest = max(self._versions)
-            self._pull(wait_ms=wait_ms, only=[i for i, v in enumerate(self._versions) if v < newest])
+        while len(set(zip(self._incarnations, self._versions))) > 1:
+            newest = max(zip(self._incarnations, self._versions))
+            held = zip(self._incarnations, self._versions)
+            self._pull(wait_ms=wait_ms, only=[i for i, model in enumerate(held) if model < newest])
 
     def _reinitialise(self, shards: list[int]) -> None:
         log.warning("PS shards %s lost their model: pushing ours again", shards)
@@ -105,7 +108,10 @@ class LocalModel:
         known = [v for v in self._versions if v >= 0]
         version = max(known) if known else 0
         self._ps.push_model(
-            self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate), [version] * self._ps.num_shards
+            self._trainer.weights(),
+            self._trainer.optimizer_config(self._learning_rate),
+            [version] * self._ps.num_shards,
+            max(self._incarnations),
         )
         self._versions = [-1] * self._ps.num_shards
         self._pull()
@@ -129,7 +135,9 @@ class LocalModel:
         """
         try:
             with self.metrics.push_seconds.time():
-                return self._ps.push_gradients(gradients, self._versions, self._learning_rate, minibatch)
+                return self._ps.push_gradients(
+                    gradients, self._versions, self._learning_rate, minibatch, self._incarnations
+                )
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
             return Pushed([False] * self._ps.num_shards, list(self._versions))
@@ -140,9 +148,9 @@ class LocalModel:
         The push is tagged with the versions the gradients were computed at, taken before the
         previous push is settled (settling may repair a shard and pull).
         """
-        versions = list(self._versions)
+        versions, incarnations = list(self._versions), list(self._incarnations)
         self.settle()
-        self._in_flight = self._ps.push_gradients_async(gradients, versions, self._learning_rate)
+        self._in_flight = self._ps.push_gradients_async(gradients, versions, self._learning_rate, incarnations)
 
     def settle(self) -> None:
         """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again."""

@@ -34,7 +34,13 @@ class PSClientLike(Protocol):
     @property
     def num_shards(self) -> int: ...
 
-    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled: ...
+    def pull(
+        self,
+        versions: Sequence[int],
+        wait_ms: int = 0,
+        only: Sequence[int] | None = None,
+        incarnations: Sequence[int] | None = None,
+    ) -> Pulled: ...
 
     def push_gradients(
         self,
@@ -42,14 +48,23 @@ class PSClientLike(Protocol):
         versions: Sequence[int],
         learning_rate: float = 0.0,
         minibatch: str = "",
+        incarnations: Sequence[int] | None = None,
     ) -> Pushed: ...
 
     def push_gradients_async(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        incarnations: Sequence[int] | None = None,
     ) -> Future[Pushed]: ...
 
     def push_model(
-        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+        self,
+        tensors: Mapping[str, np.ndarray],
+        optimizer: OptimizerConfig,
+        versions: Sequence[int] | None = None,
+        incarnation: int = 0,
     ) -> list[int]: ...
 
 
