@@ -60,6 +60,7 @@ def outcome(result: RunResult) -> dict[str, object]:
         "records_total": status.records_total,
         "epoch_records": list(status.epoch_records),
         "model_version": status.model_version,
+        "shard_versions": list(status.shard_versions),
         "metrics": dict(status.metrics),
         "metrics_version": status.metrics_version,
         "tasks_requeued": status.tasks_requeued,
