@@ -89,8 +89,10 @@ class JobProgress:
     @property
     def version(self) -> int:
         """The model's version: the oldest shard's when the shards are known (a shard behind the
-        others has not applied the later updates), else the coordinator's own."""
-        return min(self.shard_versions) if self.shard_versions else self.model_version
+        others has not applied the later updates), else the coordinator's own. A shard that did not
+        answer (-1) is left out."""
+        answered = [v for v in self.shard_versions if v >= 0]
+        return min(answered) if answered else self.model_version
 
 
 @dataclass(frozen=True)
