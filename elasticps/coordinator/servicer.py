@@ -178,6 +178,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     if counted is True:
                         return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=rounds.version)
                     if counted is False or not rounds.is_member(worker):  # taken out: its task went back
+                        del self._joined[worker]  # its next gradient, even of this version, may join
                         return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
                 remaining = give_up_at - time.monotonic()
                 if remaining <= 0:

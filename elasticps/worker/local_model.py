@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from elasticps.ps.client import Pushed, ShardsUninitialized
+from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import PSClientLike, Trainer
 
@@ -81,7 +81,7 @@ class LocalModel:
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
-                self._reinitialise(pulled.uninitialized)
+                self._repair(pulled)
                 return
             self._ps.push_model(self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate))
             pulled = self._ps.pull([-1] * self._ps.num_shards)
@@ -100,20 +100,30 @@ class LocalModel:
             held = zip(self._incarnations, self._versions)
             self._pull(wait_ms=wait_ms, only=[i for i, model in enumerate(held) if model < newest])
 
-    def _reinitialise(self, shards: list[int]) -> None:
-        log.warning("PS shards %s lost their model: pushing ours again", shards)
+    def _repair(self, pulled: Pulled) -> None:
+        """Shards lost their model (restarted without a checkpoint): ours is pushed to them, at the
+        version and incarnation the healthy shards answered with (sync: every shard at one version,
+        so the repaired shards join the next round with the others), then pulled."""
+        log.warning("PS shards %s lost their model: pushing ours again", pulled.uninitialized)
         self.counters.reinitialised += 1
-        # At the version we pulled from them: in sync every shard is at one version, so the repaired
-        # shard joins the next round with the others.
-        known = [v for v in self._versions if v >= 0]
-        version = max(known) if known else 0
+        healthy = [
+            (incarnation, version)
+            for shard, (incarnation, version) in enumerate(zip(pulled.incarnations, pulled.versions))
+            if shard not in pulled.uninitialized
+        ]
+        incarnation, version = max(healthy) if healthy else (0, 0)
         self._ps.push_model(
             self._trainer.weights(),
             self._trainer.optimizer_config(self._learning_rate),
             [version] * self._ps.num_shards,
-            max(self._incarnations),
+            incarnation,
         )
         self._versions = [-1] * self._ps.num_shards
+        self._pull()
+
+    def _reinitialise(self, shards: list[int]) -> None:
+        """A push found ``shards`` without a model: a pull sees which, and repairs them."""
+        log.warning("PS shards %s hold no model", shards)
         self._pull()
 
     # ---- gradients ---------------------------------------------------------------------------
