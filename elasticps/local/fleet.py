@@ -6,7 +6,9 @@ replicas become command lines (``elasticps.api.replicas`` renders the arguments)
 process is read back as the planner's ``ObservedPod``:
 
 - a slot whose process cannot start yet is Pending: a worker waits until every PS has reported the
-  port it bound (through ``--port_file``), since its ``--ps_addrs`` must name them;
+  port it bound (through ``--port_file``), since its ``--ps_addrs`` must name them; so does PS 0 of
+  a job with several shards, until PS 1..N-1 have reported theirs (it coordinates every shard and
+  refuses to start without all their addresses);
 - a live process is Running (a PS is ready once its port is known); exit 0 is Succeeded, any
   other exit Failed with that exit code (negative for a signal: ``kill -9`` is -9);
 - a deleted slot gets SIGTERM and reads as ``deleted`` until its process is gone (SIGKILL after
@@ -15,6 +17,10 @@ process is read back as the planner's ``ObservedPod``:
 A PS keeps its port for the whole run: the first start binds port 0 and reports it, every later
 start (a replacement, a resume after suspend) binds that port again, so the workers' addresses
 stay valid. Each start gets a fresh uid, so the planner tells a replacement from the old one.
+
+PS 0's ``--ps_addrs`` lists every shard in order, its own at index 0. PS 0 never dials its own
+entry (its shard is in the same process), and on its first start its port is not known before it
+binds: that entry is then ``127.0.0.1:0``, a placeholder; every later start names the real port.
 """
 
 from __future__ import annotations
@@ -144,19 +150,30 @@ class Fleet:
     def _replica(self, job: TrainingJob, slot: Slot) -> Replica | None:
         """The command line of the slot's replica, or None while a worker's PS addresses are unknown."""
         if slot.role is Role.PS:
-            checkpoints = str(self.run_dir / "checkpoints")
-            port = self.ports.get(slot.index)
-            if port is not None:
-                return ps_replica(job, slot.index, host=HOST, port=port, checkpoint_dir=checkpoints)
-            port_file = self._port_file(slot.index)
-            port_file.unlink(missing_ok=True)
-            return ps_replica(
-                job, slot.index, host=HOST, port=0, checkpoint_dir=checkpoints, extra=[f"--port_file={port_file}"]
-            )
+            return self._ps_replica(job, slot.index)
         wanted = range(desired(job, Role.PS))
         if any(i not in self.ports for i in wanted):
             return None
         return worker_replica(job, slot.index, [f"{HOST}:{self.ports[i]}" for i in wanted])
+
+    def _ps_replica(self, job: TrainingJob, index: int) -> Replica | None:
+        """PS ``index``'s command line, or None while PS 0 waits for the other shards' ports."""
+        addresses: list[str] = []
+        if index == 0:
+            others = range(1, desired(job, Role.PS))
+            if any(i not in self.ports for i in others):
+                return None
+            addresses = [f"{HOST}:{self.ports.get(i, 0)}" for i in range(desired(job, Role.PS))]
+        checkpoints = str(self.run_dir / "checkpoints")
+        port = self.ports.get(index)
+        if port is not None:
+            return ps_replica(job, index, host=HOST, port=port, ps_addresses=addresses, checkpoint_dir=checkpoints)
+        port_file = self._port_file(index)
+        port_file.unlink(missing_ok=True)
+        return ps_replica(
+            job, index, host=HOST, port=0, ps_addresses=addresses, checkpoint_dir=checkpoints,
+            extra=[f"--port_file={port_file}"],
+        )
 
     def _port_file(self, index: int) -> Path:
         return self.run_dir / f"ps-{index}.port"

@@ -1,6 +1,6 @@
 """The local runner's replicas as processes and back as the planner's observations, with the
 processes played by fakes (the real ones run in tests/e2e): phases, exit codes, stops, PS ports,
-workers waiting for their PS addresses, and the executor carrying out the planner's actions."""
+PS 0 and the workers waiting for the PS ports they need, and the executor carrying out the planner's actions."""
 
 from __future__ import annotations
 
@@ -87,18 +87,48 @@ def serve(fleet: Fleet, job: TrainingJob, index: int, port: int) -> None:
     fleet.tick(job)
 
 
-def test_workers_wait_for_every_ps_port_then_dial_them(tmp_path: Path, launcher: Launcher) -> None:
-    job, fleet = make_job(ps=2), Fleet(tmp_path)
-    for role, index in ((Role.PS, 0), (Role.PS, 1), (Role.WORKER, 0)):
+def test_ps_0_waits_for_the_other_shards_ports_and_workers_for_every_port(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(ps=3), Fleet(tmp_path)
+    for role, index in ((Role.PS, 0), (Role.PS, 1), (Role.PS, 2), (Role.WORKER, 0)):
         fleet.create(job, f"tj-{role.value}-{index}", role, index)
-    assert [r.name for r in launcher.started] == ["tj-ps-0", "tj-ps-1"]
-    assert arg(launcher.started[0], "port") == "0" and arg(launcher.started[0], "port_file") == str(tmp_path / "ps-0.port")
+    assert [r.name for r in launcher.started] == ["tj-ps-1", "tj-ps-2"]
+    assert arg(launcher.started[0], "port") == "0" and arg(launcher.started[0], "port_file") == str(tmp_path / "ps-1.port")
+    assert arg(launcher.started[0], "ps_addrs") is None  # only PS 0 is told every shard
+    assert phases(fleet)["tj-ps-0"] == ("Pending", None, False)
+    serve(fleet, job, 1, 4101)
+    assert len(launcher.started) == 2 and phases(fleet)["tj-ps-0"] == ("Pending", None, False)
+    serve(fleet, job, 2, 4102)
+    ps0 = launcher.started[-1]
+    assert ps0.name == "tj-ps-0" and arg(ps0, "port") == "0"
+    # Its own port is not known before it binds: a placeholder it never dials.
+    assert arg(ps0, "ps_addrs") == "127.0.0.1:0,127.0.0.1:4101,127.0.0.1:4102"
     assert phases(fleet)["tj-worker-0"] == ("Pending", None, False)
     serve(fleet, job, 0, 4100)
-    assert len(launcher.started) == 2 and fleet.ps0_address() == "127.0.0.1:4100"
-    serve(fleet, job, 1, 4101)
     worker = launcher.started[-1]
-    assert worker.name == "tj-worker-0" and arg(worker, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101"
+    assert fleet.ps0_address() == "127.0.0.1:4100"
+    assert worker.name == "tj-worker-0" and arg(worker, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101,127.0.0.1:4102"
+
+
+def test_a_restarted_ps_0_gets_every_real_address(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(ps=2), Fleet(tmp_path)
+    for index in (0, 1):
+        fleet.create(job, f"tj-ps-{index}", Role.PS, index)
+    serve(fleet, job, 1, 4101)
+    serve(fleet, job, 0, 4100)
+    launcher.popens["tj-ps-0"].code = -9
+    fleet.tick(job)
+    fleet.delete("tj-ps-0")
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    again = launcher.started[-1]
+    assert again.name == "tj-ps-0" and arg(again, "port") == "4100" and arg(again, "port_file") is None
+    assert arg(again, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101"
+
+
+def test_a_single_ps_starts_at_once_without_addresses(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(ps=1), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    [ps0] = launcher.started
+    assert arg(ps0, "ps_addrs") is None and arg(ps0, "port") == "0"
 
 
 def test_processes_read_as_the_planners_phases(tmp_path: Path, launcher: Launcher) -> None:
