@@ -1,10 +1,12 @@
-"""The ``elasticps`` command: ``run`` a TrainingJob locally, serve as a ``ps`` or a ``worker``, or run
-the Kubernetes ``operator``.
+"""The ``elasticps`` command: ``run`` a TrainingJob locally (and ``scale`` its workers while it runs),
+serve as a ``ps`` or a ``worker``, or run the Kubernetes ``operator``.
 
 User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
 traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
 143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
-it first stops every replica it started, so none is left running.
+it first stops every replica it started, so none is left running. ``scale`` exits 0 once the request
+is written (the run applies it on its next pass, within a second), 2 when there is no run to ask or
+the number is out of bounds.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         "--run_dir", type=Path, default=None, help="logs and checkpoints (default: .elasticps/runs/NAME-TIME)"
     )
     run.add_argument("--result_file", type=Path, default=None, help="also write the outcome as JSON here")
+    scale = commands.add_parser("scale", help="change the number of workers of a running `elasticps run`")
+    scale.add_argument("run_dir", type=Path, help="the run's directory (its --run_dir)")
+    scale.add_argument("--workers", type=int, required=True, help="the number of workers the job should have")
     ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
     worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
     operator_main.add_arguments(
@@ -63,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "run":
         return _run(args.job, args.run_dir, args.result_file)
+    if args.command == "scale":
+        return _scale(args.run_dir, args.workers)
     if args.command == "operator":
         from elasticps.operator import main as operator_main
 
@@ -74,6 +81,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from elasticps.worker import main as worker_main
 
     return worker_main.run(worker_main.config_from_args(args))
+
+
+def _scale(run_dir: Path, workers: int) -> int:
+    from elasticps.local import control
+
+    try:
+        pid = control.request(run_dir, workers)
+    except control.ControlError as err:
+        print(f"elasticps scale: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"asked the run in {run_dir} (runner pid {pid}) for {workers} workers")
+    return 0
 
 
 def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:

@@ -2,8 +2,12 @@
 driven by the same planner as the operator.
 
 Callers: ``elasticps run`` (``cli``), and tests that change a running job's spec through
-:meth:`LocalRunner.update_spec` (the command for that comes later). Every half second a pass:
+:meth:`LocalRunner.update_spec`. ``elasticps scale RUN_DIR --workers N`` changes it from another
+process: it writes a request into the run directory (``control``), the pass reads it and hands the
+planner the spec with ``worker.replicas = N``, as a cluster's ``kubectl patch`` would. Every half
+second a pass:
 
+0. ``control``: a new ``elasticps scale`` request becomes the job's spec (``workers: 2 -> 4``);
 1. ``fleet.tick``: reap stopped processes, note exits, start replicas that were waiting;
 2. observe: the processes as ``ObservedPod``s (``fleet``), PS 0's coordinator answer as
    ``JobProgress`` (asked only while PS 0 runs), the job's ``.status`` as the runner keeps it in
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ import grpc
 
 from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
-from elasticps.local import processes
+from elasticps.local import control, processes
 from elasticps.local.executing import execute
 from elasticps.local.fleet import Fleet, Slot
 from elasticps.local.progress import Progress
@@ -70,6 +75,7 @@ class LocalRunner:
         self._coordinator: CoordinatorClient | None = None
         self._started = time.monotonic()
         self._history: list[Evaluation] = []
+        self._control = control.Watcher(run_dir)
         self.status: dict[str, Any] = {}  # the job's .status, as the planner wrote it (replaced, never edited)
 
     @property
@@ -86,7 +92,7 @@ class LocalRunner:
             self._job = job
 
     def run(self) -> RunResult:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        control.claim(self.run_dir)
         try:
             while True:
                 result = self._pass()
@@ -94,12 +100,14 @@ class LocalRunner:
                     return result
                 time.sleep(self._poll_s)
         finally:
+            control.release(self.run_dir)
             self._fleet.stop_all()
             self._progress.close()
             if self._coordinator is not None:
                 self._coordinator.close()
 
     def _pass(self) -> RunResult | None:
+        self._read_control()
         job = self.job
         self._fleet.tick(job)
         reply = self._ask_coordinator()
@@ -123,6 +131,24 @@ class LocalRunner:
         for line in lines:
             self._progress.event(line)
         return None
+
+    def _read_control(self) -> None:
+        """Applies a new ``elasticps scale`` request: the spec with the workers it asked for."""
+        try:
+            asked = self._control.poll()
+        except control.ControlError as err:
+            self._progress.event(f"ignored a scale request: {err}")
+            return
+        if asked is None:
+            return
+        job = self.job
+        before = job.spec.worker.replicas
+        if asked.worker_replicas == before:
+            self._progress.event(f"workers: {before} already")
+            return
+        worker = replace(job.spec.worker, replicas=asked.worker_replicas)
+        self.update_spec(replace(job, spec=replace(job.spec, worker=worker)))
+        self._progress.event(f"workers: {before} -> {asked.worker_replicas}")
 
     def _ask_coordinator(self) -> pb.JobStatus | None:
         address = self._fleet.ps0_address()
