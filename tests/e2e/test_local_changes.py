@@ -1,10 +1,14 @@
 """A running local job whose spec changes (``LocalRunner.update_spec``): suspend and resume, scale
 the workers up and down. Real processes; the runner in a thread of the test, as ``elasticps run``
-would run it, so the test can hand it the changed spec (the command for that comes later)."""
+would run it, so the test can hand it the changed spec. And the command for it: ``elasticps scale``
+against an ``elasticps run`` in a process of its own."""
 
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +20,7 @@ import grpc
 import pytest
 
 from job_builders import merge
-from local_jobs import job_document, wait_for, write_data
+from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 
 from elasticps.api.parsing import parse_job
 from elasticps.api.spec import TrainingJob
@@ -48,27 +52,10 @@ class Run:
         return None if phase is None else str(phase)
 
     def alive(self, name: str) -> bool:
-        """Whether the newest process of replica ``name`` still runs."""
-        pid_file = self.run_dir / f"{name}.pid"
-        if not pid_file.exists():
-            return False
-        status = Path(f"/proc/{int(pid_file.read_text())}/status")
-        try:
-            return "zombie" not in status.read_text()
-        except OSError:
-            return False
+        return alive(self.run_dir, name)
 
     def records_done(self) -> int:
-        port_file = self.run_dir / "ps-0.port"
-        if not port_file.exists():
-            return 0
-        client = CoordinatorClient(f"127.0.0.1:{int(port_file.read_text())}", worker="test")
-        try:
-            return int(client.status(timeout_s=2.0).records_done)
-        except grpc.RpcError:
-            return 0
-        finally:
-            client.close()
+        return records_done(self.run_dir)
 
     def result(self, timeout: float = 240) -> RunResult:
         self.thread.join(timeout)
@@ -77,6 +64,31 @@ class Run:
         result = self.outcome["result"]
         assert isinstance(result, RunResult)
         return result
+
+
+def alive(run_dir: Path, name: str) -> bool:
+    """Whether the newest process of replica ``name`` still runs."""
+    pid_file = run_dir / f"{name}.pid"
+    if not pid_file.exists():
+        return False
+    status = Path(f"/proc/{int(pid_file.read_text())}/status")
+    try:
+        return "zombie" not in status.read_text()
+    except OSError:
+        return False
+
+
+def records_done(run_dir: Path) -> int:
+    port_file = run_dir / "ps-0.port"
+    if not port_file.exists():
+        return 0
+    client = CoordinatorClient(f"127.0.0.1:{int(port_file.read_text())}", worker="test")
+    try:
+        return int(client.status(timeout_s=2.0).records_done)
+    except grpc.RpcError:
+        return 0
+    finally:
+        client.close()
 
 
 def start(tmp_path: Path, spec: dict[str, Any], **training: object) -> tuple[Run, TrainingJob]:
@@ -152,3 +164,49 @@ def test_scaling_workers_starts_or_stops_processes_and_every_record_is_trained(
     assert run.phase == "Succeeded" and run.runner.status["workers"].endswith(f"/{after}")
     assert list(result.status.epoch_records) == [RECORDS, RECORDS]
     assert result.restarts == 0  # scaling spends no restart
+
+
+# The training settings of each mode; sync joins the matrix once its rounds are wired in.
+MODES: dict[str, dict[str, object]] = {"async": {"useAsync": True, "taskTimeoutSeconds": 5}, "sync": {}}
+SCALE_EPOCHS = 3
+
+
+def scale(run_dir: Path, workers: int) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "elasticps", "scale", str(run_dir), "--workers", str(workers)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode", ["async"])
+def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(tmp_path: Path, mode: str) -> None:
+    train, validation = write_data(tmp_path, records=RECORDS)
+    document = job_document("scaled", train, validation, minibatchSize=16, numEpochs=SCALE_EPOCHS, **MODES[mode])
+    job_file = write_job(tmp_path / "job.yaml", document)  # 2 PS + 2 workers
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job_file), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    workers = [f"scaled-worker-{i}" for i in range(4)]
+    try:
+        wait_for(lambda: records_done(run_dir) > 0 or process.poll() is not None, 180, "training to start")
+        assert "for 4 workers" in scale(run_dir, 4)
+        wait_for(lambda: all(alive(run_dir, w) for w in workers) or process.poll() is not None, 60, "4 workers")
+        assert process.poll() is None, "the job ended before it had 4 workers"
+        wait_for(lambda: all(f"--worker_id={i}" in (run_dir / f"{w}.log").read_text() for i, w in enumerate(workers)),
+                 10, "every worker's log")
+        assert "for 1 workers" in scale(run_dir, 1)
+        wait_for(lambda: not any(alive(run_dir, w) for w in workers[1:]), 60, "workers 1-3 to stop")
+        assert process.poll() is None and alive(run_dir, workers[0]), "the job ended before it ran on one worker"
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert "workers: 2 -> 4" in stderr and "workers: 4 -> 1" in stderr
+    assert "Workers scaled down to 1" in stderr
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [RECORDS] * SCALE_EPOCHS  # every record trained once per epoch
+    assert result["restarts"] == 0  # scaling spends no restart
+    assert not (run_dir / "runner.pid").exists()  # the run is over: `scale` now says so
