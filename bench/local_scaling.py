@@ -10,8 +10,9 @@ Each run is a real ``elasticps run`` (its own run directory) of mnist_cnn on MNI
 (``--data``, default ../shared/data/mnist; nothing is copied), with enough epochs that it never ends
 on its own: it is stopped (SIGTERM) once its last phase is measured. A phase is one worker count:
 after the request, the phase *settles* once exactly that many worker processes run (their pid files
-in the run directory) plus ``--settle_s`` seconds (a new worker imports TensorFlow and pulls the
-model first); then updates/s = growth of the coordinator's ``JobStatus.model_version`` (asked on PS
+in the run directory) and, where the coordinator reports it, ``JobStatus.live_workers`` has reached
+that many after a scale-up, plus ``--settle_s`` seconds (a new worker imports TensorFlow and pulls
+the model first); then updates/s = growth of the coordinator's ``JobStatus.model_version`` (asked on PS
 0's port, from ``RUN_DIR/ps-0.port``) over ``--window_s`` seconds. Medians of ``--repeats`` runs.
 
 Writes ``bench/results/local_scaling.json`` (every sample), ``docs/scaling.md`` and
@@ -68,6 +69,7 @@ class Run:
     phases: list[Phase] = field(default_factory=list)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, model_version)
     first_update_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load before the run and at its end
 
 
 def job_document(data: Path, mode: str, workers: int, ps: int) -> dict[str, Any]:
@@ -96,6 +98,8 @@ class Watch:
         self.log = log
         self.started = time.monotonic()
         self._client: CoordinatorClient | None = None
+        self.live_workers = 0
+        self.reports_live_workers = False  # the coordinator fills JobStatus.live_workers
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -108,9 +112,12 @@ class Watch:
                 return None
             self._client = CoordinatorClient(f"127.0.0.1:{int(port_file.read_text())}", worker="bench")
         try:
-            version = int(self._client.status(timeout_s=2.0).model_version)
+            status = self._client.status(timeout_s=2.0)
         except grpc.RpcError:
             return None
+        version = int(status.model_version)
+        self.live_workers = int(status.live_workers)
+        self.reports_live_workers = self.reports_live_workers or self.live_workers > 0
         self.run.samples.append((round(self.now(), 3), version))
         return version
 
@@ -165,6 +172,7 @@ def measure(scenario: str, repetition: int, args: argparse.Namespace, scratch: P
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
     )
     watch = Watch(run_dir, run, process, log_path)
+    load_before = os.getloadavg()[0]
     try:
         watch.wait(args.start_timeout_s, lambda: (run.samples or [(0, 0)])[-1][1] > 0, "the first update")
         run.first_update_s = watch.now()
@@ -176,7 +184,13 @@ def measure(scenario: str, repetition: int, args: argparse.Namespace, scratch: P
                 )
             phase = Phase(workers, asked_s=round(watch.now(), 3) if index else 0.0)
             wanted = set(range(workers))
-            watch.wait(args.start_timeout_s, lambda: watch.workers_running() == wanted, f"{workers} workers")
+            grew = index == 0 or workers > counts[index - 1]
+
+            def settled() -> bool:
+                heard = not (grew and watch.reports_live_workers) or watch.live_workers >= workers
+                return heard and watch.workers_running() == wanted
+
+            watch.wait(args.start_timeout_s, settled, f"{workers} workers")
             watch.wait(args.settle_s)
             phase.settled_s = round(watch.now(), 3)
             watch.wait(args.window_s)
@@ -185,6 +199,7 @@ def measure(scenario: str, repetition: int, args: argparse.Namespace, scratch: P
             run.phases.append(phase)
             print(f"  {scenario} #{repetition}: {workers} workers, {phase.updates_per_s:.1f} updates/s", flush=True)
     finally:
+        run.load_average = (round(load_before, 2), round(os.getloadavg()[0], 2))
         watch.close()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)  # stops every replica it started
@@ -214,7 +229,8 @@ def summarize(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, elapsed_s: float) -> str:
+def report(rows: list[dict[str, Any]], runs: list[Run], args: argparse.Namespace, elapsed_s: float) -> str:
+    loads = [load for run in runs for load in run.load_average]
     fixed = {r["workers"]: r["median"] for r in rows if r["scenario"] != "scaled"}
     lines = [
         "# Scaling a running local job",
@@ -226,10 +242,13 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, elapsed_s: floa
         "",
         f"mnist_cnn on MNIST, {args.mode}, {args.ps} PS, minibatch 64. *scaled* starts at 2 workers and is "
         "scaled to 4, then to 1, with `elasticps scale` while it trains; *fixed 4* and *fixed 1* keep their "
-        f"workers. A phase is measured from when exactly its worker processes run plus {args.settle_s:g} s "
-        f"(settling), over {args.window_s:g} s; updates/s is the growth of the coordinator's model version. "
+        f"workers. A phase is measured from when exactly its worker processes run (and, after a scale-up, "
+        "the coordinator's `live_workers` reached that many, where it reports it) plus "
+        f"{args.settle_s:g} s (settling), over {args.window_s:g} s; updates/s is the growth of the coordinator's model version. "
         f"Median of {args.repeats} interleaved run(s) per scenario, (min-max) in brackets. *settle* is the "
-        "median time from `elasticps scale` to the start of the window.",
+        "median time from `elasticps scale` to the start of the window. The machine's 1-minute load "
+        f"average ranged {min(loads):.1f}-{max(loads):.1f} at the starts and ends of the runs, on "
+        f"{os.cpu_count()} CPUs: the runs' own processes plus whatever else ran beside them.",
         "",
         "| scenario | phase | workers | updates/s | vs fixed | settle (s) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -305,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results.write_text(json.dumps({"settings": settings, "summary": rows, "runs": [asdict(r) for r in runs]}, indent=1))
     plot(runs, args.out / "docs" / "img" / "scaling.png")
-    (args.out / "docs" / "scaling.md").write_text(report(rows, args, time.monotonic() - started))
-    print(report(rows, args, time.monotonic() - started))
+    text = report(rows, runs, args, time.monotonic() - started)
+    (args.out / "docs" / "scaling.md").write_text(text)
+    print(text)
     return 0
 
 
