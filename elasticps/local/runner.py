@@ -92,7 +92,7 @@ class LocalRunner:
             self._job = job
 
     def run(self) -> RunResult:
-        control.claim(self.run_dir)
+        control.claim(self.run_dir, self.job.name)
         try:
             while True:
                 result = self._pass()
