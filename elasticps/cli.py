@@ -87,11 +87,11 @@ def _scale(run_dir: Path, workers: int) -> int:
     from elasticps.local import control
 
     try:
-        pid = control.request(run_dir, workers)
+        runner = control.request(run_dir, workers)
     except control.ControlError as err:
         print(f"elasticps scale: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"asked the run in {run_dir} (runner pid {pid}) for {workers} workers")
+    print(f"asked job {runner.job} (elasticps run, pid {runner.pid}, in {run_dir}) for {workers} workers")
     return 0
 
 

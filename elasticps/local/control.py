@@ -1,13 +1,13 @@
 """Changes to a running local job, asked from outside its process: ``elasticps scale``.
 
 Callers: ``elasticps scale`` (``cli``) writes a request; the local runner (``runner``) owns the run
-directory's pid file and reads requests once a pass. The channel is two small files in the run
+directory's ``runner.json`` and reads requests once a pass. The channel is two small files in the run
 directory:
 
-- ``runner.pid``: the pid of the ``elasticps run`` driving the job, written when the run starts and
-  removed when it ends. ``scale`` refuses a directory without one, or whose pid is gone (the run
-  ended, or was killed before it could remove it), so a request never waits for a run that is not
-  there.
+- ``runner.json``: ``{"pid": P, "job": NAME}`` of the ``elasticps run`` driving the job, written
+  when the run starts and removed when it ends (not a ``*.pid`` file: those are the replicas').
+  ``scale`` refuses a directory without one, or whose pid is gone (the run ended, or was killed
+  before it could remove it), so a request never waits for a run that is not there.
 - ``control.json``: ``{"worker_replicas": N}``, written atomically (a reader sees the old request
   or the whole new one). The runner stats it each pass and parses it only when its inode or mtime
   changed; the last request wins. A run removes a leftover one when it starts, so a new run in an
@@ -30,7 +30,7 @@ from elasticps.api.spec import ReplicaSpec
 from elasticps.files import write_atomically
 
 CONTROL_FILE = "control.json"
-PID_FILE = "runner.pid"
+RUNNER_FILE = "runner.json"
 
 
 class ControlError(Exception):
@@ -40,6 +40,14 @@ class ControlError(Exception):
 @dataclass(frozen=True)
 class Request:
     worker_replicas: int
+
+
+@dataclass(frozen=True)
+class Runner:
+    """The ``elasticps run`` driving a run directory."""
+
+    pid: int
+    job: str
 
 
 def check_workers(value: object, where: str = "--workers") -> int:
@@ -55,15 +63,15 @@ def check_workers(value: object, where: str = "--workers") -> int:
 
 
 # ---- the runner's side ---------------------------------------------------------------------------
-def claim(run_dir: Path) -> None:
+def claim(run_dir: Path, job: str) -> None:
     """Marks ``run_dir`` as driven by this process; drops a request a previous run left."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONTROL_FILE).unlink(missing_ok=True)
-    write_atomically(run_dir / PID_FILE, f"{os.getpid()}\n")
+    write_atomically(run_dir / RUNNER_FILE, json.dumps({"pid": os.getpid(), "job": job}) + "\n")
 
 
 def release(run_dir: Path) -> None:
-    (run_dir / PID_FILE).unlink(missing_ok=True)
+    (run_dir / RUNNER_FILE).unlink(missing_ok=True)
 
 
 class Watcher:
@@ -98,25 +106,30 @@ def read_request(path: Path) -> Request:
 
 
 # ---- the requester's side ------------------------------------------------------------------------
-def active_runner(run_dir: Path) -> int:
-    """The pid of the run driving ``run_dir``, or ControlError saying why there is none."""
+def active_runner(run_dir: Path) -> Runner:
+    """The run driving ``run_dir``, or ControlError saying why there is none."""
     if not run_dir.is_dir():
         raise ControlError(f"{run_dir}: no such run directory")
     try:
-        text = (run_dir / PID_FILE).read_text().strip()
+        data = json.loads((run_dir / RUNNER_FILE).read_text())
     except OSError:
-        raise ControlError(f"no run is active in {run_dir} (no {PID_FILE}: the run ended or never started)") from None
-    if not text.isdigit() or not _alive(int(text)):
-        raise ControlError(f"no run is active in {run_dir} (its runner, pid {text or '?'}, is gone)")
-    return int(text)
+        raise ControlError(f"no run is active in {run_dir} (no {RUNNER_FILE}: the run ended or never started)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    pid, job = (data.get("pid"), data.get("job")) if isinstance(data, dict) else (None, None)
+    if not isinstance(pid, int) or not isinstance(job, str):
+        raise ControlError(f"no run is active in {run_dir} ({RUNNER_FILE} is not a runner's: {data!r})")
+    if not _alive(pid):
+        raise ControlError(f"no run is active in {run_dir} (its runner, pid {pid}, is gone)")
+    return Runner(pid, job)
 
 
-def request(run_dir: Path, workers: int) -> int:
-    """Asks the run in ``run_dir`` for ``workers`` workers; returns the runner's pid."""
+def request(run_dir: Path, workers: int) -> Runner:
+    """Asks the run in ``run_dir`` for ``workers`` workers; returns the run asked."""
     workers = check_workers(workers)
-    pid = active_runner(run_dir)
+    runner = active_runner(run_dir)
     write_atomically(run_dir / CONTROL_FILE, json.dumps({"worker_replicas": workers}) + "\n")
-    return pid
+    return runner
 
 
 def _alive(pid: int) -> bool:

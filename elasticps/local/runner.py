@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ class LocalRunner:
             self._job = job
 
     def run(self) -> RunResult:
-        control.claim(self.run_dir)
+        control.claim(self.run_dir, self.job.name)
         try:
             while True:
                 result = self._pass()

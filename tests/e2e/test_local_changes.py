@@ -190,7 +190,7 @@ def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(tmp_path
     workers = [f"scaled-worker-{i}" for i in range(4)]
     try:
         wait_for(lambda: records_done(run_dir) > 0 or process.poll() is not None, 180, "training to start")
-        assert "for 4 workers" in scale(run_dir, 4)
+        assert "asked job scaled (elasticps run, pid" in scale(run_dir, 4)
         wait_for(lambda: all(alive(run_dir, w) for w in workers) or process.poll() is not None, 60, "4 workers")
         assert process.poll() is None, "the job ended before it had 4 workers"
         wait_for(lambda: all(f"--worker_id={i}" in (run_dir / f"{w}.log").read_text() for i, w in enumerate(workers)),
@@ -209,4 +209,4 @@ def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(tmp_path
     result = json.loads(result_file.read_text())
     assert result["epoch_records"] == [RECORDS] * SCALE_EPOCHS  # every record trained once per epoch
     assert result["restarts"] == 0  # scaling spends no restart
-    assert not (run_dir / "runner.pid").exists()  # the run is over: `scale` now says so
+    assert not (run_dir / "runner.json").exists()  # the run is over: `scale` now says so
