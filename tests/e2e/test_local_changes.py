@@ -180,7 +180,7 @@ def scale(run_dir: Path, workers: int) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("mode", ["async"])
+@pytest.mark.parametrize("mode", ["async", "sync"])
 def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(tmp_path: Path, mode: str) -> None:
     train, validation = write_data(tmp_path, records=RECORDS)
     document = job_document("scaled", train, validation, minibatchSize=16, numEpochs=SCALE_EPOCHS, **MODES[mode])
