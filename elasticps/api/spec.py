@@ -113,7 +113,7 @@ class TrainingSpec:
     grads_to_wait: int = spec_field(
         0,
         minimum=0,
-        help="sync: gradients averaged into one update; 0 means the number of workers, fewer gives backup workers",
+        help="sync: gradients averaged into one round; 0 means one per live worker, fewer gives backup workers",
     )
     sync_version_tolerance: int = spec_field(
         0, minimum=0, help="sync: accept gradients at most this many versions old"
@@ -207,7 +207,7 @@ class TrainingJob:
 
     @property
     def grads_to_wait(self) -> int:
-        """The sync update size the PS uses (see :func:`effective_grads_to_wait`)."""
+        """The sync round size for this many workers (see :func:`effective_grads_to_wait`)."""
         return effective_grads_to_wait(self.spec.training.grads_to_wait, self.spec.worker.replicas)
 
     @property
@@ -217,7 +217,7 @@ class TrainingJob:
 
 
 def effective_grads_to_wait(requested: int, num_workers: int) -> int:
-    """The sync update size: ``requested`` (``spec.training.gradsToWait``), or one gradient per
-    worker when it is 0. The one place of that default: the planner renders it into the PS's flags
-    and ``elasticps ps`` applies it to its ``--num_workers``."""
+    """The sync round size: ``requested`` (``spec.training.gradsToWait``), or one gradient per
+    worker when it is 0. The one place of that default: PS 0's coordinator applies it to the live
+    workers when a round opens (``coordinator/rounds.py``), the planner to the status it shows."""
     return requested or max(1, num_workers)

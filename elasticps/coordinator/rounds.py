@@ -25,6 +25,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
+from elasticps.api.spec import effective_grads_to_wait
+
 
 class Admission(Enum):
     ADMITTED = "admitted"  # in the open round (again, for a repeated join)
@@ -67,7 +69,7 @@ class Rounds:
 
     def target(self, live: int) -> int:
         """The gradients a round opened now would average: gradsToWait, or the live workers."""
-        return self.grads_to_wait if self.grads_to_wait > 0 else max(1, live)
+        return effective_grads_to_wait(self.grads_to_wait, live)
 
     def due(self, can_join: Collection[str]) -> Closed | None:
         """Closes the open round when it has its quorum; ``can_join``: the workers that could still
