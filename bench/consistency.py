@@ -99,13 +99,15 @@ def kill_run(work: Path, mnist: Path, moment: int) -> dict[str, Any]:
     while not (run_dir / "ps-0.port").exists():
         time.sleep(0.2)
     client = CoordinatorClient(f"127.0.0.1:{int((run_dir / 'ps-0.port').read_text())}", worker="bench")
-    while True:
+    while process.poll() is None:
         try:
             if client.status().model_version >= moment:
                 break
         except Exception:
             pass
         time.sleep(0.1)
+    if process.poll() is not None:
+        raise SystemExit(f"the job ended before version {moment}: pick an earlier moment")
     os.kill(int((run_dir / "restart-ps-1.pid").read_text()), signal.SIGKILL)
     _, stderr = process.communicate()
     if process.returncode != 0:
@@ -160,7 +162,7 @@ def main() -> None:
     print(backup, flush=True)
     kills = []
     for i in range(args.kills):
-        moment = rng.randint(30, 850)
+        moment = rng.randint(30, 420)  # 4 gradients a round: about 470 rounds in 2 epochs
         print(f"run {i + 1}: killing PS 1 at version {moment} ...", flush=True)
         kills.append(kill_run(args.work / f"kill-{i}", args.mnist, moment))
         print(kills[-1], flush=True)
