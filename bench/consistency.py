@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def job(name: str, mnist: Path, **training: object) -> dict[str, Any]:
 
 
 def start(work: Path, document: dict[str, Any]) -> tuple[subprocess.Popen[str], Path, Path, Path]:
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # a run appends to its round logs: start from nothing
+    work.mkdir(parents=True)
     (work / "job.yaml").write_text(yaml.safe_dump(document))
     run_dir, result, logs = work / "run", work / "result.json", work / "rounds"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "ELASTICPS_ROUND_LOG": str(logs)}
