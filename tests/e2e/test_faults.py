@@ -48,15 +48,23 @@ def coordinator(run_dir: Path) -> CoordinatorClient:
     return CoordinatorClient(f"127.0.0.1:{port}", worker="test")
 
 
-def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path) -> None:
-    # Tasks of 6,000 records (one per worker per epoch): while the model moves and no task is
-    # reported yet, each worker is inside its first task, so the kill always leaves a task behind.
+def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tasks of 6,000 records (one per worker per epoch): once a sync round averaged both workers'
+    # gradients (shard 0's round log says so) and no task is reported yet, each worker is inside its
+    # first task, so the kill always leaves a task behind. (The version alone is no sign: a round
+    # counts the live workers, and it moves with one worker while the other is still starting.)
+    rounds_log = tmp_path / "rounds"
+    monkeypatch.setenv("ELASTICPS_ROUND_LOG", str(rounds_log))
     process, run_dir, result_file = start_job(tmp_path, recordsPerTask=6000)
     client = coordinator(run_dir)
 
+    def both_in_a_round() -> bool:
+        log = rounds_log / "ps-0.jsonl"
+        lines = log.read_text().splitlines()[:-1] if log.exists() else []  # the last may be half written
+        return any(len(json.loads(line)["minibatches"]) == 2 for line in lines)
+
     def inside_first_tasks() -> bool:
-        status = client.status()
-        return status.model_version >= 10 and status.records_done == 0
+        return both_in_a_round() and client.status().records_done == 0
 
     wait_for(inside_first_tasks, 120, "both workers inside their first task")
     victim = int((run_dir / "faults-worker-0.pid").read_text())
