@@ -14,8 +14,8 @@ import pytest
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.model import Model, Update
-from elasticps.ps.rules import RULES, AsyncApply, PushOutcome, Rule, SyncAveraging, make_rule
+from elasticps.ps.model import Model
+from elasticps.ps.rules import RULES, AsyncApply, Gradient, PushOutcome, RoundAveraging, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.staleness import LearningRate, StalenessAware, as_given
 from elasticps.ps.store import ParameterStore
@@ -28,11 +28,12 @@ def test_every_update_rule_of_the_api_has_a_rule_on_the_ps() -> None:
     assert set(RULES) == set(UpdateRule)
 
 
-def test_sync_mode_gets_sync_averaging_with_the_settings() -> None:
-    rule = make_rule(StoreSettings(grads_to_wait=3, sync_version_tolerance=2))
-    assert isinstance(rule, SyncAveraging)
-    assert (rule.grads_to_wait, rule.sync_version_tolerance) == (3, 2)
+def test_sync_mode_gets_round_averaging_with_the_settings() -> None:
+    rule = make_rule(StoreSettings(sync_version_tolerance=2))
+    assert isinstance(rule, RoundAveraging)
+    assert rule.sync_version_tolerance == 2
     assert rule.consistent_reads is True
+    assert rule.staged == 0
 
 
 @pytest.mark.parametrize("use_locking", [False, True])
@@ -58,9 +59,25 @@ def test_the_store_builds_its_rule_once_from_the_settings() -> None:
     assert ParameterStore(StoreSettings()).consistent_reads is True
 
 
-def test_grads_to_wait_below_one_is_refused_by_the_rule_too() -> None:
-    with pytest.raises(ValueError, match="grads_to_wait"):
-        SyncAveraging(grads_to_wait=0)
+def test_an_async_rule_has_no_rounds_to_commit() -> None:
+    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=UpdateRule.ASYNC)))
+    store.initialize({"w": np.array([1.0, 2.0])}, SGD)
+    with pytest.raises(RoundError, match="no rounds"):
+        store.commit(0, ["a"])
+    assert store.version == 0
+
+
+def test_round_averaging_stages_one_gradient_per_worker() -> None:
+    store = ParameterStore(StoreSettings())
+    store.initialize({"w": np.array([1.0, 2.0])}, SGD)
+    rule = store.rule
+    assert isinstance(rule, RoundAveraging)
+    store.push({"w": np.array([1.0, 1.0])}, version=0, worker="a")
+    store.push({"w": np.array([2.0, 2.0])}, version=0, worker="a")  # replaces a's first
+    store.push({"w": np.array([3.0, 3.0])}, version=0, worker="b")
+    assert rule.staged == 2
+    store.commit(0, ["a", "b"])
+    assert rule.staged == 0
 
 
 # ---- learning-rate choices --------------------------------------------------------------------
@@ -103,25 +120,26 @@ class Doubling(Rule):
 
     def __init__(self) -> None:
         self.seen: list[int] = []
+        self.workers: list[str] = []
 
     def guard(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def push(
-        self, model: Model, version: ModelVersion, update: Update, computed_on: int, base_lr: float
-    ) -> PushOutcome:
-        self.seen.append(computed_on)
-        model.apply(update, 2 * base_lr)
-        return PushOutcome(True, version.advance(), 0, 2 * base_lr)
+    def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
+        self.seen.append(gradient.computed_on)
+        self.workers.append(gradient.worker)
+        model.apply(gradient.update, 2 * gradient.base_lr)
+        return PushOutcome(True, version.advance(), 0, 2 * gradient.base_lr)
 
 
 def test_a_new_rule_plugs_into_the_store_without_touching_it() -> None:
     rule = Doubling()
     store = ParameterStore(StoreSettings(), rule=rule)
     store.initialize({"w": np.array([1.0, 2.0])}, SGD)
-    outcome = store.push({"w": np.array([1.0, 1.0])}, version=7)
+    outcome = store.push({"w": np.array([1.0, 1.0])}, version=7, worker="w-3")
     assert outcome == PushOutcome(True, 1, 0, 1.0)
     assert rule.seen == [7]
+    assert rule.workers == ["w-3"]
     with store.reading() as (version, variables):
         assert version == 1
         np.testing.assert_array_equal(variables["w"], [0.0, 1.0])

@@ -10,10 +10,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.store import ParameterStore, PushOutcome, StoreSettings
+from elasticps.ps.store import ParameterStore, PushOutcome, RoundError, StoreSettings
 
 LR = 0.1
 SGD = OptimizerConfig("sgd", {"learning_rate": LR})
@@ -79,9 +80,13 @@ def test_every_gradient_is_applied_at_once_and_bumps_the_version() -> None:
     assert_params(store, sgd_step(expected, grads(2.0), LR))
 
 
-def test_grads_to_wait_does_not_delay_async_updates() -> None:
-    store = make_store(grads_to_wait=4)
-    store.push(grads(1.0), version=0)
+def test_async_updates_need_no_round_and_take_no_commit() -> None:
+    store = make_store(sync_version_tolerance=4)
+    store.push(grads(1.0), version=0, worker="a")
+    assert store.version == 1
+    assert_params(store, sgd_step(initial(), grads(1.0), LR))
+    with pytest.raises(RoundError):
+        store.commit(1, ["a"])
     assert store.version == 1
     assert_params(store, sgd_step(initial(), grads(1.0), LR))
 

@@ -31,14 +31,20 @@ def gradient(step: int) -> dict[str, np.ndarray]:
 
 
 def settings(directory: Path, shard: int = 1) -> StoreSettings:
-    return StoreSettings(shard=shard, grads_to_wait=1, checkpoint_dir=directory, checkpoint_steps=2)
+    return StoreSettings(shard=shard, checkpoint_dir=directory, checkpoint_steps=2)
+
+
+def round_of_one(store: ParameterStore, step: int) -> None:
+    """Sync: one worker's gradient staged, then its round committed (one version more)."""
+    assert store.push(gradient(step), version=store.version, worker="w").accepted
+    store.commit(store.version, ["w"])
 
 
 def trained(directory: Path, versions: int) -> ParameterStore:
     store = ParameterStore(settings(directory))
     store.initialize(initial(), ADAM)
     for step in range(versions):
-        assert store.push(gradient(step), version=store.version).accepted
+        round_of_one(store, step)
         store.flush_checkpoints()  # each due version on disk: none replaced while waiting
     return store
 
@@ -81,9 +87,10 @@ def test_restore_gives_the_same_params_and_optimizer_state(tmp_path: Path) -> No
 
     # Continuing training gives identical results (Adam's slots and step counts came back).
     for step in range(4, 7):
-        a = original.push(gradient(step), version=original.version)
-        b = restored.push(gradient(step), version=restored.version)
+        a = original.push(gradient(step), version=original.version, worker="w")
+        b = restored.push(gradient(step), version=restored.version, worker="w")
         assert a == b
+        assert original.commit(step, ["w"]) == restored.commit(step, ["w"])
     assert_same_state(original, restored)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.store import GradientError, ParameterStore, StoreSettings, UninitializedError
+from elasticps.ps.store import GradientError, ParameterStore, RoundError, StoreSettings, UninitializedError
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
 RULES = pytest.mark.parametrize("rule", [UpdateRule.SYNC, UpdateRule.ASYNC], ids=["sync", "async"])
@@ -43,10 +43,17 @@ BAD: dict[str, tuple[dict[str, np.ndarray], str]] = {
 }
 
 
-def make_store(rule: UpdateRule, grads_to_wait: int = 1) -> ParameterStore:
-    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=rule), grads_to_wait=grads_to_wait))
+def make_store(rule: UpdateRule) -> ParameterStore:
+    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=rule)))
     assert store.initialize(initial(), SGD)
     return store
+
+
+def update(store: ParameterStore, gradient: dict[str, np.ndarray], version: int, worker: str = "w") -> None:
+    """One applied update in either mode: sync stages the push, then commits a round of it alone."""
+    assert store.push(gradient, version=version, worker=worker).accepted
+    if store.settings.mode.rule is UpdateRule.SYNC:
+        store.commit(version, [worker])
 
 
 def snapshot(store: ParameterStore) -> tuple[int, dict[str, np.ndarray]]:
@@ -59,7 +66,7 @@ def snapshot(store: ParameterStore) -> tuple[int, dict[str, np.ndarray]]:
 def test_bad_gradient_is_refused_and_nothing_changes(rule: UpdateRule, case: str) -> None:
     gradient, named = BAD[case]
     store = make_store(rule)
-    store.push(good(), version=0)
+    update(store, good(), version=0)
     version, before = snapshot(store)
     with pytest.raises(GradientError, match=named):
         store.push(gradient, version=version)
@@ -71,14 +78,19 @@ def test_bad_gradient_is_refused_and_nothing_changes(rule: UpdateRule, case: str
 
 
 @pytest.mark.parametrize("case", ["wrong shape", "nan", "+inf and -inf", "missing variable"])
-def test_refused_gradient_is_not_accumulated_in_sync(case: str) -> None:
-    store = make_store(UpdateRule.SYNC, grads_to_wait=2)
+def test_refused_gradient_is_not_staged_in_sync(case: str) -> None:
+    store = make_store(UpdateRule.SYNC)
     with pytest.raises(GradientError):
-        store.push(BAD[case][0], version=0)
-    store.push(good(), version=0)
-    assert store.version == 0  # the refused push did not count towards grads_to_wait
-    doubled = {n: g * np.float32(3.0) for n, g in good().items()}
-    store.push(doubled, version=0)
+        store.push(BAD[case][0], version=0, worker="bad")
+    with pytest.raises(RoundError, match="no staged gradient"):
+        store.commit(0, ["bad"], dry_run=True)  # the refused push was not staged
+    store.push(good(), version=0, worker="a")
+    tripled = {n: g * np.float32(3.0) for n, g in good().items()}
+    store.push(tripled, version=0, worker="b")
+    with pytest.raises(GradientError):
+        store.push(BAD[case][0], version=0, worker="b")  # refused: b's staged gradient stays
+    assert store.version == 0
+    store.commit(0, ["a", "b"])
     assert store.version == 1
     _, after = snapshot(store)
     for name, value in initial().items():
@@ -98,9 +110,10 @@ def test_large_finite_gradient_is_accepted() -> None:
     store = ParameterStore(StoreSettings())
     store.initialize({"w": np.zeros(4, dtype=np.float32), "h": np.zeros(3, dtype=np.float16)}, SGD)
     outcome = store.push(
-        {"w": np.full(4, 3e38, dtype=np.float32), "h": np.full(3, 60000, dtype=np.float16)}, version=0
+        {"w": np.full(4, 3e38, dtype=np.float32), "h": np.full(3, 60000, dtype=np.float16)}, version=0, worker="a"
     )
     assert outcome.accepted is True
+    store.commit(0, ["a"])
     _, after = snapshot(store)
     np.testing.assert_array_equal(after["w"], np.full(4, -(np.float32(3e38) * np.float32(0.1)), dtype=np.float32))
 
@@ -166,15 +179,17 @@ def test_initial_model_with_an_integer_variable_is_refused() -> None:
 @RULES
 @pytest.mark.parametrize("learning_rate", [float("inf"), float("-inf"), float("nan"), -0.1])
 def test_bad_push_learning_rate_is_refused_and_nothing_changes(rule: UpdateRule, learning_rate: float) -> None:
-    store = make_store(rule, grads_to_wait=1)
+    store = make_store(rule)
     with pytest.raises(GradientError, match="learning rate"):
-        store.push({n: g * np.float32(50) for n, g in good().items()}, version=0, learning_rate=learning_rate)
+        store.push(
+            {n: g * np.float32(50) for n, g in good().items()}, version=0, learning_rate=learning_rate, worker="w"
+        )
     version, after = snapshot(store)
     assert version == 0
     for name, value in initial().items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)
     # Nothing of the refused push was kept: the next push applies exactly its own gradient.
-    store.push(good(), version=0)
+    update(store, good(), version=0)
     _, after = snapshot(store)
     for name, value in initial().items():
         np.testing.assert_array_equal(after[name], value - np.float32(0.1), err_msg=name)
