@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -73,6 +75,20 @@ class Cluster:
     addresses: list[str]
     client: PSClient
 
+    def commit(self, round_: int, workers: Sequence[str] = ("worker-0",), dry_run: bool = False) -> list[int]:
+        """Sync: commits round ``round_`` on every shard through its CommitRound RPC; the versions."""
+        return [commit_round(a, round_, workers, dry_run) for a in self.addresses]
+
+
+def commit_round(address: str, round_: int, workers: Sequence[str], dry_run: bool = False) -> int:
+    channel, stub = raw_stub(address)
+    try:
+        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
+        reply: pb.CommitReply = stub.CommitRound(request, timeout=30)
+        return reply.version
+    finally:
+        channel.close()
+
 
 @pytest.fixture
 def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Cluster]]:
@@ -126,6 +142,7 @@ def test_second_push_model_keeps_the_first(make_cluster: Callable[..., Cluster])
     c = make_cluster()
     c.client.push_model(model(), SGD)
     c.client.push_gradients(gradients(), [0, 0])
+    assert c.commit(0) == [1, 1]
     other = {n: v + 1 for n, v in model().items()}
     assert c.client.push_model(other, OptimizerConfig("adam", {})) == [1, 1]
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
@@ -137,7 +154,9 @@ def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]
     pushed = c.client.push_gradients(gradients(), [0, 0])
     assert pushed.accepted == [True, True]
     assert pushed.all_accepted
-    assert pushed.versions == [1, 1]
+    assert pushed.versions == [0, 0]  # staged: nothing moves before the round is committed
+    assert c.client.pull([0, 0]).tensors == {}
+    assert c.commit(0) == [1, 1]
     pulled = c.client.pull([0, 0])
     assert pulled.versions == [1, 1]
     expected = sgd_step(model(), gradients(), 0.1)
@@ -152,6 +171,7 @@ def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]
 
     # The push's learning rate travels.
     c.client.push_gradients(gradients(), [1, 1], learning_rate=0.5)
+    c.commit(1)
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(expected, gradients(), 0.5))
 
 
@@ -186,6 +206,7 @@ def test_long_poll_pull_answers_when_the_version_moves(make_cluster: Callable[..
     poller = threading.Thread(target=poll)
     poller.start()
     c.client.push_gradients(gradients(), [0])
+    c.commit(0)
     poller.join(60)
     assert not poller.is_alive()
     (pulled,) = results
@@ -221,11 +242,13 @@ def test_infinite_learning_rate_is_invalid_argument(make_cluster: Callable[..., 
         c.client.push_gradients(gradients(), [0, 0], learning_rate=float("inf"))
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert c.client.push_gradients(gradients(), [0, 0]).all_accepted
+    c.commit(0)
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
 
 
 def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Callable[..., Cluster]) -> None:
-    """Shards are independent: the shard with the bad variable refuses, the other applies its part."""
+    """Shards are independent: the shard with the bad variable refuses, the other stages its part;
+    the dry run of a round naming the push then fails on shard 1, so no shard applies it."""
     c = make_cluster()
     c.client.push_model(model(), SGD)
     grads = gradients()
@@ -233,10 +256,20 @@ def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Ca
     with pytest.raises(grpc.RpcError) as raised:
         c.client.push_gradients(grads, [0, 0])
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert [s.version for s in c.stores] == [1, 0]
-    pulled = c.client.pull([-1, -1])
+    assert commit_round(c.addresses[0], 0, ["worker-0"], dry_run=True) == 0
+    with pytest.raises(grpc.RpcError) as refused:
+        commit_round(c.addresses[1], 0, ["worker-0"], dry_run=True)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert [s.version for s in c.stores] == [0, 0]
+    assert_tensors(c.client.pull([-1, -1]).tensors, model())
+    # In async the shard that took its part applies it at once.
+    a = make_cluster(rule=UpdateRule.ASYNC)
+    a.client.push_model(model(), SGD)
+    with pytest.raises(grpc.RpcError):
+        a.client.push_gradients(grads, [0, 0])
+    assert [s.version for s in a.stores] == [1, 0]
     expected = {n: (sgd_step({n: v}, grads, 0.1)[n] if shard_of(n, 2) == 0 else v) for n, v in model().items()}
-    assert_tensors(pulled.tensors, expected)
+    assert_tensors(a.client.pull([-1, -1]).tensors, expected)
 
 
 def test_uninitialised_shards(make_cluster: Callable[..., Cluster]) -> None:
@@ -259,8 +292,8 @@ def test_one_uninitialised_shard_is_named(make_cluster: Callable[..., Cluster]) 
         c.client.push_gradients(gradients(), [0, 0])
     assert raised.value.shards == [1]
     # Re-pushing the model initialises shard 1 and leaves shard 0's model alone.
-    assert c.client.push_model(model(), SGD) == [1, 0]
-    assert c.client.push_gradients(gradients(), [1, 0]).accepted == [True, True]
+    assert c.client.push_model(model(), SGD) == [0, 0]
+    assert c.client.push_gradients(gradients(), [0, 0]).accepted == [True, True]
 
 
 def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
@@ -270,7 +303,8 @@ def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
     assert raised.value.shards == [0]
     c.client.push_model(model(), SGD)
     assert_tensors(stored(c.stores[0]), model())
-    assert c.client.push_gradients(gradients(), [0]).versions == [1]
+    assert c.client.push_gradients(gradients(), [0]).versions == [0]
+    assert c.commit(0) == [1]
 
 
 @pytest.mark.parametrize("rule", [UpdateRule.SYNC, UpdateRule.ASYNC], ids=["sync", "async"])
@@ -283,6 +317,8 @@ def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Clus
     assert_tensors(c.client.pull([-1, -1]).tensors, tensors)
     grads = {"big/kernel:0": np.full(5_000_000, 2.0, dtype=np.float32), "dense/bias:0": np.ones(3, dtype=np.float32)}
     assert c.client.push_gradients(grads, [0, 0]).all_accepted
+    if rule is UpdateRule.SYNC:
+        c.commit(0)
     pulled = c.client.pull([-1, -1])
     assert_tensors(pulled.tensors, sgd_step(tensors, grads, 0.1))
 
@@ -325,6 +361,7 @@ def test_client_with_a_custom_sharder_pushes_and_pulls_through_it(grpc_servers: 
         assert_tensors(client.pull([-1, -1]).tensors, model())
         pushed = client.push_gradients(gradients(), [0, 0])
         assert pushed.accepted == [True, True]
+        assert [commit_round(a, 0, ["w"]) for a in addresses] == [1, 1]
         expected = sgd_step(model(), gradients(), 0.1)
         assert_tensors(stored(stores[1]), expected)
         pulled = client.pull([0, 0])
@@ -468,3 +505,99 @@ def test_client_waits_for_a_server_that_starts_later(
     assert store.initialized
     # It really was refused first and retried.
     assert any("PushModel: UNAVAILABLE" in r.getMessage() for r in caplog.records)
+
+
+# ---- sync rounds over the wire ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("round_", "workers"),
+    [(1, ["worker-0"]), (0, []), (0, ["worker-0", "worker-0"]), (0, ["worker-0", "ghost"])],
+    ids=["round ahead", "no workers", "a worker twice", "missing gradient"],
+)
+def test_a_commit_the_shard_refuses_is_failed_precondition_and_changes_nothing(
+    make_cluster: Callable[..., Cluster], round_: int, workers: list[str]
+) -> None:
+    c = make_cluster(shards=1)
+    c.client.push_model(model(), SGD)
+    c.client.push_gradients(gradients(), [0])
+    with pytest.raises(grpc.RpcError) as raised:
+        c.commit(round_, workers)
+    assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert c.stores[0].version == 0
+    assert_tensors(stored(c.stores[0]), model())
+    assert c.commit(0) == [1]  # the staged gradient is still there
+
+
+def test_commit_round_on_an_empty_shard_is_failed_precondition(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    with pytest.raises(grpc.RpcError) as raised:
+        c.commit(0)
+    assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_retried_commit_round_answers_the_version_and_applies_nothing(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    c.client.push_gradients(gradients(), [0, 0])
+    assert c.commit(0, dry_run=True) == [0, 0]
+    assert c.commit(0) == [1, 1]
+    assert c.commit(0) == [1, 1]
+    assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def test_describe_shard_tells_initialised_version_and_incarnation(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    channel, stub = raw_stub(c.addresses[0])
+    try:
+        empty: pb.ShardState = stub.DescribeShard(pb.DescribeRequest(), timeout=30)
+        assert (empty.initialized, empty.version) == (False, 0)
+        assert empty.incarnation == c.stores[0].incarnation != 0
+        c.client.push_model(model(), SGD)
+        c.client.push_gradients(gradients(), [0])
+        c.commit(0)
+        state: pb.ShardState = stub.DescribeShard(pb.DescribeRequest(), timeout=30)
+        assert (state.initialized, state.version, state.incarnation) == (True, 1, empty.incarnation)
+    finally:
+        channel.close()
+    assert ParameterStore(StoreSettings()).incarnation != c.stores[0].incarnation  # a restart gets a new one
+
+
+def test_push_model_at_a_version_initialises_the_shard_there(make_cluster: Callable[..., Cluster]) -> None:
+    """A worker repairing shard 1 (it lost its model) pushes its copy at the version shard 0 holds."""
+    c = make_cluster()
+    c.stores[0].initialize(c.client.split(model())[0], SGD, version=4)
+    assert c.client.push_model(model(), SGD, versions=[4, 4]) == [4, 4]
+    assert [s.version for s in c.stores] == [4, 4]
+    assert c.client.push_gradients(gradients(), [4, 4]).all_accepted
+    assert c.commit(4) == [5, 5]
+    pulled = c.client.pull([-1, -1])
+    assert pulled.versions == [5, 5]
+    assert_tensors(pulled.tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def test_push_model_without_versions_starts_at_zero_and_minus_one_means_zero(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    assert c.client.push_model(model(), SGD, versions=[-1, 3]) == [0, 3]
+
+
+def test_pull_only_asks_the_named_shards(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    pulled = c.client.pull([-1, -1], only=[1])
+    assert pulled.versions == [-1, 0]  # shard 0 not asked: the caller's version kept
+    assert_tensors(pulled.tensors, {n: v for n, v in model().items() if shard_of(n, 2) == 1})
+
+
+def test_the_pushed_minibatch_name_reaches_the_round_log(grpc_servers: Callable[..., int], tmp_path: Path) -> None:
+    log_path = tmp_path / "ps-0.jsonl"
+    store = ParameterStore(StoreSettings(round_log=log_path))
+    address = f"127.0.0.1:{grpc_servers(ps_register(store))}"
+    client = PSClient([address], worker="w-1", deadline_s=30.0)
+    try:
+        client.push_model(model(), SGD)
+        assert client.push_gradients(gradients(), [0], minibatch="w-1/s/1").all_accepted
+    finally:
+        client.close()
+    assert commit_round(address, 0, ["w-1"]) == 1
+    assert json.loads(log_path.read_text()) == {"shard": 0, "round": 0, "minibatches": ["w-1/s/1"]}

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.rpc.channels import create_channel
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -23,7 +26,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[..., int]) -> None:
     registry = CollectorRegistry()
-    store = ParameterStore(StoreSettings(grads_to_wait=1))
+    store = ParameterStore(StoreSettings())
     servicer = ParameterServerServicer(store, metrics=PSMetrics(registry, 0))
     port = grpc_servers(lambda server: add_to_server(servicer, server))
     client = PSClient([f"127.0.0.1:{port}"], worker="w", deadline_s=5)
@@ -33,7 +36,14 @@ def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[...
         client.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.1}))
         client.pull([-1])  # full
         client.pull([0])  # current
-        assert client.push_gradients(gradient, [0]).all_accepted  # version 0 -> 1
+        assert client.push_gradients(gradient, [0]).all_accepted  # staged for round 0
+        assert value(registry, "elasticps_ps_model_version") == 0
+        channel = create_channel(f"127.0.0.1:{port}")
+        try:
+            stub = pb_grpc.ParameterServerStub(channel)
+            assert stub.CommitRound(pb.CommitRequest(round=0, workers=["w"]), timeout=30).version == 1
+        finally:
+            channel.close()
         assert not client.push_gradients(gradient, [0]).all_accepted  # stale by one: rejected
         with pytest.raises(grpc.RpcError):
             client.push_gradients({"w": np.full(1000, np.nan, dtype=np.float32)}, [1])
