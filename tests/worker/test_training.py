@@ -130,7 +130,7 @@ def test_evaluation_settles_the_last_push_and_pulls_first(mode: TrainingMode) ->
 def test_the_first_worker_initialises_the_ps_with_its_model() -> None:
     rig = make_worker(TrainingMode(), [])
     rig.worker.run()
-    assert rig.ps.kinds() == ["pull", "push_model", "pull"]
+    assert rig.ps.kinds() == ["pull", "push_model", "pull", "leave"]
     assert all(shard.initialized for shard in rig.ps.shards)
     assert rig.worker.counters.pulls == 1
 
@@ -149,7 +149,7 @@ def test_the_worker_repushes_its_model_to_a_shard_that_lost_it_between_tasks() -
     rig.coordinator.get_task = get_task  # type: ignore[method-assign]
     rig.worker.run()
     assert rig.worker.counters.reinitialised == 1
-    assert ("push_model", [1]) in ps.events
+    assert [event[1] for event in ps.events if event[0] == "push_model"] == [[0, 1], [1]]
     assert [r.success for r in rig.coordinator.reports] == [True, True]
 
 
@@ -172,3 +172,36 @@ def test_the_loop_and_the_steps_import_no_tensorflow() -> None:
         "sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_the_worker_says_goodbye_once_when_the_job_is_finished() -> None:
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 8)])
+    rig.worker.run()
+    assert rig.coordinator.left == 1
+    assert rig.ps.kinds()[-2:] == ["report", "leave"]  # after its last report
+
+
+def test_the_worker_says_goodbye_when_it_fails_too() -> None:
+    trainer = FakeTrainer()
+    trainer.fail_on_record = 4
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 8)], trainer=trainer)
+    with pytest.raises(RuntimeError, match="boom"):
+        rig.worker.run()
+    assert rig.coordinator.left == 1
+
+
+def test_a_goodbye_that_fails_is_not_an_error() -> None:
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 8)])
+    rig.coordinator.fail_leave = True
+    rig.worker.run()  # returns normally
+    assert rig.coordinator.left == 1
+    assert [r.success for r in rig.coordinator.reports] == [True]
+
+
+def test_every_sync_minibatch_is_committed_once_in_its_own_round() -> None:
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 10), training_task(2, 10, 16)])
+    rig.worker.run()
+    commits = [event for event in rig.ps.events if event[0] == "commit"]
+    assert [event[1] for event in commits] == [0, 1, 2, 3, 4]  # 3 + 2 minibatches, one round each
+    assert [shard.version for shard in rig.ps.shards] == [5, 5]
+    assert len(set(rig.ps.minibatches)) == 5

@@ -3,6 +3,11 @@
 Used by ``test_steps.py`` and ``test_training.py``; no TensorFlow, no gRPC, no threads beyond the
 worker's own heartbeat. Every call that matters lands in ``FakePS.events`` in order, so a test can
 say what happened before what (a push landing before the next pull, say).
+
+Sync as the real PS and coordinator do it, for one worker: a push is staged on every shard that is
+at its version (within ``tolerance``), nothing moves; ``FakeCoordinator.join_round`` admits the
+gradient into the open round (the shards' version) and commits that round, of this worker alone, on
+every shard. Other workers' rounds are ``FakePS.others_update``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from elasticps.api.spec import TrainingSpec
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
-from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
+from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.training import Worker
 from prometheus_client import CollectorRegistry
@@ -40,7 +45,8 @@ class Shard:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     version: int = 0
     initialized: bool = False
-    waiting: int = 0  # sync: accepted gradients not yet applied
+    staged: dict[str, tuple[int, dict[str, np.ndarray], float]] = field(default_factory=dict)
+    # sync: worker -> (version computed on, its gradient for this shard, learning rate)
 
 
 class LandingFuture(Future[Pushed]):
@@ -61,18 +67,21 @@ class LandingFuture(Future[Pushed]):
 
 
 class FakePS:
-    """Every shard of a PS in memory. ``rule``: sync (a gradient must carry the shard's current
-    version; ``grads_to_wait`` of them make one update) or async (every gradient applied at once)."""
+    """Every shard of a PS in memory. ``rule``: sync (a gradient within ``tolerance`` of the shard's
+    version is staged; :meth:`commit` applies a round) or async (every gradient applied at once)."""
 
-    def __init__(self, rule: UpdateRule = UpdateRule.SYNC, grads_to_wait: int = 1, num_shards: int = 2) -> None:
+    def __init__(self, rule: UpdateRule = UpdateRule.SYNC, num_shards: int = 2, tolerance: int = 0) -> None:
         self.worker = WORKER
         self.num_shards = num_shards
         self.rule = rule
-        self.grads_to_wait = grads_to_wait
+        self.tolerance = tolerance
         self.shards = [Shard() for _ in range(num_shards)]
         self.events: list[tuple[Any, ...]] = []
         self.refuse_next_async = 0  # async: answer the next pushes as not accepted (never happens for real)
         self.before_push: Callable[[], None] | None = None  # runs once, just before the next push is looked at
+        self.on_wait: Callable[[], None] | None = None  # runs once when a pull waits (wait_ms > 0)
+        self.minibatches: list[str] = []  # sync: the minibatch name of every push, in order
+        self.waiting_pulls_left = 50  # a worker that waits for a shard more often waits forever: fail
 
     # ---- what tests do to it -----------------------------------------------------------------
     def others_update(self, shard: int | None = None) -> None:
@@ -95,31 +104,63 @@ class FakePS:
     def kinds(self) -> list[str]:
         return [event[0] for event in self.events]
 
+    def commit(self, round_: int, workers: Sequence[str]) -> None:
+        """Sync: the coordinator commits round ``round_`` of ``workers`` on every shard (a shard past
+        it already applied it); the average of their staged gradients, once."""
+        self.events.append(("commit", round_, list(workers)))
+        for shard in self.shards:
+            if round_ < shard.version:
+                continue
+            assert round_ == shard.version, f"round {round_} is ahead of the shard's version {shard.version}"
+            members = [shard.staged.pop(worker) for worker in workers]  # KeyError: not staged
+            assert all(0 <= round_ - on <= self.tolerance for on, _, _ in members)
+            for name in members[0][1]:
+                shard.tensors[name] -= members[0][2] * sum(part[name] for _, part, _ in members) / len(members)
+            shard.version += 1
+
     # ---- PSClientLike ------------------------------------------------------------------------
-    def pull(self, versions: Sequence[int], wait_ms: int = 0) -> Pulled:
-        self.events.append(("pull", list(versions), wait_ms))
+    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled:
+        self.events.append(("pull", list(versions), wait_ms, None if only is None else list(only)))
+        if wait_ms > 0:
+            self.waiting_pulls_left -= 1
+            if self.waiting_pulls_left < 0:
+                raise AssertionError(f"the worker keeps waiting for shards {only} that never move")
+            hook, self.on_wait = self.on_wait, None
+            if hook is not None:
+                hook()
+        asked = range(self.num_shards) if only is None else only
         tensors: dict[str, np.ndarray] = {}
-        for index, shard in enumerate(self.shards):
+        for index in asked:
+            shard = self.shards[index]
             if shard.initialized and versions[index] != shard.version:
                 tensors.update({name: value.copy() for name, value in shard.tensors.items()})
         return Pulled(
-            versions=[shard.version for shard in self.shards],
+            versions=[s.version if i in asked else versions[i] for i, s in enumerate(self.shards)],
             tensors=tensors,
-            uninitialized=[index for index, shard in enumerate(self.shards) if not shard.initialized],
+            uninitialized=[i for i in asked if not self.shards[i].initialized],
         )
 
-    def push_model(self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig) -> list[int]:
-        self.events.append(("push_model", sorted(index for index, s in enumerate(self.shards) if not s.initialized)))
-        for index, shard in enumerate(self.shards):
-            if not shard.initialized:
-                shard.tensors = {n: np.array(v, copy=True) for n, v in tensors.items() if SHARD_OF[n] == index}
-                shard.initialized = True
+    def push_model(
+        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+    ) -> list[int]:
+        empty = sorted(index for index, s in enumerate(self.shards) if not s.initialized)
+        self.events.append(("push_model", empty) if versions is None else ("push_model", empty, list(versions)))
+        for index in empty:
+            shard = self.shards[index]
+            shard.tensors = {n: np.array(v, copy=True) for n, v in tensors.items() if SHARD_OF[n] == index}
+            shard.initialized = True
+            shard.version = 0 if versions is None else max(0, versions[index])
         return [shard.version for shard in self.shards]
 
     def push_gradients(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        minibatch: str = "",
     ) -> Pushed:
         self.events.append(("push", list(versions)))
+        self.minibatches.append(minibatch)
         return self._land(dict(gradients), list(versions), learning_rate)
 
     def push_gradients_async(
@@ -145,13 +186,10 @@ class FakePS:
                 ok = self.refuse_next_async == 0
                 if ok:
                     self._apply(shard, mine, lr)
-            else:
-                ok = versions[index] == shard.version
+            else:  # staged, one per worker: a newer push replaces this worker's older one
+                ok = 0 <= shard.version - versions[index] <= self.tolerance
                 if ok:
-                    shard.waiting += 1
-                    if shard.waiting >= self.grads_to_wait:
-                        shard.waiting = 0
-                        self._apply(shard, mine, lr)
+                    shard.staged[self.worker] = (versions[index], {n: np.array(g, copy=True) for n, g in mine.items()}, lr)
             accepted.append(ok)
         self.refuse_next_async = max(0, self.refuse_next_async - 1)
         return Pushed(accepted, [shard.version for shard in self.shards])
@@ -164,15 +202,23 @@ class FakePS:
 
 
 class FakeCoordinator:
-    """Hands out the given tasks in order, then FINISHED; keeps every report."""
+    """Hands out the given tasks in order, then FINISHED; keeps every report. Sync: a join is
+    admitted into the open round (``ps``'s version) when ``0 <= round - version <= tolerance``,
+    which is then committed on every shard with this worker alone (``answers``: outcomes to give
+    the next joins instead, e.g. PENDING while other workers are awaited)."""
 
-    def __init__(self, tasks: Sequence[pb.Task]) -> None:
+    def __init__(self, tasks: Sequence[pb.Task], ps: FakePS | None = None) -> None:
         self.tasks = list(tasks)
+        self.ps = ps
         self.handed = 0
         self.reports: list[pb.TaskResult] = []
         self.heartbeats = 0
         self.fail_reports = False
         self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
+        self.answers: list[pb.JoinOutcome.ValueType] = []
+        self.before_join: Callable[[], None] | None = None  # runs once, before the next join is decided
+        self.left = 0
+        self.fail_leave = False
 
     def get_task(self) -> pb.Task:
         if self.handed >= len(self.tasks):
@@ -191,6 +237,28 @@ class FakeCoordinator:
 
     def heartbeat(self) -> None:
         self.heartbeats += 1
+
+    def leave(self) -> None:
+        self.left += 1
+        if self.events is not None:
+            self.events.append(("leave",))
+        if self.fail_leave:
+            raise ConnectionError("coordinator unreachable")
+
+    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply:
+        ps = self.ps
+        assert ps is not None, "a sync worker needs the fake coordinator to know the PS"
+        ps.events.append(("join", version, wait_ms))
+        hook, self.before_join = self.before_join, None
+        if hook is not None:
+            hook()
+        round_ = ps.shards[0].version
+        if self.answers:
+            return pb.JoinReply(outcome=self.answers.pop(0), version=round_)
+        if not 0 <= round_ - version <= ps.tolerance:
+            return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=round_)
+        ps.commit(round_, [ps.worker])
+        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=round_ + 1)
 
 
 def training_task(task_id: int, start: int, end: int) -> pb.Task:
@@ -299,7 +367,7 @@ def make_worker(
     ps = ps or FakePS(mode.rule)
     trainer = trainer or FakeTrainer()
     trainer.events = ps.events
-    coordinator = FakeCoordinator(tasks)
+    coordinator = FakeCoordinator(tasks, ps)
     coordinator.events = ps.events
     registry = CollectorRegistry()
     worker = Worker(
@@ -326,4 +394,5 @@ def make_model(ps: FakePS, trainer: FakeTrainer, registry: CollectorRegistry | N
 def _conforms(ps: FakePS, coordinator: FakeCoordinator, trainer: FakeTrainer) -> None:
     _ps: PSClientLike = ps
     _coordinator: CoordinatorLike = coordinator
+    _rounds: RoundsLike = coordinator
     _trainer: Trainer = trainer
