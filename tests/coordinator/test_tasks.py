@@ -377,3 +377,89 @@ def test_ledger_of_other_settings_is_refused() -> None:
     other = TaskQueue(QueueSettings(num_records=100, records_per_task=20, num_epochs=1), clock)
     with pytest.raises(ValueError, match="saved for"):
         other.restore(q.state())
+
+
+# ---- membership: what sync rounds count ------------------------------------------------------------
+
+
+def test_live_workers_are_those_heard_from_within_the_task_timeout() -> None:
+    q, clock = queue(task_timeout=10.0)
+    get_task(q, "asks")  # a task request counts
+    q.heartbeat("beats")
+    assert q.live_workers() == {"asks", "beats"}
+    clock.now += 6
+    q.report("reports", 999, True)  # even a report of an unknown task counts as heard from
+    clock.now += 4  # exactly the timeout since "asks" and "beats": still live
+    assert q.live_workers() == {"asks", "beats", "reports"}
+    clock.now += 0.5
+    assert q.live_workers() == {"reports"}
+    q.heartbeat("beats")
+    assert q.live_workers() == {"reports", "beats"}
+
+
+def test_a_leaving_worker_is_no_longer_live_and_its_task_goes_back_at_once() -> None:
+    q, _ = queue(num_records=20, records_per_task=10)
+    task = get_task(q, "a")
+    get_task(q, "b")
+    q.leave("a")
+    assert q.live_workers() == {"b"}
+    assert q.take_requeued_workers() == {"a"}
+    assert q.tasks_requeued == 1
+    again = get_task(q, "c")
+    assert (again.start, again.end) == (task.start, task.end)
+    q.leave("b")
+    q.leave("never-seen")  # nothing to do
+    assert q.live_workers() == {"c"}
+
+
+def test_a_worker_that_leaves_without_a_task_requeues_nothing() -> None:
+    q, _ = queue()
+    q.heartbeat("a")
+    q.leave("a")
+    assert q.live_workers() == set()
+    assert q.take_requeued_workers() == set()
+    assert q.tasks_requeued == 0
+
+
+def test_take_requeued_workers_names_each_requeue_once() -> None:
+    q, clock = queue(task_timeout=10.0)
+    failing = get_task(q, "fails")
+    get_task(q, "silent")
+    get_task(q, "restarts")
+    assert q.take_requeued_workers() == set()
+    q.report("fails", failing.id, False)
+    get_task(q, "restarts")  # asks while holding a task: it restarted
+    assert q.take_requeued_workers() == {"fails", "restarts"}
+    assert q.take_requeued_workers() == set()
+    q.heartbeat("fails")
+    q.heartbeat("restarts")
+    clock.now += 11
+    q.heartbeat("fails")
+    q.heartbeat("restarts")
+    q.requeue_silent()
+    assert q.take_requeued_workers() == {"silent"}
+
+
+def test_everyone_live_can_train_while_tasks_are_left() -> None:
+    q, _ = queue(num_records=30, records_per_task=10, num_epochs=2)
+    get_task(q, "a")
+    q.heartbeat("idle")
+    assert q.can_train() == {"a", "idle"}
+
+
+def test_in_the_last_epoch_with_nothing_left_only_holders_of_training_tasks_can_train() -> None:
+    q, clock = queue(num_records=20, records_per_task=10, num_epochs=1, validation_records=10, task_timeout=10.0)
+    first, second = get_task(q, "a"), get_task(q, "b")
+    q.heartbeat("idle")
+    assert q.can_train() == {"a", "b"}  # todo is empty, no epoch left: idle has no work
+    q.report("a", first.id, True)
+    assert q.can_train() == {"b"}
+    clock.now += 11  # b fell silent: not live, cannot join a round any more
+    q.heartbeat("a")
+    assert q.can_train() == set()
+    q.requeue_silent()  # b's task goes back: everyone live may take it
+    assert q.can_train() == {"a"}
+    q.report("a", get_task(q, "a").id, True)
+    evaluation = get_task(q, "a")
+    assert evaluation.kind is TaskKind.EVALUATION
+    assert q.can_train() == set()  # an evaluation task is no training work
