@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
-from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards
+from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
@@ -322,3 +322,64 @@ def test_a_dropped_member_that_retrains_on_the_same_version_joins_again(make_job
     job.ps_client("w2").push_gradients(gradient("w2/1"), [0, 0], minibatch="w2/1")
     assert w2.join_round(0, 5000).outcome == pb.JOIN_OUTCOME_COMMITTED
     assert [e["minibatches"] for e in job.round_log(0)] == [["w1/2", "w2/1"]]
+
+
+def test_the_ticker_closes_a_round_whose_missing_member_died(make_job: Callable[..., SyncJob]) -> None:
+    clock = Clock()
+    job = make_job(grads_to_wait=2, num_records=40, records_per_task=10, clock=clock, task_timeout=10.0)
+    job.servicer.start()
+    w1, w2 = job.coordinator("w1"), job.coordinator("w2")
+    w1.get_task()
+    w2.get_task()
+    job.ps_client("w1").push_gradients(gradient("w1/1"), [0, 0], minibatch="w1/1")
+    assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING
+    assert job.rounds.version == 0
+    clock.now += 11  # w2 died; w1 is still waiting in its round (its join is its heartbeat)
+    w1.heartbeat()
+    deadline = time.monotonic() + 10
+    while job.rounds.version == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # nobody calls: only the ticker can close the round
+    assert job.rounds.version == 1
+    assert job.rounds.short_rounds == 1
+    assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_COMMITTED
+    assert [e["minibatches"] for e in job.round_log(1)] == [["w1/1"]]
+
+
+class Replaceable:
+    """A shard whose process can be replaced under the coordinator (a restart): the link to it swaps."""
+
+    def __init__(self, store: ParameterStore) -> None:
+        self.link = LocalShard(store)
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        return self.link.commit(round_, workers, dry_run)
+
+    def describe(self) -> ShardView:
+        return self.link.describe()
+
+
+def test_the_status_names_a_shard_that_restarted_and_lost_its_model(grpc_servers: Callable[..., int]) -> None:
+    stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
+    for store in stores:
+        store.initialize({"w": np.zeros(2, dtype=np.float32)}, SGD)
+    links = [Replaceable(store) for store in stores]
+    shards = Shards(links)
+    servicer = CoordinatorServicer(
+        QueueSettings(num_records=4, records_per_task=4, num_epochs=1),
+        version_fn=lambda: stores[0].version,
+        rounds=Rounds(grads_to_wait=1),
+        shards=shards,
+    )
+    port = grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))
+    client = CoordinatorClient(f"127.0.0.1:{port}", worker="observer", deadline_s=5.0, timeout_s=5.0)
+    try:
+        first = client.status()
+        assert (list(first.shard_versions), first.shard_problem) == ([0, 0], "")
+        links[1].link = LocalShard(ParameterStore(StoreSettings(shard=1)))  # restarted, no checkpoint
+        second = client.status()
+        assert list(second.shard_versions) == [0, 0]
+        assert "PS shard 1 restarted" in second.shard_problem
+        assert "lost its model" in second.shard_problem
+    finally:
+        client.close()
+        shards.close()
