@@ -40,7 +40,7 @@ class Job:
     def params(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for store in self.stores:
-            with store.reading() as (_, variables):
+            with store.reading() as (_, _, variables):
                 out.update({n: v.copy() for n, v in variables.items()})
         return out
 
@@ -128,7 +128,7 @@ def test_describe_tells_every_shards_state(job: Job) -> None:
     job.client("a").push_gradients(ones(1.0), [0, 0])
     job.shards.commit(0, ["a"])
     views = job.shards.describe()
-    assert views == [ShardView(True, 1, job.stores[0].incarnation), ShardView(True, 1, job.stores[1].incarnation)]
+    assert views == [ShardView(True, 1, job.stores[0].boot), ShardView(True, 1, job.stores[1].boot)]
 
 
 def test_describe_answers_none_for_a_shard_that_does_not_answer(grpc_servers: Callable[..., int]) -> None:
@@ -138,7 +138,7 @@ def test_describe_answers_none_for_a_shard_that_does_not_answer(grpc_servers: Ca
     # 127.0.0.1:1: nothing listens there.
     shards = Shards([RemoteShard(0, f"127.0.0.1:{port}"), RemoteShard(1, "127.0.0.1:1")])
     try:
-        assert shards.describe() == [ShardView(False, 0, store.incarnation), None]
+        assert shards.describe() == [ShardView(False, 0, store.boot), None]
     finally:
         shards.close()
 

@@ -60,7 +60,7 @@ def assert_tensors(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> N
 
 
 def stored(store: ParameterStore) -> dict[str, np.ndarray]:
-    with store.reading() as (_, variables):
+    with store.reading() as (_, _, variables):
         return {n: v.copy() for n, v in variables.items()}
 
 
@@ -546,21 +546,24 @@ def test_a_retried_commit_round_answers_the_version_and_applies_nothing(make_clu
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
 
 
-def test_describe_shard_tells_initialised_version_and_incarnation(make_cluster: Callable[..., Cluster]) -> None:
+def test_describe_shard_tells_initialised_version_boot_incarnation_and_checkpoints(
+    make_cluster: Callable[..., Cluster],
+) -> None:
     c = make_cluster(shards=1)
     channel, stub = raw_stub(c.addresses[0])
     try:
         empty: pb.ShardState = stub.DescribeShard(pb.DescribeRequest(), timeout=30)
-        assert (empty.initialized, empty.version) == (False, 0)
-        assert empty.incarnation == c.stores[0].incarnation != 0
+        assert (empty.initialized, empty.version, empty.incarnation) == (False, 0, 0)
+        assert empty.boot == c.stores[0].boot != 0
+        assert list(empty.checkpoints) == []  # this shard writes none
         c.client.push_model(model(), SGD)
         c.client.push_gradients(gradients(), [0])
         c.commit(0)
         state: pb.ShardState = stub.DescribeShard(pb.DescribeRequest(), timeout=30)
-        assert (state.initialized, state.version, state.incarnation) == (True, 1, empty.incarnation)
+        assert (state.initialized, state.version, state.boot, state.incarnation) == (True, 1, empty.boot, 0)
     finally:
         channel.close()
-    assert ParameterStore(StoreSettings()).incarnation != c.stores[0].incarnation  # a restart gets a new one
+    assert ParameterStore(StoreSettings()).boot != c.stores[0].boot  # a restart gets a new one
 
 
 def test_push_model_at_a_version_initialises_the_shard_there(make_cluster: Callable[..., Cluster]) -> None:

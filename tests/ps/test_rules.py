@@ -140,7 +140,7 @@ def test_a_new_rule_plugs_into_the_store_without_touching_it() -> None:
     assert outcome == PushOutcome(True, 1, 0, 1.0)
     assert rule.seen == [7]
     assert rule.workers == ["w-3"]
-    with store.reading() as (version, variables):
+    with store.reading() as (_, version, variables):
         assert version == 1
         np.testing.assert_array_equal(variables["w"], [0.0, 1.0])
 

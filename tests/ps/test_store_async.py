@@ -45,7 +45,7 @@ def make_store(
 
 
 def current(store: ParameterStore) -> dict[str, np.ndarray]:
-    with store.reading() as (_, variables):
+    with store.reading() as (_, _, variables):
         return {n: v.copy() for n, v in variables.items()}
 
 
@@ -241,7 +241,7 @@ def test_async_reads_see_live_arrays_and_do_not_block_writes() -> None:
         store.push(grads(1.0), version=0)
         done.set()
 
-    with store.reading() as (version, variables):
+    with store.reading() as (_, version, variables):
         assert version == 0
         pusher = threading.Thread(target=push)
         pusher.start()
@@ -260,7 +260,7 @@ def test_async_readers_and_writers_run_together() -> None:
 
     def reader() -> None:
         while not stop.is_set():
-            with store.reading() as (_, variables):
+            with store.reading() as (_, _, variables):
                 copy = {n: v.copy() for n, v in variables.items()}
             assert copy["w"].shape == (4,) and np.isfinite(copy["w"]).all()
             reads.append(1)

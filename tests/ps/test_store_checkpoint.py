@@ -50,7 +50,7 @@ def trained(directory: Path, versions: int) -> ParameterStore:
 
 
 def params(store: ParameterStore) -> dict[str, np.ndarray]:
-    with store.reading() as (_, variables):
+    with store.reading() as (_, _, variables):
         return {n: v.copy() for n, v in variables.items()}
 
 

@@ -49,7 +49,7 @@ def make_store(tolerance: int = 0, round_log: Path | None = None) -> ParameterSt
 
 
 def current(store: ParameterStore) -> dict[str, np.ndarray]:
-    with store.reading() as (_, variables):
+    with store.reading() as (_, _, variables):
         return {n: v.copy() for n, v in variables.items()}
 
 
@@ -349,7 +349,7 @@ def test_sync_reading_is_consistent_a_commit_waits_for_the_reader() -> None:
         store.commit(0, ["a"])
         done.set()
 
-    with store.reading() as (version, variables):
+    with store.reading() as (_, version, variables):
         committer = threading.Thread(target=commit)
         committer.start()
         assert not done.wait(0.2)  # blocked behind the reader
@@ -372,7 +372,7 @@ def test_a_reader_never_sees_half_a_commit() -> None:
 
     def read() -> None:
         while not stop.is_set():
-            with store.reading() as (version, variables):
+            with store.reading() as (_, version, variables):
                 seen = {n: v.copy() for n, v in variables.items()}
             if any(not np.array_equal(seen[n], expected[version][n]) for n in seen):
                 bad.append(version)

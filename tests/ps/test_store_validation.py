@@ -57,7 +57,7 @@ def update(store: ParameterStore, gradient: dict[str, np.ndarray], version: int,
 
 
 def snapshot(store: ParameterStore) -> tuple[int, dict[str, np.ndarray]]:
-    with store.reading() as (version, variables):
+    with store.reading() as (_, version, variables):
         return version, {n: v.copy() for n, v in variables.items()}
 
 

@@ -45,6 +45,7 @@ class Shard:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     version: int = 0
     initialized: bool = False
+    incarnation: int = 0  # bumped by a rollback (:meth:`FakePS.roll_back`)
     staged: dict[str, tuple[int, dict[str, np.ndarray], float]] = field(default_factory=dict)
     # sync: worker -> (version computed on, its gradient for this shard, learning rate)
 
@@ -91,6 +92,13 @@ class FakePS:
             for value in self.shards[index].tensors.values():
                 value -= 0.5
 
+    def roll_back(self, version: int, incarnation: int) -> None:
+        """The coordinator rolled every shard back to ``version`` under ``incarnation`` (the weights
+        are left as they are: tests look at versions and incarnations)."""
+        for shard in self.shards:
+            shard.version, shard.incarnation = version, incarnation
+            shard.staged.clear()
+
     def lose_model(self, shard: int) -> None:
         """The shard restarts without a checkpoint."""
         self.shards[shard] = Shard()
@@ -119,8 +127,15 @@ class FakePS:
             shard.version += 1
 
     # ---- PSClientLike ------------------------------------------------------------------------
-    def pull(self, versions: Sequence[int], wait_ms: int = 0, only: Sequence[int] | None = None) -> Pulled:
+    def pull(
+        self,
+        versions: Sequence[int],
+        wait_ms: int = 0,
+        only: Sequence[int] | None = None,
+        incarnations: Sequence[int] | None = None,
+    ) -> Pulled:
         self.events.append(("pull", list(versions), wait_ms, None if only is None else list(only)))
+        held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         if wait_ms > 0:
             self.waiting_pulls_left -= 1
             if self.waiting_pulls_left < 0:
@@ -132,16 +147,21 @@ class FakePS:
         tensors: dict[str, np.ndarray] = {}
         for index in asked:
             shard = self.shards[index]
-            if shard.initialized and versions[index] != shard.version:
+            if shard.initialized and (held[index], versions[index]) != (shard.incarnation, shard.version):
                 tensors.update({name: value.copy() for name, value in shard.tensors.items()})
         return Pulled(
             versions=[s.version if i in asked else versions[i] for i, s in enumerate(self.shards)],
+            incarnations=[s.incarnation if i in asked else held[i] for i, s in enumerate(self.shards)],
             tensors=tensors,
             uninitialized=[i for i in asked if not self.shards[i].initialized],
         )
 
     def push_model(
-        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, versions: Sequence[int] | None = None
+        self,
+        tensors: Mapping[str, np.ndarray],
+        optimizer: OptimizerConfig,
+        versions: Sequence[int] | None = None,
+        incarnation: int = 0,
     ) -> list[int]:
         empty = sorted(index for index, s in enumerate(self.shards) if not s.initialized)
         self.events.append(("push_model", empty) if versions is None else ("push_model", empty, list(versions)))
@@ -150,6 +170,7 @@ class FakePS:
             shard.tensors = {n: np.array(v, copy=True) for n, v in tensors.items() if SHARD_OF[n] == index}
             shard.initialized = True
             shard.version = 0 if versions is None else max(0, versions[index])
+            shard.incarnation = incarnation
         return [shard.version for shard in self.shards]
 
     def push_gradients(
@@ -158,19 +179,33 @@ class FakePS:
         versions: Sequence[int],
         learning_rate: float = 0.0,
         minibatch: str = "",
+        incarnations: Sequence[int] | None = None,
     ) -> Pushed:
         self.events.append(("push", list(versions)))
         self.minibatches.append(minibatch)
-        return self._land(dict(gradients), list(versions), learning_rate)
+        return self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations)
 
     def push_gradients_async(
-        self, gradients: Mapping[str, np.ndarray], versions: Sequence[int], learning_rate: float = 0.0
+        self,
+        gradients: Mapping[str, np.ndarray],
+        versions: Sequence[int],
+        learning_rate: float = 0.0,
+        incarnations: Sequence[int] | None = None,
     ) -> Future[Pushed]:
         self.events.append(("push_async", list(versions)))
         sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
-        return LandingFuture(lambda: self._land(sent, at, learning_rate, note="landed"))
+        held = None if incarnations is None else list(incarnations)
+        return LandingFuture(lambda: self._land(sent, at, learning_rate, note="landed", incarnations=held))
 
-    def _land(self, gradients: dict[str, np.ndarray], versions: list[int], lr: float, note: str = "") -> Pushed:
+    def _land(
+        self,
+        gradients: dict[str, np.ndarray],
+        versions: list[int],
+        lr: float,
+        note: str = "",
+        incarnations: Sequence[int] | None = None,
+    ) -> Pushed:
+        held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         hook, self.before_push = self.before_push, None
         if hook is not None:
             hook()
@@ -182,6 +217,9 @@ class FakePS:
         accepted: list[bool] = []
         for index, shard in enumerate(self.shards):
             mine = {n: g for n, g in gradients.items() if SHARD_OF[n] == index}
+            if held[index] != shard.incarnation:  # computed before a rollback: refused, as the store does
+                accepted.append(False)
+                continue
             if self.rule is UpdateRule.ASYNC:
                 ok = self.refuse_next_async == 0
                 if ok:
