@@ -604,3 +604,67 @@ def test_the_pushed_minibatch_name_reaches_the_round_log(grpc_servers: Callable[
         client.close()
     assert commit_round(address, 0, ["w-1"]) == 1
     assert json.loads(log_path.read_text()) == {"shard": 0, "round": 0, "minibatches": ["w-1/s/1"]}
+
+
+# ---- incarnations ---------------------------------------------------------------------------------
+
+
+def test_a_pull_at_the_same_version_of_another_incarnation_gets_the_tensors(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """After a rollback a version number comes back with other weights: only (incarnation, version)
+    names one model, so a caller holding the same version of another incarnation is not current."""
+    c = make_cluster()
+    assert c.client.push_model(model(), SGD, versions=[3, 3], incarnation=2) == [3, 3]
+    current = c.client.pull([3, 3], incarnations=[2, 2])
+    assert (current.versions, current.incarnations, current.tensors) == ([3, 3], [2, 2], {})
+    stale = c.client.pull([3, 3], incarnations=[1, 1])
+    assert (stale.versions, stale.incarnations) == ([3, 3], [2, 2])
+    assert_tensors(stale.tensors, model())
+    default = c.client.pull([3, 3])  # no incarnations given: incarnation 0
+    assert default.incarnations == [2, 2]
+    assert_tensors(default.tensors, model())
+
+
+def test_a_waiting_pull_of_another_incarnation_answers_at_once(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster(shards=1)
+    c.client.push_model(model(), SGD, versions=[3], incarnation=2)
+    started = time.monotonic()
+    pulled = c.client.pull([3], wait_ms=5000, incarnations=[1])
+    assert time.monotonic() - started < 4
+    assert_tensors(pulled.tensors, model())
+
+
+def test_a_push_from_another_incarnation_is_refused_over_the_wire(make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD, versions=[3, 3], incarnation=2)
+    assert not any(c.client.push_gradients(gradients(), [3, 3], incarnations=[1, 1]).accepted)
+    assert c.client.push_gradients(gradients(), [3, 3], incarnations=[2, 2]).all_accepted
+    assert c.commit(3) == [4, 4]
+    assert [(s.incarnation, s.version) for s in c.stores] == [(2, 4), (2, 4)]
+
+
+def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
+    grpc_servers: Callable[..., int], tmp_path: Path
+) -> None:
+    store = ParameterStore(StoreSettings(checkpoint_dir=tmp_path, checkpoint_steps=1))
+    address = f"127.0.0.1:{grpc_servers(ps_register(store))}"
+    client = PSClient([address], worker="w", deadline_s=30.0)
+    channel, stub = raw_stub(address)
+    try:
+        client.push_model(model(), SGD)
+        assert client.push_gradients(gradients(), [0]).all_accepted
+        commit_round(address, 0, ["w"])
+        store.flush_checkpoints()
+        state: pb.ShardState = stub.RestoreShard(pb.RestoreRequest(version=1, incarnation=5), timeout=30)
+        assert (state.version, state.incarnation, list(state.checkpoints)) == (1, 5, [1])
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.RestoreShard(pb.RestoreRequest(version=0, incarnation=6), timeout=30)
+        assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert (store.version, store.incarnation) == (1, 5)
+        pulled = client.pull([1], incarnations=[0])
+        assert pulled.incarnations == [5]
+        assert_tensors(pulled.tensors, sgd_step(model(), gradients(), 0.1))
+    finally:
+        channel.close()
+        client.close()

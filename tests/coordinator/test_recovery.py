@@ -1,0 +1,58 @@
+"""After a PS restart (``coordinator/recovery.py``), pure: which version every shard and the ledger
+roll back to, and when the coordinator must look."""
+
+from __future__ import annotations
+
+from elasticps.coordinator.recovery import CarryOn, Rollback, decide, needs_recovery
+from elasticps.coordinator.shards import ShardView
+
+
+def view(version: int, checkpoints: tuple[int, ...] = (), initialized: bool = True, boot: int = 1) -> ShardView:
+    return ShardView(initialized, version, boot, 0, checkpoints)
+
+
+def test_rolls_back_to_the_newest_version_every_shard_and_the_ledger_hold() -> None:
+    views = [view(45, (40, 20)), view(40, (40, 20))]
+    assert decide(views, [40, 20]) == Rollback(40)
+
+
+def test_a_version_missing_in_one_shard_is_skipped() -> None:
+    # Shard 1 died before its checkpoint of 40 was on disk.
+    views = [view(45, (40, 20)), view(20, (20,))]
+    assert decide(views, [40, 20]) == Rollback(20)
+
+
+def test_a_version_the_ledger_was_not_saved_at_is_skipped() -> None:
+    views = [view(65, (60, 40, 20)), view(60, (60, 40, 20))]
+    assert decide(views, [40, 20]) == Rollback(40)
+
+
+def test_checkpoints_in_any_order_still_give_the_newest_common_one() -> None:
+    assert decide([view(9, (3, 9, 6)), view(9, (6, 3, 9))], [3, 9, 6]) == Rollback(9)
+
+
+def test_without_a_common_version_training_carries_on_from_the_newest_held() -> None:
+    views = [view(45, (40,)), view(7, (20,))]
+    assert decide(views, [40, 20]) == CarryOn(45, ())
+
+
+def test_without_ledgers_there_is_no_rollback() -> None:
+    assert decide([view(45, (40, 20)), view(40, (40, 20))], []) == CarryOn(45, ())
+
+
+def test_a_fresh_job_loses_nothing() -> None:
+    fresh = [view(0, initialized=False), view(0, initialized=False)]
+    assert decide(fresh, []) == CarryOn(0, ())
+
+
+def test_a_shard_that_lost_its_model_is_named() -> None:
+    views = [view(12), view(0, initialized=False), view(12)]
+    assert decide(views, []) == CarryOn(12, (1,))
+
+
+def test_needs_recovery_only_when_a_known_boot_changed() -> None:
+    views = [view(1, boot=7), view(1, boot=8)]
+    assert not needs_recovery([None, None], views)  # never looked: the first recovery's business
+    assert not needs_recovery([7, 8], views)
+    assert not needs_recovery([7, None], views)
+    assert needs_recovery([7, 9], views)
