@@ -44,6 +44,12 @@ class Journals:
         for old in self.versions()[self.keep :]:
             self.path(old).unlink(missing_ok=True)
 
+    def discard_after(self, version: int) -> None:
+        """Removes the ledgers of versions after ``version`` (a rollback abandoned them)."""
+        for later in self.versions():
+            if later > version:
+                self.path(later).unlink(missing_ok=True)
+
     def read(self, version: int) -> dict[str, Any]:
         """The ledger saved at ``version`` (OSError, ValueError if it is missing or unreadable)."""
         state = json.loads(self.path(version).read_text())

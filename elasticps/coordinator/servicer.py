@@ -244,6 +244,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             state = self._journals.read(decision.version)
             incarnation = max([int(state.get("incarnation", 0)), self._incarnation, *(v.incarnation for v in views)]) + 1
             views = shards.roll_back(decision.version, incarnation)
+            self._journals.discard_after(decision.version)
             with self._lock:
                 queue = TaskQueue(self._settings, self._clock)
                 queue.restore(state)

@@ -118,6 +118,22 @@ class Checkpointing:
             return None
         return rebuild(found, self.shard), found.version
 
+    def rolled_back(self, version: int) -> None:
+        """The shard went back to ``version`` (a new incarnation): the snapshot waiting for the writer
+        and the files of later versions are of the abandoned model, and those versions will be
+        reached, and written, again."""
+        with self._lock:
+            if self._waiting is not None:
+                self._waiting = None
+                self.skipped += 1
+            self._handed = version
+            self._lock.wait_for(lambda: not self._busy)
+            if self.directory is not None:
+                for path in checkpoint.list_checkpoints(self.directory):
+                    found = checkpoint.version_of(path)
+                    if found is not None and found > version:
+                        path.unlink(missing_ok=True)
+
     def versions(self) -> list[int]:
         """The versions this shard has checkpoint files of, newest first (not yet verified)."""
         if self.directory is None:

@@ -201,6 +201,7 @@ class ParameterStore:
         model = self._checkpoints.load(version)
         with self._installing:
             self._install(model, version, incarnation)
+            self._checkpoints.rolled_back(version)
         log.info("shard %d rolled back to version %d (incarnation %d)", self.settings.shard, version, incarnation)
 
     def restore(self) -> bool:
