@@ -7,7 +7,7 @@ sync round's minibatches (``ELASTICPS_ROUND_LOG``):
 
 * backup workers (``gradsToWait: 2``), 2 epochs: minibatches applied twice, rounds whose minibatch
   sets differ between the shards, test accuracy;
-* ``--kills`` runs with ``checkpointSteps: 20`` in which PS 1 is killed with SIGKILL at a random
+* ``--kills`` runs of the same job with ``checkpointSteps: 20`` in which PS 1 is killed with SIGKILL at a random
   model version: each run's final shard versions, records trained per epoch, accuracy, and the
   version every shard and the ledger rolled back to.
 
@@ -97,7 +97,7 @@ def backup_workers(work: Path, mnist: Path) -> dict[str, Any]:
 
 
 def kill_run(work: Path, mnist: Path, moment: int) -> dict[str, Any]:
-    process, run_dir, result_file, logs = start(work, job("restart", mnist, checkpointSteps=20))
+    process, run_dir, result_file, logs = start(work, job("restart", mnist, gradsToWait=2, checkpointSteps=20))
     while not (run_dir / "ps-0.port").exists():
         time.sleep(0.2)
     client = CoordinatorClient(f"127.0.0.1:{int((run_dir / 'ps-0.port').read_text())}", worker="bench")
@@ -138,7 +138,7 @@ def report(backup: dict[str, Any], kills: list[dict[str, Any]]) -> str:
         f"| {backup['rounds']} | {backup['rounds_differing']} | {backup['applied_twice']} | {backup['minibatches']} "
         f"| {backup['shard_versions']} | {backup['epoch_records']} | {backup['metrics']['accuracy']:.4f} |",
         "",
-        "## PS 1 killed (SIGKILL) at a random version, `checkpointSteps: 20`",
+        "## PS 1 killed (SIGKILL) at a random version, `gradsToWait: 2`, `checkpointSteps: 20`",
         "",
         "| run | killed at version | every shard and the ledger rolled back to | final shard versions | records per epoch | accuracy | restarts |",
         "|---|---|---|---|---|---|---|",
@@ -164,7 +164,7 @@ def main() -> None:
     print(backup, flush=True)
     kills = []
     for i in range(args.kills):
-        moment = rng.randint(30, 420)  # 4 gradients a round: about 470 rounds in 2 epochs
+        moment = rng.randint(30, 850)  # 2 gradients a round: about 940 rounds in 2 epochs
         print(f"run {i + 1}: killing PS 1 at version {moment} ...", flush=True)
         kills.append(kill_run(args.work / f"kill-{i}", args.mnist, moment))
         print(kills[-1], flush=True)
