@@ -272,22 +272,35 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._rounds_changed.notify_all()
 
     def _watch_shards(self) -> None:
-        """Rolls every shard back when one restarted (its boot number changed)."""
-        shards = self._shards
-        assert shards is not None
+        """Rolls every shard back when one restarted (its boot number changed), and follows shards
+        that a worker repaired at its version after they lost their model."""
+        shards, rounds = self._shards, self._rounds
+        assert shards is not None and rounds is not None
         with self._rounds_changed:
             views = shards.describe()
             if any(v is None for v in views):
                 return  # a shard is down: it is looked at again once it answers
             known = [v for v in views if v is not None]
-            if not needs_recovery(self._boots, known):
+            if needs_recovery(self._boots, known):
+                restarted = [i for i, (b, v) in enumerate(zip(self._boots, known)) if b is not None and b != v.boot]
+                log.warning("PS shards %s restarted", restarted)
+                try:
+                    self._recover_locked(known)
+                except (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError) as err:
+                    log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
                 return
-            restarted = [i for i, (b, v) in enumerate(zip(self._boots, known)) if b is not None and b != v.boot]
-            log.warning("PS shards %s restarted", restarted)
-            try:
-                self._recover_locked(known)
-            except (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError) as err:
-                log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
+            held = {v.version for v in known if v.initialized}
+            if len(held) == 1 and all(v.initialized for v in known) and rounds.closing is None:
+                (version,) = held
+                if version != rounds.version:  # outside a commit only a repair moves a shard
+                    self._shard_problem = (
+                        f"the PS shards lost their model (restarted without a checkpoint); a worker's copy "
+                        f"of version {version} replaced it, without the optimizer's state"
+                    )
+                    log.warning("%s", self._shard_problem)
+                    rounds.reset(version)
+                    self._joined.clear()
+                    self._rounds_changed.notify_all()
 
     def start(self) -> None:
         """Starts the ticker: it first brings the shards and the ledger to one version, then closes
@@ -317,8 +330,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _tick(self) -> None:
         self._first_recovery()
         while not self._stopped.wait(TICK_S):
-            if self._shards is not None and len(self._shards) > 1:
-                self._watch_shards()
+            self._watch_shards()
             with self._lock:
                 self._queue.requeue_silent()
             self._advance_rounds()

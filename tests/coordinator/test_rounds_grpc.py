@@ -403,3 +403,29 @@ def test_the_status_names_a_shard_that_restarted_and_lost_its_model(grpc_servers
         servicer.stop()
         client.close()
         shards.close()
+
+
+def test_a_lone_shard_repaired_by_a_worker_is_followed_at_the_workers_version() -> None:
+    """PS 0 of a one-shard job came back without a checkpoint (so with a new coordinator at version 0)
+    and a worker pushed its copy of version 7: rounds go on from 7, and the status says what was lost."""
+    store = ParameterStore(StoreSettings(shard=0))
+    shards = Shards([LocalShard(store)])
+    rounds = Rounds(grads_to_wait=1)
+    servicer = CoordinatorServicer(
+        QueueSettings(num_records=4, records_per_task=4, num_epochs=1),
+        version_fn=lambda: store.version,
+        rounds=rounds,
+        shards=shards,
+    )
+    try:
+        recover(servicer)
+        assert rounds.version == 0
+        store.initialize({"w": np.zeros(2, dtype=np.float32)}, SGD, version=7)  # the worker's repair
+        wait_for(lambda: rounds.version == 7)
+        assert "a worker's copy of version 7 replaced it" in servicer._shard_problem
+        assert store.push({"w": np.ones(2, dtype=np.float32)}, 7, worker="w").accepted
+        with servicer._rounds_changed:
+            assert rounds.join("w", 7, live=1).value == "admitted"
+    finally:
+        servicer.stop()
+        shards.close()
