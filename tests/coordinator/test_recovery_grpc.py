@@ -22,22 +22,10 @@ from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.main import LocalShard
 from elasticps.ps.store import ParameterStore, StoreSettings
 
+from replaceable_shard import Replaceable
+
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
 STEPS = 20
-
-
-class Replaceable:
-    def __init__(self, store: ParameterStore) -> None:
-        self.link = LocalShard(store)
-
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        return self.link.commit(round_, workers, dry_run)
-
-    def describe(self) -> ShardView:
-        return self.link.describe()
-
-    def roll_back(self, version: int, incarnation: int) -> ShardView:
-        return self.link.roll_back(version, incarnation)
 
 
 def settings(shard: int, tmp_path: Path) -> StoreSettings:

@@ -29,6 +29,8 @@ from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 
+from replaceable_shard import Replaceable
+
 LR = 0.1
 SGD = OptimizerConfig("sgd", {"learning_rate": LR})
 # With 2 shards: "dense/kernel:0" lives on shard 0, "dense/bias:0" on shard 1 (see test_sharding).
@@ -349,22 +351,6 @@ def test_the_ticker_closes_a_round_whose_missing_member_died(make_job: Callable[
     assert job.rounds.short_rounds == 1
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_COMMITTED
     assert [e["minibatches"] for e in job.round_log(1)] == [["w1/1"]]
-
-
-class Replaceable:
-    """A shard whose process can be replaced under the coordinator (a restart): the link to it swaps."""
-
-    def __init__(self, store: ParameterStore) -> None:
-        self.link = LocalShard(store)
-
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        return self.link.commit(round_, workers, dry_run)
-
-    def describe(self) -> ShardView:
-        return self.link.describe()
-
-    def roll_back(self, version: int, incarnation: int) -> ShardView:
-        return self.link.roll_back(version, incarnation)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:

@@ -1,0 +1,25 @@
+"""A PS shard, in-process, whose process a test can replace under the coordinator (a restart)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from elasticps.coordinator.shards import ShardView
+from elasticps.ps.main import LocalShard
+from elasticps.ps.store import ParameterStore
+
+
+class Replaceable:
+    """A shard whose process can be replaced under the coordinator (a restart): the link to it swaps."""
+
+    def __init__(self, store: ParameterStore) -> None:
+        self.link = LocalShard(store)
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        return self.link.commit(round_, workers, dry_run)
+
+    def describe(self) -> ShardView:
+        return self.link.describe()
+
+    def roll_back(self, version: int, incarnation: int) -> ShardView:
+        return self.link.roll_back(version, incarnation)
