@@ -5,7 +5,8 @@
 * the PS pod deleted mid-training with checkpointDir on a hostPath volume: the new PS restores its
   checkpoint ("resumes at version N") and the job succeeds;
 * the TrainingJob deleted: every pod exits on SIGTERM (exit codes and times printed);
-* async training to Succeeded.
+* async training to Succeeded;
+* a sync job scaled 2 -> 4 -> 1 workers with `kubectl scale` while it trains.
 """
 
 from __future__ import annotations
@@ -339,3 +340,45 @@ def test_ps_killed_in_its_pod_restores_and_is_counted(kubectl: Kubectl, ns: str,
     assert phase == "Succeeded", status
     assert status.get("progress") == "100%", status
     assert status.get("restarts") == 1, status
+
+
+def _workers(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
+    return [p for p in kubectl.pods(ns, name) if p["metadata"]["labels"].get("elasticps.io/replica-type") == "worker"]
+
+
+@pytest.mark.timeout(1200)
+def test_kubectl_scale_sync_job_up_and_down(kubectl: Kubectl, ns: str, big_data: Path) -> None:
+    """Sync training (gradsToWait 0: a round averages one gradient per live worker) scaled 2 -> 4 -> 1
+    with `kubectl scale` while it trains, each step once the previous count runs and the model moved:
+    the rounds follow the live workers, every record is trained, the shards agree, and the
+    scaled-down pods are gone."""
+    name = "mnist-sync-scale"
+    t0 = time.monotonic()
+    kubectl.apply(ns, mnist_job(name, big_data, workers=2, epochs=3, training={"gradsToWait": 0}))
+    wait_for(lambda: _training(kubectl, ns, name), 600, f"{name} to train with 2 workers", interval=1)
+    seen: set[str] = set()
+    for count in (4, 1):
+        before = int(_status(kubectl, ns, name).get("modelVersion") or 0)
+        t_scale = time.monotonic()
+        kubectl("scale", f"trainingjob/{name}", "-n", ns, f"--replicas={count}")
+
+        def settled(count: int = count, before: int = before) -> bool:
+            pods = [p for p in _workers(kubectl, ns, name) if not p["metadata"].get("deletionTimestamp")]
+            seen.update(p["metadata"]["name"] for p in pods)
+            status = _status(kubectl, ns, name)
+            return (len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
+                    and status.get("liveWorkers") == count and int(status.get("modelVersion") or 0) > before)
+
+        wait_for(settled, 300, f"{count} workers Running, live and training after kubectl scale", interval=1)
+        record(f"MNIST sync, kubectl scale --replicas={count}: that many workers Running, live and training after",
+               time.monotonic() - t_scale)
+    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
+    status = _status(kubectl, ns, name)
+    record(f"MNIST sync scaled 2 -> 4 -> 1 workers while training: apply -> {phase}", time.monotonic() - t0)
+    report("sync job scaled 2 -> 4 -> 1 with kubectl scale", kubectl.show(ns), status)
+    assert phase == "Succeeded", status
+    assert status.get("progress") == "100%", status  # every record trained across the three worker counts
+    versions = status.get("shardVersions") or []
+    assert versions and len(set(versions)) == 1, status
+    assert {f"{name}-worker-{i}" for i in range(4)} <= seen, seen
+    wait_for(lambda: len(_workers(kubectl, ns, name)) == 1, 120, "the scaled-down worker pods to be gone")
