@@ -181,7 +181,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                         del self._joined[worker]  # its next gradient, even of this version, may join
                         return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
                 remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._stopped.is_set():
                     return pb.JoinReply(outcome=pb.JOIN_OUTCOME_PENDING, version=rounds.version)
                 self._rounds_changed.wait(min(remaining, TICK_S))
 
@@ -326,6 +326,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def stop(self) -> None:
         self._stopped.set()
+        with self._rounds_changed:
+            self._rounds_changed.notify_all()
 
     def _tick(self) -> None:
         self._first_recovery()

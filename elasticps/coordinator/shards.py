@@ -12,6 +12,8 @@ others through :class:`RemoteShard`, over gRPC. Shard calls run in parallel.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +38,13 @@ class ShardRefused(Exception):
     def __init__(self, shard: int, why: str) -> None:
         super().__init__(f"PS shard {shard}: {why}")
         self.shard = shard
+
+
+class ShardsStopping(ShardRefused):
+    """PS 0 is stopping: a call that waits to retry a shard gives up now (not after its deadline)."""
+
+    def __init__(self, shard: int) -> None:
+        super().__init__(shard, "PS 0 is stopping")
 
 
 class RoundAborted(Exception):
@@ -68,16 +77,25 @@ class ShardLink(Protocol):
 
 
 class RemoteShard:
-    def __init__(self, index: int, address: str) -> None:
+    def __init__(self, index: int, address: str, stopping: threading.Event | None = None) -> None:
         self.index = index
         self._channel = create_channel(address)
         self._stub = pb_grpc.ParameterServerStub(self._channel)
+        self._stopping = stopping or threading.Event()
+
+    def _sleep(self, seconds: float) -> None:
+        """Between retries; a PS that is stopping does not wait out a dead shard's deadline."""
+        if self._stopping.wait(seconds):
+            raise ShardsStopping(self.index)
 
     def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
         request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
         try:
             reply: pb.CommitReply = retrying(
-                lambda: self._stub.CommitRound(request, timeout=10.0), what="CommitRound", deadline_s=COMMIT_DEADLINE_S
+                lambda: self._stub.CommitRound(request, timeout=10.0),
+                what="CommitRound",
+                deadline_s=COMMIT_DEADLINE_S,
+                sleep=self._sleep,
             )
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else None
@@ -94,7 +112,10 @@ class RemoteShard:
         request = pb.RestoreRequest(version=version, incarnation=incarnation)
         try:
             state: pb.ShardState = retrying(
-                lambda: self._stub.RestoreShard(request, timeout=60.0), what="RestoreShard", deadline_s=COMMIT_DEADLINE_S
+                lambda: self._stub.RestoreShard(request, timeout=60.0),
+                what="RestoreShard",
+                deadline_s=COMMIT_DEADLINE_S,
+                sleep=self._sleep,
             )
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else None
@@ -141,9 +162,11 @@ class Shards:
 
     def describe_all(self, deadline_s: float) -> list[ShardView]:
         """Every shard's state, waiting (up to ``deadline_s``) for shards that are still starting."""
-        return self._each(
-            lambda link: retrying(link.describe, what="DescribeShard", deadline_s=deadline_s)
-        )
+        def ask(link: ShardLink) -> ShardView:
+            sleep = link._sleep if isinstance(link, RemoteShard) else time.sleep
+            return retrying(link.describe, what="DescribeShard", deadline_s=deadline_s, sleep=sleep)
+
+        return self._each(ask)
 
     def roll_back(self, version: int, incarnation: int) -> list[ShardView]:
         """Rolls every shard back to its checkpoint of ``version``, as model ``(incarnation, version)``."""

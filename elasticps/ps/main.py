@@ -155,10 +155,12 @@ class LocalShard:
         return self.describe()
 
 
-def rounds_and_shards(config: PSConfig, store: ParameterStore) -> tuple[Rounds | None, Shards]:
+def rounds_and_shards(
+    config: PSConfig, store: ParameterStore, stopping: threading.Event
+) -> tuple[Rounds | None, Shards]:
     """PS 0's view of the job's shards, and sync rounds over them unless the job is asynchronous."""
     links: list[ShardLink] = [LocalShard(store)]
-    links += [RemoteShard(i, address) for i, address in enumerate(config.ps_addrs) if i > 0]
+    links += [RemoteShard(i, address, stopping) for i, address in enumerate(config.ps_addrs) if i > 0]
     t = config.training
     if TrainingMode.of(t).rule is not UpdateRule.SYNC:
         return None, Shards(links)
@@ -190,6 +192,8 @@ def run(config: PSConfig) -> int:
     metrics = PSMetrics(REGISTRY, config.ps_id)
     metrics.model_version.set(store.version)
     add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes, metrics), server)
+    stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
+    coordinator: CoordinatorServicer | None = None
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)
@@ -197,7 +201,7 @@ def run(config: PSConfig) -> int:
             print(f"ps-0: error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
-        rounds, shards = rounds_and_shards(config, store)
+        rounds, shards = rounds_and_shards(config, store, stopped)
         t = config.training
         journals = Journals(Path(t.checkpoint_dir) / "coordinator", 2 * t.keep_checkpoint_max) if t.checkpoint_dir else None
         coordinator = CoordinatorServicer(
@@ -221,14 +225,14 @@ def run(config: PSConfig) -> int:
         write_atomically(Path(config.port_file), f"{port}\n")
     log.info("PS %d/%d serving on %s:%d", config.ps_id, config.num_ps, config.host, port)
 
-    stopped = threading.Event()
-
     def stop(signum: int, frame: FrameType | None) -> None:
         stopped.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     stopped.wait()
+    if coordinator is not None:
+        coordinator.stop()  # its ticker and waiting joins end now
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=2).wait()
     store.flush_checkpoints()
