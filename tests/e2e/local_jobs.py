@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,6 +49,13 @@ def write_job(path: Path, document: dict[str, object]) -> Path:
     return path
 
 
+def _sigint_as_in_a_terminal() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and children keep
+    # that: `make test` run from such a script would leave `elasticps run` deaf to the Ctrl-C the
+    # tests send. A run started in a terminal has the default handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def elasticps(*args: str, cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.Popen(
@@ -57,6 +65,7 @@ def elasticps(*args: str, cwd: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
 
 
