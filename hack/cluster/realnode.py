@@ -210,9 +210,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         "registerWithTaints": [TAINT],
         "serializeImagePulls": False,
         "maxPods": 60,
-        # A test machine's disk: evict only when it is really full.
-        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "3%", "imagefs.available": "3%"},
-        "imageGCHighThresholdPercent": 97, "imageGCLowThresholdPercent": 95,
+        # A test machine's disk: evict only when it is really full, and never collect images (100
+        # turns image GC off): containerd 1.6 ignores the pinned label, so a full disk once had the
+        # kubelet delete the pause image between two tests, and every later pod stayed in
+        # ContainerCreating.
+        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "shutdownGracePeriod": "0s",
         "kubeAPIQPS": 50, "kubeAPIBurst": 100,
         "syncFrequency": "10s", "fileCheckFrequency": "10s",
