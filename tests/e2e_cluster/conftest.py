@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,7 +71,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 def kubectl(cluster: dict[str, str]) -> Kubectl:
     kubectl = Kubectl(cluster)
     kubectl("apply", "-f", str(ROOT / "manifests" / "crd.yaml"))
-    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.elasticps.io", "--timeout=60s")
+    # Polled, not `kubectl wait`: that fails at once ("accessor error: <nil>") when it asks before the
+    # API server wrote the new CRD's first condition.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + 60
+    while kubectl("get", "crd/trainingjobs.elasticps.io", "-o", f"jsonpath={established}", check=False).stdout != "True":
+        assert time.monotonic() < deadline, "the TrainingJob CRD was not Established within 60 s"
+        time.sleep(0.2)
     return kubectl
 
 
