@@ -88,20 +88,19 @@ class RemoteShard:
         if self._stopping.wait(seconds):
             raise ShardsStopping(self.index)
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
+    def _call(self, call: Callable[[], T], what: str) -> T:
+        """Retries transient failures until the commit deadline; any other answer is a refusal."""
         try:
-            reply: pb.CommitReply = retrying(
-                lambda: self._stub.CommitRound(request, timeout=10.0),
-                what="CommitRound",
-                deadline_s=COMMIT_DEADLINE_S,
-                sleep=self._sleep,
-            )
+            return retrying(call, what=what, deadline_s=COMMIT_DEADLINE_S, sleep=self._sleep)
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else None
-            if code is not None and classify(code) in (Failure.PERMANENT, Failure.UNINITIALIZED):
+            if code is not None and classify(code) is not Failure.TRANSIENT:
                 raise ShardRefused(self.index, err.details() or str(code)) from err
             raise
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
+        reply: pb.CommitReply = self._call(lambda: self._stub.CommitRound(request, timeout=10.0), "CommitRound")
         return reply.version
 
     def describe(self) -> ShardView:
@@ -110,18 +109,7 @@ class RemoteShard:
 
     def roll_back(self, version: int, incarnation: int) -> ShardView:
         request = pb.RestoreRequest(version=version, incarnation=incarnation)
-        try:
-            state: pb.ShardState = retrying(
-                lambda: self._stub.RestoreShard(request, timeout=60.0),
-                what="RestoreShard",
-                deadline_s=COMMIT_DEADLINE_S,
-                sleep=self._sleep,
-            )
-        except grpc.RpcError as err:
-            code = err.code() if isinstance(err, grpc.Call) else None
-            if code is not None and classify(code) is not Failure.TRANSIENT:
-                raise ShardRefused(self.index, err.details() or str(code)) from err
-            raise
+        state: pb.ShardState = self._call(lambda: self._stub.RestoreShard(request, timeout=60.0), "RestoreShard")
         return ShardView.of(state)
 
     def close(self) -> None:
