@@ -45,5 +45,10 @@ fi
 "$PY" -m pip wheel -q --no-deps -w build/wheels .
 
 echo "building $TAG from $BASE ..."
+previous=$(docker image inspect "$TAG" --format '{{.Id}}' 2>/dev/null || true)
 docker build -q --network host --build-arg "BASE=$BASE" --build-arg "VARIANT=$VARIANT" -t "$TAG" . >/dev/null
+# Every build of a changed tree leaves the image it replaced untagged (2 GB each): drop it.
+if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect "$TAG" --format '{{.Id}}')" ]; then
+  docker image rm "$previous" >/dev/null 2>&1 || true
+fi
 docker image inspect "$TAG" --format "$TAG: {{.Size}} bytes"
