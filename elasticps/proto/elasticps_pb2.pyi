@@ -110,8 +110,20 @@ class TensorMeta(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: Global___DType.ValueType
+    state: _builtins.bool
+    """The tensor is model *state*, not a variable or a gradient: a non-trainable floating-point
+    variable of the model (BatchNormalization's moving mean and variance), named by its Keras path
+    and sharded by name like the variables. PushModel carries its initial value, every
+    PushGradients the pushing worker's current value (beside the gradients), every full PullDense
+    reply the shard's value. The optimizer never touches state and it never moves the version:
+    sync, a committed round sets each state tensor to the mean of the values its members pushed;
+    async, the latest push replaces it. A state tensor of unknown name, other shape or dtype, or
+    holding NaN or infinity is refused like a bad gradient (INVALID_ARGUMENT, nothing changes).
+    Integer state (Keras seed generators) and optimizer variables never travel.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -120,10 +132,11 @@ class TensorMeta(_message.Message):
         name: _builtins.str = ...,
         dtype: Global___DType.ValueType = ...,
         shape: _abc.Iterable[_builtins.int] | None = ...,
+        state: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

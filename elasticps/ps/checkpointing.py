@@ -14,7 +14,10 @@ is the schedule around it:
   a write; the newest due version is always the one written last.
 * a restart loads the newest good checkpoint of this shard (``<checkpoint_dir>/ps-<shard>``),
   skipping corrupt ones, and rebuilds the model: each table from its own keys, the optimizer from
-  the ``meta`` and its state from the ``opt/`` keys.
+  the ``meta`` and its state from the ``opt/`` keys. The model's non-trainable state is a table
+  (``state/`` keys); ``meta["state_table"]`` says the checkpoint was written with one, so a
+  checkpoint written before shards kept state (no such entry) restores with a table that adopts
+  the state the workers push next (``state_table.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from elasticps.ps import checkpoint
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import make_optimizer
 from elasticps.ps.settings import StoreSettings
+from elasticps.ps.state_table import StateTable
 from elasticps.ps.tables import DenseTable
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,7 @@ def capture(model: Model, version: int, shard: int) -> checkpoint.Checkpoint:
         arrays.update(table.snapshot())
     arrays.update({f"{_OPTIMIZER}{key}": value.copy() for key, value in model.optimizer.state().items()})
     config = model.optimizer.config
-    meta = {"shard": shard, "optimizer": {"name": config.name, "params": dict(config.params)}}
+    meta = {"shard": shard, "optimizer": {"name": config.name, "params": dict(config.params)}, "state_table": True}
     return checkpoint.Checkpoint(version=version, arrays=arrays, meta=meta)
 
 
@@ -51,7 +55,8 @@ def rebuild(found: checkpoint.Checkpoint, shard: int) -> Model:
     """The model :func:`capture` saved: tables, optimizer and its state (OptimizerError if they differ)."""
     spec = found.meta.get("optimizer", {})
     config = OptimizerConfig(name=str(spec.get("name")), params=dict(spec.get("params", {})))
-    model = Model(DenseTable.restored(found.arrays, shard), make_optimizer(config))
+    state = StateTable.restored(found.arrays, shard, saved=bool(found.meta.get("state_table", False)))
+    model = Model(DenseTable.restored(found.arrays, shard), make_optimizer(config), state=state)
     model.optimizer.load_state(
         {key.removeprefix(_OPTIMIZER): value for key, value in found.arrays.items() if key.startswith(_OPTIMIZER)}
     )

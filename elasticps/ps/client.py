@@ -6,13 +6,17 @@ shard its variables' gradients, a pull asks every shard at once and returns only
 Transient failures (a PS not up yet, restarting) are retried with backoff until ``deadline_s``, so
 a worker that starts before its PS waits instead of failing. A shard that lost its model (restarted
 without a checkpoint) raises :class:`ShardsUninitialized` so the worker can push its model again.
+
+The model's non-trainable state (BatchNorm statistics; ``TensorMeta.state`` in the .proto) travels
+beside the variables: split by the same sharder, sent with the model and with every push, returned
+by every full pull in :attr:`Pulled.state`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -57,6 +61,7 @@ class Pulled:
     incarnations: list[int]  # per shard: which timeline the version counts on (see ModelHead)
     tensors: dict[str, np.ndarray]  # only the shards that had a newer model
     uninitialized: list[int]  # shards that hold no model yet
+    state: dict[str, np.ndarray] = field(default_factory=dict)  # the same shards' state tensors
 
 
 @dataclass(frozen=True)
@@ -112,14 +117,17 @@ class PSClient:
         optimizer: OptimizerConfig,
         versions: Sequence[int] | None = None,
         incarnation: int = 0,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> list[int]:
-        """Offers the model to every shard; shards that already hold one keep theirs.
+        """Offers the model (its variables ``tensors`` and its ``state``) to every shard; shards
+        that already hold one keep theirs.
 
         ``versions``: per shard, the version the offered model is (a worker repairing a shard that
         lost its model offers its copy at the version and incarnation it pulled); None or -1: a new
         model, version 0."""
         config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
         parts = self.split(tensors)
+        state_parts = self.split(state or {})
 
         def push(shard: int) -> int:
             version = max(0, versions[shard]) if versions is not None else 0
@@ -128,7 +136,7 @@ class PSClient:
             )
 
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
-                return frames.encode(head, parts[shard], self._chunk_bytes)
+                return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard])
 
             reply: pb.ModelHead = self._call(
                 lambda: self._stubs[shard].PushModel(stream(), timeout=self._timeout_s), "PushModel"
@@ -153,9 +161,9 @@ class PSClient:
 
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
 
-        def pull(shard: int) -> tuple[int, int, dict[str, np.ndarray], bool]:
+        def pull(shard: int) -> tuple[int, int, frames.Decoded | None, bool]:
             if only is not None and shard not in only:
-                return versions[shard], held[shard], {}, True
+                return versions[shard], held[shard], None, True
             request = pb.PullRequest(
                 worker=self.worker, version=versions[shard], wait_ms=wait_ms, incarnation=held[shard]
             )
@@ -163,17 +171,21 @@ class PSClient:
                 lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )
             head = decoded.first.model
-            return head.version, head.incarnation, decoded.tensors, head.initialized
+            return head.version, head.incarnation, decoded, head.initialized
 
         results = self._fan_out(pull)
         tensors: dict[str, np.ndarray] = {}
+        state: dict[str, np.ndarray] = {}
         for _, _, part, _ in results:
-            tensors.update(part)
+            if part is not None:
+                tensors.update(part.tensors)
+                state.update(part.state)
         return Pulled(
             versions=[version for version, _, _, _ in results],
             incarnations=[incarnation for _, incarnation, _, _ in results],
             tensors=tensors,
             uninitialized=[shard for shard, (_, _, _, ok) in enumerate(results) if not ok],
+            state=state,
         )
 
     def push_gradients(
@@ -183,10 +195,13 @@ class PSClient:
         learning_rate: float = 0.0,
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Pushed:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
-        then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log."""
+        then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
+        ``state``: the worker's current state tensors, each sent to its shard with the gradients."""
         parts = self.split(gradients)
+        state_parts = self.split(state or {})
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
 
         def push(shard: int) -> pb.PushReply:
@@ -200,7 +215,7 @@ class PSClient:
                 )
             )
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
-                return frames.encode(head, parts[shard], self._chunk_bytes)
+                return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard])
 
             reply: pb.PushReply = self._call(
                 lambda: self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s),
@@ -217,10 +232,11 @@ class PSClient:
         versions: Sequence[int],
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Future[Pushed]:
         """The same push, returned as a future so the caller can compute while it travels."""
         held = None if incarnations is None else list(incarnations)
-        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate, "", held)
+        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate, "", held, state)
 
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)

@@ -54,7 +54,7 @@ class ParameterServerServicer:
         config = OptimizerConfig(name=spec.name, params=dict(spec.params))
         try:
             head = decoded.first.model
-            self._store.initialize(decoded.tensors, config, head.version, head.incarnation)
+            self._store.initialize(decoded.tensors, config, head.version, head.incarnation, decoded.state)
         except (GradientError, OptimizerError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
@@ -81,18 +81,19 @@ class ParameterServerServicer:
             yield message
 
     def _live_frames(self) -> Iterator[bytes]:
-        with self._store.reading() as (incarnation, version, variables):
-            head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
-            yield from frames.encode(head, variables, self._chunk_bytes)
+        with self._store.reading_model() as found:
+            head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
+            yield from frames.encode(head, found.variables, self._chunk_bytes, found.state)
 
     def _shared_frames(self) -> list[bytes]:
         with self._cache_lock:
             cached = self._cached
             if cached is not None and cached[0] == (self._store.incarnation, self._store.version):
                 return cached[1]
-            with self._store.reading() as (incarnation, version, variables):
+            with self._store.reading_model() as found:
+                incarnation, version = found.incarnation, found.version
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
-                encoded = list(frames.encode(head, variables, self._chunk_bytes))
+                encoded = list(frames.encode(head, found.variables, self._chunk_bytes, found.state))
             self._cached = ((incarnation, version), encoded)
             return encoded
 
@@ -101,11 +102,18 @@ class ParameterServerServicer:
         if not decoded.first.HasField("push"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushGradients: the first frame needs a push head")
         head = decoded.first.push
-        self._metrics.bytes_received.inc(sum(t.nbytes for t in decoded.tensors.values()))
+        received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
+        self._metrics.bytes_received.inc(received)
         started = time.perf_counter()
         try:
             outcome = self._store.push(
-                decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch, head.incarnation
+                decoded.tensors,
+                head.version,
+                head.learning_rate,
+                head.worker,
+                head.minibatch,
+                head.incarnation,
+                state=decoded.state,
             )
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")

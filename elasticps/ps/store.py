@@ -11,6 +11,9 @@ chosen once from ``settings.mode``:
   with ``round_log`` set, each commit's minibatches are appended there, one JSON line per round;
 * a pull reads under the rule's guard (:meth:`ParameterStore.reading`); whether a version can be
   encoded once for every puller is :attr:`ParameterStore.consistent_reads`, the rule's answer;
+* the model's non-trainable state (BatchNorm statistics) comes with the initial model and with every
+  push, beside the gradients, as the state table's update (``state_table.py`` has the rule); pulls
+  read it with the variables (:meth:`ParameterStore.reading_model`);
 * every new version is offered to the checkpoint schedule (``checkpointing.py``), which also
   restores the newest good checkpoint at start-up.
 """
@@ -24,6 +27,7 @@ import math
 import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +39,7 @@ from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
+from elasticps.ps.state_table import STATE, StateTable
 from elasticps.ps.tables import DENSE, DenseTable
 from elasticps.ps.versions import ModelVersion
 
@@ -49,6 +54,24 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_NOTHING: Mapping[str, np.ndarray] = {}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a pull reads (see :meth:`ParameterStore.reading_model`): valid inside the ``with`` block."""
+
+    incarnation: int
+    version: int
+    variables: Mapping[str, np.ndarray]
+    state: Mapping[str, np.ndarray]
+
+
+def _disjoint(variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]) -> None:
+    both = sorted(set(variables) & set(state))
+    if both:
+        raise GradientError(f"{both[0]!r} is both a variable and a state tensor")
 
 
 class ParameterStore:
@@ -94,23 +117,31 @@ class ParameterStore:
         return model
 
     def initialize(
-        self, tensors: Mapping[str, np.ndarray], optimizer: OptimizerConfig, version: int = 0, incarnation: int = 0
+        self,
+        tensors: Mapping[str, np.ndarray],
+        optimizer: OptimizerConfig,
+        version: int = 0,
+        incarnation: int = 0,
+        state: Mapping[str, np.ndarray] = _NOTHING,
     ) -> bool:
         """Takes the first model pushed to this shard; returns False (and changes nothing) later.
 
         ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
-        its model (restarted without a checkpoint) pushes its copy at the version the others hold."""
+        its model (restarted without a checkpoint) pushes its copy at the version the others hold.
+        ``state``: the model's non-trainable state tensors that this shard holds (finite floats)."""
         if version < 0:
             raise GradientError(f"a model's version must be >= 0, got {version}")
+        _disjoint(tensors, state)
         dense = DenseTable.create(tensors, self.settings.shard)
+        held_state = StateTable.create(state, self.settings.shard)
         built = make_optimizer(optimizer)
         with self._installing:
             if self._model is not None:
                 return False
-            self._install(Model(dense, built), version, incarnation)
+            self._install(Model(dense, built, state=held_state), version, incarnation)
         log.info(
-            "shard %d initialised at version %d: %d variables, %s",
-            self.settings.shard, version, len(tensors), built.config.name,
+            "shard %d initialised at version %d: %d variables, %d state tensors, %s",
+            self.settings.shard, version, len(tensors), len(state), built.config.name,
         )
         return True
 
@@ -132,9 +163,18 @@ class ParameterStore:
 
         Under the rule's guard: sync, a consistent view (updates wait); async, the live arrays.
         """
+        with self.reading_model() as found:
+            yield found.incarnation, found.version, found.variables
+
+    @contextlib.contextmanager
+    def reading_model(self) -> Iterator[Reading]:
+        """:meth:`reading` with the model's state tensors: what a pull sends."""
         with self._rule.guard():
             model = self._model
-            yield self.incarnation, self._version.value, ({} if model is None else model.dense.variables)
+            if model is None:
+                yield Reading(self.incarnation, self._version.value, _NOTHING, _NOTHING)
+            else:
+                yield Reading(self.incarnation, self._version.value, model.dense.variables, model.state.values)
 
     # ---- updates -----------------------------------------------------------------------------
     def push(
@@ -145,14 +185,17 @@ class ParameterStore:
         worker: str = "",
         minibatch: str = "",
         incarnation: int = 0,
+        state: Mapping[str, np.ndarray] = _NOTHING,
     ) -> PushOutcome:
-        """One worker's dense gradients, computed on ``version``, handed to the rule once checked.
+        """One worker's dense gradients, computed on ``version``, handed to the rule once checked,
+        with the worker's current values of (some of) the state tensors (``state_table.py``).
 
         Gradients of another incarnation (computed before a rollback) are refused, changing nothing."""
         model = self._require_model()
         if incarnation != self.incarnation:
             return PushOutcome(False, self._version.value, 0, 0.0)
-        update = {DENSE: gradients}
+        _disjoint(gradients, state)
+        update = {DENSE: gradients, STATE: state} if state else {DENSE: gradients}
         model.check(update)
         if not (math.isfinite(learning_rate) and learning_rate >= 0):
             # Refused here, before anything changes: the optimizer would raise in the middle of an

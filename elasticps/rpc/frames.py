@@ -6,13 +6,17 @@ as ``payload`` chunks of ``chunk_bytes``. Small tensors share a chunk (a small m
 big ones span several (PERFORMANCE.md: 1-4 MB chunks on a stream move 5x more than one big message).
 Decoding checks everything a peer could get wrong and raises :class:`FrameError`, which servers
 answer with INVALID_ARGUMENT.
+
+Model *state* (non-trainable variables such as BatchNorm's moving statistics) travels in the same
+stream, after the other tensors, its metadata marked ``state`` (see ``TensorMeta`` in the .proto);
+:class:`Decoded` hands it back apart from the variables or gradients. A name is unique across both.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -41,18 +45,23 @@ class FrameError(ValueError):
 
 @dataclass(frozen=True)
 class Decoded:
-    """The first frame (its head fields) and the tensors a stream carried."""
+    """The first frame (its head fields) and the tensors a stream carried: the variables or
+    gradients in ``tensors``, the model state (metadata marked ``state``) in ``state``."""
 
     first: pb.Frame
     tensors: dict[str, np.ndarray]
+    state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def encode(
-    head: pb.Frame, tensors: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES
+    head: pb.Frame,
+    tensors: Mapping[str, np.ndarray],
+    chunk_bytes: int = CHUNK_BYTES,
+    state: Mapping[str, np.ndarray] | None = None,
 ) -> Iterator[bytes]:
     """The serialized ``Frame`` messages of one stream, produced lazily, so the first chunk is on
     the wire while the next is being cut. ``head`` (a Frame with only its head set) becomes the
-    first frame, with every tensor's metadata.
+    first frame, with every tensor's metadata; the ``state`` tensors follow the others, marked.
 
     Payload frames are written by hand: a ``Frame`` holding only ``payload`` is the tag byte 0x22,
     a varint length and the bytes, so each chunk costs one copy out of the arrays instead of
@@ -66,14 +75,16 @@ def encode(
     first = pb.Frame()
     first.CopyFrom(head)
     views: list[memoryview] = []
-    for name, array in tensors.items():
-        dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-        wire = _TO_WIRE.get(np.dtype(dtype))
-        if wire is None:
-            raise FrameError(f"tensor {name!r}: dtype {array.dtype} cannot travel")
-        first.tensors.add(name=name, dtype=wire, shape=array.shape)
-        contiguous = np.ascontiguousarray(array, dtype=dtype)
-        views.append(contiguous.reshape(-1).view(np.uint8).data)
+    marked = [(tensors, False), (state or {}, True)]
+    for group, is_state in marked:
+        for name, array in group.items():
+            dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+            wire = _TO_WIRE.get(np.dtype(dtype))
+            if wire is None:
+                raise FrameError(f"tensor {name!r}: dtype {array.dtype} cannot travel")
+            first.tensors.add(name=name, dtype=wire, shape=array.shape, state=is_state)
+            contiguous = np.ascontiguousarray(array, dtype=dtype)
+            views.append(contiguous.reshape(-1).view(np.uint8).data)
     return _frames(first.SerializeToString(), views, chunk_bytes)
 
 
@@ -164,17 +175,19 @@ def decode(messages: Iterable[bytes]) -> Decoded:
     if filled != total:
         raise FrameError(f"stream carried {filled} bytes, the tensors need {total}")
     tensors: dict[str, np.ndarray] = {}
+    state: dict[str, np.ndarray] = {}
     offset = 0
-    for name, dtype, shape, nbytes in layout:
+    for (name, dtype, shape, nbytes), meta in zip(layout, first.tensors):
         try:
-            tensors[name] = buffer[offset : offset + nbytes].view(dtype).reshape(shape)
+            value = buffer[offset : offset + nbytes].view(dtype).reshape(shape)
         except ValueError:  # an empty tensor with absurd other dimensions
             raise FrameError(f"tensor {name!r}: shape {shape} cannot be held") from None
+        (state if meta.state else tensors)[name] = value
         offset += nbytes
     head = pb.Frame()
     head.CopyFrom(first)
     head.ClearField("payload")
-    return Decoded(head, tensors)
+    return Decoded(head, tensors, state)
 
 
 def _layout(

@@ -4,6 +4,14 @@ Used by the training loop (``training.py``) through the :class:`Trainer` protoco
 which keeps the loop free of TensorFlow and testable. Variables are named by their Keras path
 (``sequential/dense/kernel``), the names the PS shards by. The gradient step runs under
 ``tf.function``; the PS never sees TensorFlow, only numpy arrays.
+
+Besides the trainable variables, the PS keeps the model's *state*: its non-trainable floating-point
+variables (BatchNormalization's ``moving_mean`` and ``moving_variance``; a frozen layer's weights
+too, which then travel with every push), also named by their Keras path. :meth:`KerasTrainer.state`
+reads them for each push and :meth:`KerasTrainer.assign_state` takes the PS's after a pull, so every
+worker evaluates with the statistics the PS holds (``ps/state_table.py`` has the PS's rule). Integer
+state is not synchronised: Keras 3's ``SeedGenerator`` states (Dropout's random stream) stay each
+worker's own, and so do the local optimizer's variables (they are not the model's).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ class KerasTrainer:
         self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
         self._built = False
         self._variables: dict[str, tf.Variable] = {}
+        self._state: dict[str, tf.Variable] = {}
 
     # ---- variables ---------------------------------------------------------------------------
     def _build(self, features: np.ndarray) -> None:
@@ -72,11 +81,25 @@ class KerasTrainer:
                 raise ModelError(f"{self._module.name}: two variables named {name!r}")
             variables[name] = variable
         self._variables = variables
+        self._state = self._state_variables(variables)
         self._ordered = list(variables.values())
         self._names = list(variables)
         self._step = tf.function(self._gradient_step, reduce_retracing=True)
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
         self._built = True
+
+    def _state_variables(self, trainable: Mapping[str, tf.Variable]) -> dict[str, tf.Variable]:
+        """The non-trainable floating-point variables, by path (integer ones, such as seed
+        generator states, are each worker's own)."""
+        state: dict[str, tf.Variable] = {}
+        for variable in self.model.non_trainable_variables:
+            if not tf.as_dtype(variable.dtype).is_floating:
+                continue
+            name = variable.path
+            if name in state or name in trainable:
+                raise ModelError(f"{self._module.name}: two variables named {name!r}")
+            state[name] = variable
+        return state
 
     def build(self, features: np.ndarray) -> None:
         """Creates the variables from one record (Keras builds lazily)."""
@@ -90,6 +113,17 @@ class KerasTrainer:
             variable = self._variables.get(name)
             if variable is None:
                 raise ModelError(f"the PS holds variable {name!r}, which this model does not have")
+            variable.assign(value)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The model's non-trainable floating-point variables now (copies), by path."""
+        return {name: np.asarray(v.numpy()) for name, v in self._state.items()}
+
+    def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        for name, value in tensors.items():
+            variable = self._state.get(name)
+            if variable is None:
+                raise ModelError(f"the PS holds state {name!r}, which this model does not have")
             variable.assign(value)
 
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig:

@@ -5,6 +5,11 @@ the refresh before an evaluation). The steps decide *when* to pull and push; thi
 *how*: which versions the local copy holds, which push is still travelling, and what to do when a
 PS shard lost its model (restarted without a checkpoint): push this worker's model to it again and
 pull. Every pull, push and gradient computation is timed and counted here, once for all modes.
+
+The model's non-trainable state (BatchNorm statistics, ``Trainer.state``) goes with the initial
+model, with every push (its value after the minibatch the gradients come from) and with a repair;
+every pull that brings a newer model assigns the PS's state too, so an evaluation, which pulls
+first, uses the statistics the PS holds rather than this worker's own.
 """
 
 from __future__ import annotations
@@ -83,10 +88,16 @@ class LocalModel:
             if not initialise:
                 self._repair(pulled)
                 return
-            self._ps.push_model(self._trainer.weights(), self._trainer.optimizer_config(self._learning_rate))
+            self._ps.push_model(
+                self._trainer.weights(),
+                self._trainer.optimizer_config(self._learning_rate),
+                state=self._trainer.state(),
+            )
             pulled = self._ps.pull([-1] * self._ps.num_shards)
         if pulled.tensors:
             self._trainer.assign(pulled.tensors)
+        if pulled.state:
+            self._trainer.assign_state(pulled.state)
         self._versions = pulled.versions
         self._incarnations = pulled.incarnations
         self.metrics.model_version.set(pulled.versions[0])
@@ -117,6 +128,7 @@ class LocalModel:
             self._trainer.optimizer_config(self._learning_rate),
             [version] * self._ps.num_shards,
             incarnation,
+            state=self._trainer.state(),
         )
         self._versions = [-1] * self._ps.num_shards
         self._pull()
@@ -146,7 +158,12 @@ class LocalModel:
         try:
             with self.metrics.push_seconds.time():
                 return self._ps.push_gradients(
-                    gradients, self._versions, self._learning_rate, minibatch, self._incarnations
+                    gradients,
+                    self._versions,
+                    self._learning_rate,
+                    minibatch,
+                    self._incarnations,
+                    state=self._trainer.state(),
                 )
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
@@ -159,8 +176,11 @@ class LocalModel:
         previous push is settled (settling may repair a shard and pull).
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
+        state = self._trainer.state()  # now: settling may pull, replacing it with the PS's
         self.settle()
-        self._in_flight = self._ps.push_gradients_async(gradients, versions, self._learning_rate, incarnations)
+        self._in_flight = self._ps.push_gradients_async(
+            gradients, versions, self._learning_rate, incarnations, state=state
+        )
 
     def settle(self) -> None:
         """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again."""

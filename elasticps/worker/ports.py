@@ -49,6 +49,7 @@ class PSClientLike(Protocol):
         learning_rate: float = 0.0,
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Pushed: ...
 
     def push_gradients_async(
@@ -57,6 +58,7 @@ class PSClientLike(Protocol):
         versions: Sequence[int],
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Future[Pushed]: ...
 
     def push_model(
@@ -65,6 +67,7 @@ class PSClientLike(Protocol):
         optimizer: OptimizerConfig,
         versions: Sequence[int] | None = None,
         incarnation: int = 0,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> list[int]: ...
 
 
@@ -92,11 +95,15 @@ class Trainer(Protocol):
     """The model on this worker (``KerasTrainer``): TensorFlow stays behind this protocol.
 
     Tensors are numpy arrays named by variable; ``x``/``y`` are whatever ``batches`` yields.
+    ``state``/``assign_state``: the model's non-trainable floating-point variables (BatchNorm
+    statistics), which the PS keeps beside the trainable ones (``weights``/``assign``).
     """
 
     def build(self, features: np.ndarray) -> None: ...
     def weights(self) -> dict[str, np.ndarray]: ...
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None: ...
+    def state(self) -> dict[str, np.ndarray]: ...
+    def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None: ...
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig: ...
     def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]: ...
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...

@@ -120,7 +120,11 @@ def test_capture_and_rebuild_round_trip() -> None:
     original.apply({DENSE: {"w": np.ones(2, dtype=np.float32), "b": np.array(2.0)}}, lr=0.1)
     saved = capture(original, version=7, shard=1)
     assert list(saved.arrays)[:2] == ["var/w", "var/b"]  # the tables first, then the optimizer
-    assert saved.meta == {"shard": 1, "optimizer": {"name": "adam", "params": dict(original.optimizer.config.params)}}
+    assert saved.meta == {
+        "shard": 1,
+        "optimizer": {"name": "adam", "params": dict(original.optimizer.config.params)},
+        "state_table": True,  # written with a (here empty) state table
+    }
     back = rebuild(saved, shard=1)
     for name, value in original.dense.variables.items():
         np.testing.assert_array_equal(back.dense.variables[name], value)

@@ -10,6 +10,7 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import make_optimizer
+from elasticps.ps.state_table import STATE
 from elasticps.ps.tables import DENSE, DenseTable, Table
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.5})
@@ -120,6 +121,6 @@ def test_the_model_refuses_an_unknown_table() -> None:
 def test_the_dense_table_is_a_table() -> None:
     table: Table[dict[str, np.ndarray]] = DenseTable.create(variables())
     model = Model(DenseTable.create({}), make_optimizer(SGD), others={"second": table})
-    assert list(model.tables) == [DENSE, "second"]
+    assert list(model.tables) == [DENSE, STATE, "second"]  # the state table is always there
     model.apply({"second": good()}, lr=1.0)  # a table addressed by its name
     np.testing.assert_array_equal(table.variables["bias"], variables()["bias"] - 1.0)

@@ -8,6 +8,11 @@ Sync as the real PS and coordinator do it, for one worker: a push is staged on e
 at its version (within ``tolerance``), nothing moves; ``FakeCoordinator.join_round`` admits the
 gradient into the open round (the shards' version) and commits that round, of this worker alone, on
 every shard. Other workers' rounds are ``FakePS.others_update``.
+
+Model state (BatchNorm-like statistics, ``STATE_OF``) travels as the real PS keeps it: with the
+model, with every push (staged with the gradient and set to the round members' mean at a commit;
+async: replaced) and with every full pull. ``FakeTrainer`` adds 1 to its state at every gradient
+step, as a training forward pass moves BatchNorm's statistics.
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ WORKER = "worker-0"
 # Variable -> shard: two shards with two variables each.
 SHARD_OF = {"dense/kernel": 0, "dense/bias": 1, "out/kernel": 0, "out/bias": 1}
 SHAPES = {"dense/kernel": (3, 2), "dense/bias": (2,), "out/kernel": (2, 1), "out/bias": (1,)}
+# State tensor -> shard: one on each shard.
+STATE_OF = {"bn/moving_mean": 0, "bn/moving_variance": 1}
 
 
 def initial_weights(fill: float = 1.0) -> dict[str, np.ndarray]:
     return {name: np.full(shape, fill, np.float64) for name, shape in SHAPES.items()}
+
+
+def initial_state() -> dict[str, np.ndarray]:
+    return {"bn/moving_mean": np.zeros(2), "bn/moving_variance": np.ones(2)}
 
 
 @dataclass
@@ -48,6 +59,8 @@ class Shard:
     incarnation: int = 0  # bumped by a rollback (:meth:`FakePS.roll_back`)
     staged: dict[str, tuple[int, dict[str, np.ndarray], float]] = field(default_factory=dict)
     # sync: worker -> (version computed on, its gradient for this shard, learning rate)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    staged_state: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # sync: worker -> its state
 
 
 class LandingFuture(Future[Pushed]):
@@ -82,6 +95,7 @@ class FakePS:
         self.before_push: Callable[[], None] | None = None  # runs once, just before the next push is looked at
         self.on_wait: Callable[[], None] | None = None  # runs once when a pull waits (wait_ms > 0)
         self.minibatches: list[str] = []  # sync: the minibatch name of every push, in order
+        self.pushed_states: list[dict[str, np.ndarray]] = []  # the state every push carried, as it landed
         self.waiting_pulls_left = 50  # a worker that waits for a shard more often waits forever: fail
 
     # ---- what tests do to it -----------------------------------------------------------------
@@ -109,6 +123,12 @@ class FakePS:
             out.update({name: value.copy() for name, value in shard.tensors.items()})
         return out
 
+    def state(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for shard in self.shards:
+            out.update({name: value.copy() for name, value in shard.state.items()})
+        return out
+
     def kinds(self) -> list[str]:
         return [event[0] for event in self.events]
 
@@ -124,6 +144,11 @@ class FakePS:
             assert all(0 <= round_ - on <= self.tolerance for on, _, _ in members)
             for name in members[0][1]:
                 shard.tensors[name] -= members[0][2] * sum(part[name] for _, part, _ in members) / len(members)
+            states = [shard.staged_state.pop(worker, {}) for worker in workers]
+            for name in shard.state:
+                sent = [values[name] for values in states if name in values]
+                if sent:
+                    shard.state[name] = sum(sent) / len(sent)
             shard.version += 1
 
     # ---- PSClientLike ------------------------------------------------------------------------
@@ -145,15 +170,18 @@ class FakePS:
                 hook()
         asked = range(self.num_shards) if only is None else only
         tensors: dict[str, np.ndarray] = {}
+        state: dict[str, np.ndarray] = {}
         for index in asked:
             shard = self.shards[index]
             if shard.initialized and (held[index], versions[index]) != (shard.incarnation, shard.version):
                 tensors.update({name: value.copy() for name, value in shard.tensors.items()})
+                state.update({name: value.copy() for name, value in shard.state.items()})
         return Pulled(
             versions=[s.version if i in asked else versions[i] for i, s in enumerate(self.shards)],
             incarnations=[s.incarnation if i in asked else held[i] for i, s in enumerate(self.shards)],
             tensors=tensors,
             uninitialized=[i for i in asked if not self.shards[i].initialized],
+            state=state,
         )
 
     def push_model(
@@ -162,12 +190,14 @@ class FakePS:
         optimizer: OptimizerConfig,
         versions: Sequence[int] | None = None,
         incarnation: int = 0,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> list[int]:
         empty = sorted(index for index, s in enumerate(self.shards) if not s.initialized)
         self.events.append(("push_model", empty) if versions is None else ("push_model", empty, list(versions)))
         for index in empty:
             shard = self.shards[index]
             shard.tensors = {n: np.array(v, copy=True) for n, v in tensors.items() if SHARD_OF[n] == index}
+            shard.state = {n: np.array(v, copy=True) for n, v in (state or {}).items() if STATE_OF[n] == index}
             shard.initialized = True
             shard.version = 0 if versions is None else max(0, versions[index])
             shard.incarnation = incarnation
@@ -180,10 +210,12 @@ class FakePS:
         learning_rate: float = 0.0,
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Pushed:
         self.events.append(("push", list(versions)))
         self.minibatches.append(minibatch)
-        return self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations)
+        sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
+        return self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations, state=sent_state)
 
     def push_gradients_async(
         self,
@@ -191,11 +223,15 @@ class FakePS:
         versions: Sequence[int],
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Future[Pushed]:
         self.events.append(("push_async", list(versions)))
         sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
+        sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
         held = None if incarnations is None else list(incarnations)
-        return LandingFuture(lambda: self._land(sent, at, learning_rate, note="landed", incarnations=held))
+        return LandingFuture(
+            lambda: self._land(sent, at, learning_rate, note="landed", incarnations=held, state=sent_state)
+        )
 
     def _land(
         self,
@@ -204,8 +240,10 @@ class FakePS:
         lr: float,
         note: str = "",
         incarnations: Sequence[int] | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ) -> Pushed:
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+        self.pushed_states.append(dict(state or {}))
         hook, self.before_push = self.before_push, None
         if hook is not None:
             hook()
@@ -217,17 +255,20 @@ class FakePS:
         accepted: list[bool] = []
         for index, shard in enumerate(self.shards):
             mine = {n: g for n, g in gradients.items() if SHARD_OF[n] == index}
+            my_state = {n: v for n, v in (state or {}).items() if STATE_OF[n] == index}
             if held[index] != shard.incarnation:  # computed before a rollback: refused, as the store does
                 accepted.append(False)
                 continue
             if self.rule is UpdateRule.ASYNC:
                 ok = self.refuse_next_async == 0
                 if ok:
+                    shard.state.update(my_state)  # the latest value replaces the held one
                     self._apply(shard, mine, lr)
             else:  # staged, one per worker: a newer push replaces this worker's older one
                 ok = 0 <= shard.version - versions[index] <= self.tolerance
                 if ok:
                     shard.staged[self.worker] = (versions[index], {n: np.array(g, copy=True) for n, g in mine.items()}, lr)
+                    shard.staged_state[self.worker] = my_state
             accepted.append(ok)
         self.refuse_next_async = max(0, self.refuse_next_async - 1)
         return Pushed(accepted, [shard.version for shard in self.shards])
@@ -317,6 +358,8 @@ class FakeTrainer:
     def __init__(self, minibatch_size: int = 4, fill: float = 1.0) -> None:
         self.minibatch_size = minibatch_size
         self.variables = initial_weights(fill)
+        self.statistics = initial_state()  # the model's state (``state``/``assign_state``)
+        self.evaluated_state: list[dict[str, np.ndarray]] = []  # the state each evaluation ran with
         self.built = False
         self.computed: list[tuple[int, dict[str, np.ndarray]]] = []  # (first record id, weights then)
         self.applied_locally = 0
@@ -334,6 +377,14 @@ class FakeTrainer:
         for name, value in tensors.items():
             self.variables[name] = np.array(value, copy=True)
 
+    def state(self) -> dict[str, np.ndarray]:
+        return {name: value.copy() for name, value in self.statistics.items()}
+
+    def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        for name, value in tensors.items():
+            assert name in self.statistics, name
+            self.statistics[name] = np.array(value, copy=True)
+
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
         return OptimizerConfig("sgd", {"learning_rate": learning_rate})
 
@@ -346,6 +397,8 @@ class FakeTrainer:
         if self.fail_on_record is not None and self.fail_on_record == first:
             raise RuntimeError("boom")
         self.computed.append((first, self.weights()))
+        for value in self.statistics.values():
+            value += 1.0  # a training forward pass moves the statistics
         if self.events is not None:
             self.events.append(("gradients", first))
         return float(np.mean(y)), {name: np.ones(shape) for name, shape in SHAPES.items()}
@@ -359,6 +412,7 @@ class FakeTrainer:
 
     def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         self.evaluated.append(self.weights())
+        self.evaluated_state.append(self.state())
         if self.events is not None:
             self.events.append(("evaluate",))
         return {"loss": float(np.sum(labels)), "count": float(len(labels))}
