@@ -258,3 +258,30 @@ def test_garbage_message_is_a_frame_error() -> None:
     messages = list(encode_bytes(push_head(), {"a": np.arange(4, dtype=np.float32)}, 8))
     with pytest.raises(FrameError):
         decode_bytes(iter([messages[0], b"\xff\xff\xff"]))
+
+
+# ---- model state: the tensors marked ``state`` ----------------------------------------------------
+def test_state_travels_after_the_tensors_marked_and_comes_back_apart() -> None:
+    tensors = {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    state = {"bn/moving_mean": np.array([0.5, 1.5], np.float32), "bn/moving_variance": np.ones(2, np.float64)}
+    encoded = [pb.Frame.FromString(m) for m in encode_bytes(push_head(), tensors, 16, state)]
+    assert [(m.name, m.state) for m in encoded[0].tensors] == [
+        ("dense/kernel", False), ("bn/moving_mean", True), ("bn/moving_variance", True)
+    ]
+    decoded = decode_frames(encoded)
+    assert_tensors_equal(decoded.tensors, tensors)
+    assert_tensors_equal(decoded.state, state)
+
+
+def test_a_stream_without_state_decodes_to_no_state() -> None:
+    _, decoded = round_trip({"w": np.ones(3, np.float32)})
+    assert decoded.state == {}
+
+
+def test_a_name_both_a_tensor_and_state_is_refused() -> None:
+    head = push_head()
+    head.tensors.add(name="w", dtype=pb.DTYPE_FLOAT32, shape=[1])
+    head.tensors.add(name="w", dtype=pb.DTYPE_FLOAT32, shape=[1], state=True)
+    head.payload = b"\x00" * 8
+    with pytest.raises(FrameError, match="appears twice"):
+        decode_frames([head])

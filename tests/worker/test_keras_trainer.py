@@ -10,7 +10,7 @@ import pytest
 
 from elasticps.api.optimizer import OptimizerError
 from elasticps.worker.keras_trainer import KerasTrainer
-from elasticps.worker.model_loading import ModelModule
+from elasticps.worker.model_loading import ModelError, ModelModule
 
 
 def module(optimizer: Any) -> ModelModule:
@@ -46,3 +46,52 @@ def test_a_schedule_is_refused_rather_than_overridden() -> None:
         KerasTrainer(module(lambda: keras.optimizers.SGD(schedule)), {}, minibatch_size=4, learning_rate=0.1)
 
 
+
+
+# ---- model state: the non-trainable floating-point variables --------------------------------------
+def bn_module() -> ModelModule:
+    return ModelModule(
+        name="bn",
+        custom_model=lambda: keras.Sequential(
+            [
+                keras.Input((2,)),
+                keras.layers.Dense(3),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dropout(0.5),  # its seed generator's state is integer: not synchronised
+                keras.layers.Dense(1),
+            ],
+            name="bn",
+        ),
+        loss=lambda labels, predictions: keras.losses.mean_squared_error(labels, predictions),
+        optimizer=lambda: keras.optimizers.SGD(0.1),
+        feed=None,
+        eval_metrics_fn=None,
+    )
+
+
+def test_the_state_is_batchnorms_moving_statistics_and_a_gradient_step_moves_them() -> None:
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features = np.full((8, 2), 3.0, np.float32)
+    trainer.build(features)
+    state = trainer.state()
+    assert sorted(state) == ["bn/batch_normalization/moving_mean", "bn/batch_normalization/moving_variance"]
+    assert not set(state) & set(trainer.weights())
+    np.testing.assert_array_equal(state["bn/batch_normalization/moving_mean"], np.zeros(3, np.float32))
+    np.testing.assert_array_equal(state["bn/batch_normalization/moving_variance"], np.ones(3, np.float32))
+    (x, y), = trainer.batches(features, np.ones(8, np.float32), "training")
+    trainer.gradients(x, y)  # a training forward pass updates the moving statistics
+    assert not np.allclose(trainer.state()["bn/batch_normalization/moving_mean"], 0.0)
+
+
+def test_assigned_state_is_what_evaluation_uses() -> None:
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features, labels = np.ones((8, 2), np.float32), np.zeros(8, np.float32)
+    trainer.build(features)
+    before = trainer.evaluate(features, labels)["loss"]
+    pulled = {name: np.full_like(value, 7.0) for name, value in trainer.state().items()}
+    trainer.assign_state(pulled)
+    for name, value in trainer.state().items():
+        np.testing.assert_array_equal(value, pulled[name], err_msg=name)
+    assert trainer.evaluate(features, labels)["loss"] != pytest.approx(before)
+    with pytest.raises(ModelError, match="state 'other'"):
+        trainer.assign_state({"other": np.zeros(1, np.float32)})
