@@ -1,7 +1,7 @@
 """Parameter-server checkpoints: atomic, checksummed files in a simple own format (no pickle).
 
-Role: persist one PS shard's state (variables, optimizer slots, model version and a small
-JSON ``meta`` dict) so that a restarted PS resumes from the newest *good* checkpoint.
+Role: persist one PS shard's state (variables, the model's non-trainable state, optimizer slots,
+model version and a small JSON ``meta`` dict) so that a restarted PS resumes from the newest *good* checkpoint.
 
 Callers: the PS's checkpoint schedule (``elasticps.ps.checkpointing``) calls :func:`save` from
 its background writer every N model versions, handing it a snapshot (copies) of the shard's

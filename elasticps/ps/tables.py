@@ -10,7 +10,9 @@ A table owns its parameters, what it accepts as a gradient (and the checks, whic
 gradients (:meth:`Table.accumulator`) and how it writes itself into a checkpoint. The gradient's
 type is the table's own: the dense table takes one array per variable; an embedding table would take
 row ids with row gradients, create rows lazily on first pull, and apply them with a row-wise
-optimizer call (``Optimizer.apply_rows``), all without touching the dense path.
+optimizer call (``Optimizer.apply_rows``), all without touching the dense path. The model's
+non-trainable state is such a table (``state_table.py``): its "gradient" is a worker's current
+values, applied by assignment, averaged per sync round.
 
 All tables of a shard share its one optimizer, whose state is keyed by name: a table other than the
 dense one names its optimizer state after itself (e.g. ``<table>/<id>``) and its checkpoint keys

@@ -148,7 +148,7 @@ class FakePS:
             for name in shard.state:
                 sent = [values[name] for values in states if name in values]
                 if sent:
-                    shard.state[name] = sum(sent) / len(sent)
+                    shard.state[name] = np.mean(sent, axis=0)
             shard.version += 1
 
     # ---- PSClientLike ------------------------------------------------------------------------
