@@ -26,7 +26,7 @@ def module(optimizer: Any) -> ModelModule:
 
 def local_step(trainer: KerasTrainer) -> dict[str, np.ndarray]:
     """How far one apply_local of gradient 1 everywhere moves each weight."""
-    trainer.build(np.zeros((1, 2), np.float32))
+    trainer.build(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.float32))
     before = trainer.weights()
     trainer.apply_local({name: np.ones_like(value) for name, value in before.items()})
     return {name: before[name] - value for name, value in trainer.weights().items()}
