@@ -123,3 +123,76 @@ def test_the_worker_loop_trains_and_evaluates_records_without_labels(
     assert registry.get_sample_value("elasticps_worker_records_total", {"worker": worker_fakes.WORKER}) == 40
     assert train.loss_sum > 0
     assert set(evaluation.metric_sums) == {"loss", "accuracy"} and evaluation.metric_sums["accuracy"] <= 32
+
+
+def test_a_module_written_for_elasticdl_runs_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ElasticDL's habits: ``tf.keras`` names, one named (non-dict) input fed a dict, a loss that
+    reduces itself, ``optimizer(lr=...)``, a ``dataset_fn(dataset, mode, _)`` that shuffles in
+    training and gives int32 labels of shape [1], a metric giving booleans."""
+    import sys
+    import types
+
+    import tensorflow as tf
+
+    from elasticps import Mode
+
+    module = types.ModuleType("elasticdl_style")
+
+    def custom_model() -> Any:
+        inputs = tf.keras.Input(shape=(4,), name="x")
+        return tf.keras.Model(inputs=inputs, outputs=tf.keras.layers.Dense(2)(inputs))
+
+    def loss(labels: Any, predictions: Any) -> Any:
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(logits=predictions, labels=tf.reshape(labels, [-1]))
+        )
+
+    def dataset_fn(dataset: Any, mode: Any, _: Any) -> Any:
+        def parse(record: Any) -> Any:
+            spec = {"x": tf.io.FixedLenFeature([4], tf.float32)}
+            if mode != Mode.PREDICTION:
+                spec["y"] = tf.io.FixedLenFeature([1], tf.int64)
+            parsed = tf.io.parse_single_example(record, spec)
+            if mode == Mode.PREDICTION:
+                return {"x": parsed["x"]}
+            return {"x": parsed["x"]}, tf.cast(parsed["y"], tf.int32)
+
+        dataset = dataset.map(parse)
+        return dataset.shuffle(64) if mode == Mode.TRAINING else dataset
+
+    module.custom_model = custom_model  # type: ignore[attr-defined]
+    module.loss = loss  # type: ignore[attr-defined]
+    module.optimizer = lambda lr=0.5: tf.optimizers.SGD(lr)  # type: ignore[attr-defined]
+    module.dataset_fn = dataset_fn  # type: ignore[attr-defined]
+    module.eval_metrics_fn = lambda: {  # type: ignore[attr-defined]
+        "accuracy": lambda labels, predictions: tf.equal(
+            tf.argmax(predictions, 1, output_type=tf.int32), tf.reshape(labels, [-1])
+        )
+    }
+    monkeypatch.setitem(sys.modules, "elasticdl_style", module)
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    records = np.array(
+        [
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                    }
+                )
+            ).SerializeToString()
+            for row, label in zip(x, y)
+        ],
+        dtype=object,
+    )
+    t = KerasTrainer(load_model_module("elasticdl_style"), {}, minibatch_size=16)
+    t.build(records[:1], None)
+    before = t.evaluate(records, None)
+    for _ in range(10):
+        for xs, ys in t.batches(records, None, "training"):
+            t.apply_local(t.gradients(xs, ys)[1])
+    after = t.evaluate(records, None)
+    assert after["loss"] < before["loss"] and after["accuracy"] >= 0.85 * 64
