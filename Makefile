@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB ?= examples/mnist.yaml
 MNIST_DIR ?= ../shared/data/mnist
+TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench convergence proto manifests docs image clean
+.PHONY: run test unit e2e-node lint typecheck bench convergence proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -84,6 +85,11 @@ manifests: $(STAMP)
 # The TrainingJob reference, generated from the CRD's schema (a test keeps it current).
 docs: $(STAMP)
 	$(PY) -m elasticps.api.reference > docs/trainingjob.md
+
+# MNIST as TFRecord files of tf.train.Example for examples/mnist-tfrecord.yaml, outside the
+# repository (a no-op when they are there).
+mnist-tfrecord: $(STAMP)
+	$(PY) -m elasticps.tools.mnist_tfrecord --mnist $(MNIST_DIR) --out $(TFRECORD_DIR)
 
 image: $(STAMP)
 	VARIANT=$(VARIANT) PY=$(PY) bash hack/image/build.sh

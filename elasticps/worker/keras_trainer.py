@@ -1,7 +1,10 @@
 """The TensorFlow side of a worker: a Keras model, its gradients, local updates and evaluation.
 
 Used by the training loop (``training.py``) through the :class:`Trainer` protocol (``ports.py``),
-which keeps the loop free of TensorFlow and testable. Variables are named by their Keras path
+which keeps the loop free of TensorFlow and testable. Records come as a reader gives them:
+``(features, labels)`` arrays, or features alone (labels ``None``: serialized ``tf.train.Example``
+strings, say) that the module's ``dataset_fn``/``feed`` turns into ``(features, labels)`` pairs;
+features may be a dict of tensors (a functional model's named inputs). Variables are named by their Keras path
 (``sequential/dense/kernel``), the names the PS shards by. The gradient step runs under
 ``tf.function``; the PS never sees TensorFlow, only numpy arrays.
 
@@ -26,6 +29,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
+from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
 
@@ -40,7 +44,8 @@ def configure_threads(num_threads: int) -> None:
 class KerasTrainer:
     """One worker's Keras model. ``learning_rate`` is the job's (``spec.training.learningRate``): when
     > 0 it replaces the model optimizer's own rate for SSP's local steps, as the PS replaces it for
-    the pushed gradients, so both sides step with one rate. Built by ``worker/main.py``."""
+    the pushed gradients, so both sides step with one rate. ``metadata`` is what the module's
+    ``dataset_fn`` gets beside the records. Built by ``worker/main.py``."""
 
     def __init__(
         self,
@@ -49,8 +54,10 @@ class KerasTrainer:
         minibatch_size: int,
         seed: int = 0,
         learning_rate: float = 0.0,
+        metadata: Metadata | None = None,
     ) -> None:
         self._module = module
+        self._metadata = metadata or Metadata()
         self._minibatch_size = minibatch_size
         self._rng = np.random.default_rng(seed)
         try:
@@ -69,10 +76,10 @@ class KerasTrainer:
         self._state: dict[str, tf.Variable] = {}
 
     # ---- variables ---------------------------------------------------------------------------
-    def _build(self, features: np.ndarray) -> None:
+    def _build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         if self._built:
             return
-        sample = self._dataset(features[:1], np.zeros((1,), np.int64), "training").batch(1).get_single_element()[0]
+        sample, _, _ = self._pairs(features[:1], None if labels is None else labels[:1], Mode.TRAINING)
         self.model(sample, training=False)
         variables: dict[str, tf.Variable] = {}
         for variable in self.model.trainable_variables:
@@ -101,9 +108,9 @@ class KerasTrainer:
             state[name] = variable
         return state
 
-    def build(self, features: np.ndarray) -> None:
-        """Creates the variables from one record (Keras builds lazily)."""
-        self._build(features)
+    def build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        """Creates the variables from the first record (Keras builds lazily)."""
+        self._build(features, labels)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {name: np.asarray(v.numpy()) for name, v in self._variables.items()}
@@ -130,22 +137,35 @@ class KerasTrainer:
         return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
 
     # ---- data --------------------------------------------------------------------------------
-    def _dataset(self, features: np.ndarray, labels: np.ndarray, mode: str) -> tf.data.Dataset:
-        dataset = tf.data.Dataset.from_tensor_slices((features, labels))
-        if self._module.feed is not None:
-            dataset = self._module.feed(dataset, mode)
-        return dataset
+    def _dataset(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> tf.data.Dataset:
+        records = features if labels is None else (features, labels)
+        dataset = tf.data.Dataset.from_tensor_slices(records)
+        return self._module.prepare(dataset, mode, self._metadata)
 
-    def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
+    def _pairs(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> tuple[Any, Any, int]:
+        """Every record through the module's data function, as one batch: ``(x, y, records)``."""
+        element = self._dataset(features, labels, mode).batch(max(1, len(features))).get_single_element()
+        if not (isinstance(element, tuple) and len(element) == 2):
+            what = "dataset_fn(dataset, mode, metadata)" if self._module.feed is None else "feed(dataset, mode)"
+            if labels is None and self._module.feed is None and self._module.dataset_fn is None:
+                raise ModelError(
+                    f"{self._module.name}: the records have no labels (serialized tf.train.Example?) "
+                    f"and the module has no {what} to make (features, labels) pairs of them"
+                )
+            raise ModelError(f"{self._module.name}: {what} must give (features, labels) pairs in {mode} mode")
+        x, y = element
+        return x, y, int(tf.shape(tf.nest.flatten(y)[0])[0])
+
+    def batches(self, features: np.ndarray, labels: np.ndarray | None, mode: str) -> Iterator[tuple[Any, Any]]:
         """Minibatches of a task's records, shuffled for training.
 
-        ``feed`` runs once over the whole task (one batch of fixed-shape tensors); minibatches are
-        then gathered from it, which costs far less per step than iterating a tf.data pipeline.
+        The module's data function runs once over the whole task (one batch of fixed-shape
+        tensors); minibatches are then gathered from it, which costs far less per step than
+        iterating a tf.data pipeline.
         """
-        self._build(features)
-        x, y = self._dataset(features, labels, mode).batch(max(1, len(features))).get_single_element()
-        count = len(features)
-        order = self._rng.permutation(count) if mode == "training" else np.arange(count)
+        self._build(features, labels)
+        x, y, count = self._pairs(features, labels, Mode(mode))
+        order = self._rng.permutation(count) if mode == Mode.TRAINING else np.arange(count)
         for start in range(0, count, self._minibatch_size):
             index = tf.constant(order[start : start + self._minibatch_size])
             yield tf.nest.map_structure(lambda t: tf.gather(t, index), (x, y))
@@ -175,11 +195,11 @@ class KerasTrainer:
             results[name] = tf.reduce_mean(tf.cast(fn(y, predictions), tf.float32))
         return results
 
-    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
         """Sums of each metric x minibatch size over the records (the coordinator divides)."""
         sums: dict[str, float] = {}
-        for x, y in self.batches(features, labels, "evaluation"):
-            count = int(tf.shape(y)[0])
+        for x, y in self.batches(features, labels, Mode.EVALUATION):
+            count = int(tf.shape(tf.nest.flatten(y)[0])[0])
             for name, value in self._eval(x, y).items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
         return sums

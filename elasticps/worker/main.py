@@ -123,7 +123,7 @@ def _run(config: WorkerConfig) -> int:
     from elasticps.ps.client import PSClient
     from elasticps.api.optimizer import OptimizerError
     from elasticps.worker import keras_trainer
-    from elasticps.worker.model_loading import ModelError, load_model_module
+    from elasticps.worker.model_loading import Metadata, ModelError, load_model_module
     from prometheus_client import REGISTRY, start_http_server
 
     from elasticps.worker.metrics import WorkerMetrics
@@ -133,15 +133,18 @@ def _run(config: WorkerConfig) -> int:
     try:
         keras_trainer.configure_threads(config.num_threads)
         module = load_model_module(config.model_def)
+        training = open_reader(config.data_reader, config.training_data)
+        validation = open_reader(config.data_reader, config.validation_data) if config.validation_data else None
+        # A reader of tabular data that knows its columns names them (ElasticDL's metadata).
+        columns = getattr(training, "column_names", None)
         trainer = keras_trainer.KerasTrainer(
             module,
             config.model_params,
             config.training.minibatch_size,
             seed=config.worker_id * 7919,
             learning_rate=config.training.learning_rate,
+            metadata=Metadata(None if columns is None else tuple(columns), config.data_reader.value),
         )
-        training = open_reader(config.data_reader, config.training_data)
-        validation = open_reader(config.data_reader, config.validation_data) if config.validation_data else None
         trainer.optimizer_config(config.training.learning_rate)
     except (ModelError, DataError, OptimizerError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
@@ -156,6 +159,9 @@ def _run(config: WorkerConfig) -> int:
     worker = Worker(config.training, mode, trainer, ps, coordinator, training, validation, metrics=metrics)
     try:
         worker.run()
+    except ModelError as err:  # a data function that breaks the contract: restarting cannot help
+        print(f"{name}: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
     finally:
         ps.close()
         coordinator.close()

@@ -1,12 +1,22 @@
 """Loads a model module (``--model_def``) and checks it keeps the model contract.
 
-The contract, as in ElasticDL's model zoo: a module with
-``custom_model(**params) -> keras.Model``, ``loss(labels, predictions) -> tensor``,
-``optimizer() -> keras optimizer``, optionally ``feed(dataset, mode) -> tf.data.Dataset`` (maps a
-dataset of ``(features, label)`` records to model inputs; ``mode`` is ``"training"`` or
-``"evaluation"``) and ``eval_metrics_fn() -> {name: fn(labels, predictions)}`` (each fn returns a
-per-example or mean value). A module that breaks the contract raises :class:`ModelError` naming
-what is missing, before any training starts.
+The contract, as in ElasticDL's model zoo (``docs/model-zoo.md`` puts the two side by side): a
+module with ``custom_model(**params) -> keras.Model``, ``loss(labels, predictions) -> tensor``,
+``optimizer() -> keras optimizer`` (called with no arguments: parameters need defaults),
+optionally ``eval_metrics_fn() -> {name: fn(labels, predictions)}`` (each fn returns a
+per-example or mean value) and at most one data function:
+
+* ``dataset_fn(dataset, mode, metadata) -> tf.data.Dataset``, ElasticDL's: ``mode`` is a
+  :class:`~elasticps.model_contract.Mode`, ``metadata`` a :class:`~elasticps.model_contract.Metadata`;
+* ``feed(dataset, mode) -> tf.data.Dataset``, elasticps's older name for the same, without metadata
+  (``mode`` the same ``Mode``, equal to the strings ``"training"`` and ``"evaluation"``).
+
+The dataset holds one element per record: ``(features, label)`` when the reader gives labels,
+the record alone when it does not (a scalar string for a serialized ``tf.train.Example``). The
+function maps it to ``(features, labels)`` pairs for training and evaluation (features only, or
+pairs, for prediction). A module with neither function gets the records as they are, which
+suffices for readers that give labels. A module that breaks the contract raises
+:class:`ModelError` naming what is wrong, before any training starts.
 """
 
 from __future__ import annotations
@@ -17,6 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
+
+from elasticps.model_contract import Metadata, Mode
+
+__all__ = ["Metadata", "Mode", "ModelError", "ModelModule", "load_model_module"]
 
 
 class ModelError(ValueError):
@@ -31,6 +45,22 @@ class ModelModule:
     optimizer: Callable[[], Any]
     feed: Callable[[Any, str], Any] | None
     eval_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], Any]]] | None
+    dataset_fn: Callable[[Any, Mode, Metadata], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.feed is not None and self.dataset_fn is not None:
+            raise ModelError(
+                f"model module {self.name!r} has both feed(dataset, mode) and "
+                "dataset_fn(dataset, mode, metadata): keep one"
+            )
+
+    def prepare(self, dataset: Any, mode: Mode, metadata: Metadata) -> Any:
+        """The records of ``dataset`` through the module's data function (or as they are)."""
+        if self.dataset_fn is not None:
+            return self.dataset_fn(dataset, mode, metadata)
+        if self.feed is not None:
+            return self.feed(dataset, mode)
+        return dataset
 
 
 def load_model_module(name: str) -> ModelModule:
@@ -41,6 +71,16 @@ def load_model_module(name: str) -> ModelModule:
     return _check(name, module)
 
 
+def _takes(function: Callable[..., Any], arguments: int) -> bool:
+    try:
+        inspect.signature(function).bind(*([None] * arguments))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect (a builtin): let the call decide
+        return True
+    return True
+
+
 def _check(name: str, module: ModuleType) -> ModelModule:
     def required(attribute: str) -> Callable[..., Any]:
         found = getattr(module, attribute, None)
@@ -48,10 +88,12 @@ def _check(name: str, module: ModuleType) -> ModelModule:
             raise ModelError(f"model module {name!r} has no function {attribute}()")
         return cast(Callable[..., Any], found)
 
-    def optional(attribute: str) -> Callable[..., Any] | None:
+    def optional(attribute: str, usage: str = "", arguments: int = 0) -> Callable[..., Any] | None:
         found = getattr(module, attribute, None)
         if found is not None and not callable(found):
             raise ModelError(f"model module {name!r}: {attribute} must be a function")
+        if found is not None and usage and not _takes(found, arguments):
+            raise ModelError(f"model module {name!r}: {usage} takes {arguments} arguments")
         return found
 
     loss = required("loss")
@@ -62,6 +104,7 @@ def _check(name: str, module: ModuleType) -> ModelModule:
         custom_model=required("custom_model"),
         loss=loss,
         optimizer=required("optimizer"),
-        feed=optional("feed"),
+        feed=optional("feed", "feed(dataset, mode)", 2),
         eval_metrics_fn=optional("eval_metrics_fn"),
+        dataset_fn=optional("dataset_fn", "dataset_fn(dataset, mode, metadata)", 3),
     )

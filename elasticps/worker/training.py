@@ -18,12 +18,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingSpec
 from elasticps.data.readers import Reader
+from elasticps.model_contract import Mode
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
@@ -36,6 +39,14 @@ class Stopped(Exception):
     installs, wherever the loop is."""
 
 log = logging.getLogger(__name__)
+
+
+def records_in(batch: Any) -> int:
+    """The records in a minibatch's labels (or features): the leading dimension of its first
+    array, so a dict or tuple of arrays (a model's named inputs or outputs) counts its rows."""
+    while isinstance(batch, Mapping | tuple | list):
+        batch = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
+    return int(len(batch))
 
 WAIT_S = 0.2  # pause after a WAIT task (nothing to hand out yet) before asking again
 
@@ -69,7 +80,7 @@ class Worker:
         beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         beat.start()
         try:
-            self._trainer.build(self._training_data.read(0, 1)[0])
+            self._trainer.build(*self._training_data.read(0, 1))
             self._model.initialise()
             while True:
                 task = self._coordinator.get_task()
@@ -118,8 +129,8 @@ class Worker:
         loss_sum = 0.0
         rejected_before = self.counters.rejected
         self._step.start_task()
-        for x, y in self._trainer.batches(features, labels, "training"):
-            count = int(len(y))
+        for x, y in self._trainer.batches(features, labels, Mode.TRAINING):
+            count = records_in(y)
             loss_sum += self._step.train(x, y) * count
             self.counters.steps += 1
             self._metrics.steps.inc()

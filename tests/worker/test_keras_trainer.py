@@ -26,7 +26,7 @@ def module(optimizer: Any) -> ModelModule:
 
 def local_step(trainer: KerasTrainer) -> dict[str, np.ndarray]:
     """How far one apply_local of gradient 1 everywhere moves each weight."""
-    trainer.build(np.zeros((1, 2), np.float32))
+    trainer.build(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.float32))
     before = trainer.weights()
     trainer.apply_local({name: np.ones_like(value) for name, value in before.items()})
     return {name: before[name] - value for name, value in trainer.weights().items()}
@@ -72,7 +72,7 @@ def bn_module() -> ModelModule:
 def test_the_state_is_batchnorms_moving_statistics_and_a_gradient_step_moves_them() -> None:
     trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
     features = np.full((8, 2), 3.0, np.float32)
-    trainer.build(features)
+    trainer.build(features, np.ones(8, np.float32))
     state = trainer.state()
     assert sorted(state) == ["bn/batch_normalization/moving_mean", "bn/batch_normalization/moving_variance"]
     assert not set(state) & set(trainer.weights())
@@ -86,7 +86,7 @@ def test_the_state_is_batchnorms_moving_statistics_and_a_gradient_step_moves_the
 def test_assigned_state_is_what_evaluation_uses() -> None:
     trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
     features, labels = np.ones((8, 2), np.float32), np.zeros(8, np.float32)
-    trainer.build(features)
+    trainer.build(features, labels)
     before = trainer.evaluate(features, labels)["loss"]
     pulled = {name: np.full_like(value, 7.0) for name, value in trainer.state().items()}
     trainer.assign_state(pulled)

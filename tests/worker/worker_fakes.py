@@ -367,7 +367,7 @@ class FakeTrainer:
         self.fail_on_record: int | None = None
         self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
 
-    def build(self, features: np.ndarray) -> None:
+    def build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         self.built = True
 
     def weights(self) -> dict[str, np.ndarray]:

@@ -1,0 +1,122 @@
+"""The one-process reference: a model module trained alone for a given number of updates.
+
+For "the distributed job reaches the accuracy of one process on the same number of updates": run
+a model module here, in one process with no PS, through the same data path as a worker
+(``KerasTrainer``: the module's ``dataset_fn``/``feed``, loss and optimizer, its local steps), for
+``--updates`` steps of ``--minibatch`` records (epochs reshuffled), then evaluate it on the
+validation records. A sync job of W workers with ``minibatchSize`` B averages W gradients per
+update: compare it with ``--minibatch W*B`` and its model version as ``--updates``.
+
+    python -m bench.one_process --model_def elasticps.zoo.mnist_functional --updates 940 --minibatch 128 \\
+        --training '~/.cache/elasticps/data/mnist-tfrecord/train-*.tfrecord' \\
+        --validation '~/.cache/elasticps/data/mnist-tfrecord/test-*.tfrecord'
+
+``--reader tfrecord`` (the default) reads the files with ``tf.data`` (serialized examples, no
+labels); any other ``spec.data.reader`` goes through ``elasticps.data.readers``. Prints one JSON
+line (and writes it to ``--result_file``): updates, minibatch, seconds and the validation metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def tfrecords(pattern: str) -> np.ndarray:
+    """Every record of the files matching ``pattern`` (sorted), serialized, as an object array."""
+    import tensorflow as tf
+
+    files = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not files:
+        raise SystemExit(f"{pattern}: no such files (make mnist-tfrecord writes MNIST's)")
+    return np.array(list(tf.data.TFRecordDataset(files).as_numpy_iterator()), dtype=object)
+
+
+def records(reader: str, path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    if reader == "tfrecord":
+        return tfrecords(path), None
+    from elasticps.api.spec import DataReader
+    from elasticps.data.readers import open_reader
+
+    opened = open_reader(DataReader(reader), path)
+    return opened.read(0, opened.num_records)
+
+
+def train(
+    model_def: str,
+    training: tuple[np.ndarray, np.ndarray | None],
+    validation: tuple[np.ndarray, np.ndarray | None],
+    updates: int,
+    minibatch: int,
+    learning_rate: float = 0.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Trains ``model_def`` for ``updates`` minibatches; returns the validation metrics (means)."""
+    import tensorflow as tf
+
+    from elasticps.worker.keras_trainer import KerasTrainer
+    from elasticps.worker.model_loading import load_model_module
+
+    tf.random.set_seed(seed)
+    trainer = KerasTrainer(load_model_module(model_def), {}, minibatch, seed=seed, learning_rate=learning_rate)
+    features, labels = training
+    trainer.build(features[:1], None if labels is None else labels[:1])
+    started, done, epochs = time.monotonic(), 0, 0
+    while done < updates:
+        epochs += 1
+        for x, y in trainer.batches(features, labels, "training"):
+            trainer.apply_local(trainer.gradients(x, y)[1])
+            done += 1
+            if done == updates:
+                break
+    seconds = time.monotonic() - started
+    sums = trainer.evaluate(*validation)
+    count = len(validation[0])
+    return {
+        "model_def": model_def,
+        "updates": done,
+        "minibatch": minibatch,
+        "epochs": epochs,
+        "train_seconds": round(seconds, 1),
+        "metrics": {name: value / count for name, value in sums.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_def", default="elasticps.zoo.mnist_functional")
+    parser.add_argument("--reader", default="tfrecord")
+    parser.add_argument("--training", default="~/.cache/elasticps/data/mnist-tfrecord/train-*.tfrecord")
+    parser.add_argument("--validation", default="~/.cache/elasticps/data/mnist-tfrecord/test-*.tfrecord")
+    parser.add_argument("--updates", type=int, required=True)
+    parser.add_argument("--minibatch", type=int, default=64)
+    parser.add_argument("--learning_rate", type=float, default=0.0, help="> 0 replaces the module optimizer's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--result_file", type=Path)
+    args = parser.parse_args(argv)
+    result = train(
+        args.model_def,
+        records(args.reader, args.training),
+        records(args.reader, args.validation),
+        args.updates,
+        args.minibatch,
+        args.learning_rate,
+        args.seed,
+    )
+    line = json.dumps(result)
+    print(line)
+    if args.result_file:
+        args.result_file.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

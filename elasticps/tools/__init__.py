@@ -1,0 +1,1 @@
+"""Command-line helpers around a job's data, run as ``python -m elasticps.tools.<name>``."""
