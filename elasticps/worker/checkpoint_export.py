@@ -135,6 +135,9 @@ def export_from_checkpoints(paths: Sequence[Path], job: TrainingJob, out: str, v
     found_version, found = newest_common(folders, version)
     tensors = model_tensors(found, folders)
     spec = job.spec
+    import keras
+
+    keras.utils.clear_session()  # layer names as a worker's first model has them (no _1 suffixes)
     try:
         module = load_model_module(spec.model.model_def)
         trainer = keras_trainer.KerasTrainer(module, spec.model.params, spec.training.minibatch_size)
