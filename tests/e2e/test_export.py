@@ -93,9 +93,12 @@ def reload(folder: Path, validation: Path) -> dict[str, Any]:
     return answer
 
 
-def test_the_exported_model_reloads_with_the_reported_accuracy(tmp_path: Path, data: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("training", [pytest.param({}, id="sync"), pytest.param({"useAsync": True}, id="async")])
+def test_the_exported_model_reloads_with_the_reported_accuracy(
+    tmp_path: Path, data: tuple[Path, Path], training: dict[str, object]
+) -> None:
     out = tmp_path / "models" / "e2e"
-    document = job_document("e2e", *data, checkpointSteps=1)
+    document = job_document("e2e", *data, checkpointSteps=1, **training)
     document["spec"]["output"] = str(out)  # type: ignore[index]
     code, stdout, stderr, result = run_job(tmp_path, document)
     assert code == 0, stderr
