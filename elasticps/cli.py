@@ -1,12 +1,14 @@
 """The ``elasticps`` command: ``run`` a TrainingJob locally (and ``scale`` its workers while it runs),
-serve as a ``ps`` or a ``worker``, or run the Kubernetes ``operator``.
+serve as a ``ps`` or a ``worker``, run the Kubernetes ``operator``, or ``export`` a model from PS
+checkpoints.
 
 User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
 traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
 143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
 it first stops every replica it started, so none is left running. ``scale`` exits 0 once the request
 is written (the run applies it on its next pass, within a second), 2 when there is no run to ask or
-the number is out of bounds.
+the number is out of bounds. ``export`` exits 0 once the files are written, 2 for a bad folder,
+job, checkpoint or model (one line on stderr).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     scale = commands.add_parser("scale", help="change the number of workers of a running `elasticps run`")
     scale.add_argument("run_dir", type=Path, help="the run's directory (its --run_dir)")
     scale.add_argument("--workers", type=int, required=True, help="the number of workers the job should have")
+    export = commands.add_parser(
+        "export", help="write a job's model (model.keras, saved_model/, job.json, metrics.json) from PS checkpoints"
+    )
+    export.add_argument(
+        "checkpoints", type=Path, nargs="+", help="every PS shard's checkpoint folder (ps-0 ...), or the folder holding them"
+    )
+    export.add_argument("--job", type=Path, required=True, help="the TrainingJob YAML (its model module and data)")
+    export.add_argument("--out", required=True, help="the folder (or object-store URI) to write the model into")
+    export.add_argument("--version", type=int, default=None, help="this checkpointed version (default: the newest all shards have)")
     ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
     worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
     operator_main.add_arguments(
@@ -70,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args.job, args.run_dir, args.result_file)
     if args.command == "scale":
         return _scale(args.run_dir, args.workers)
+    if args.command == "export":
+        return _export(args.checkpoints, args.job, args.out, args.version)
     if args.command == "operator":
         from elasticps.operator import main as operator_main
 
@@ -92,6 +105,20 @@ def _scale(run_dir: Path, workers: int) -> int:
         print(f"elasticps scale: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(f"asked job {runner.job} (elasticps run, pid {runner.pid}, in {run_dir}) for {workers} workers")
+    return 0
+
+
+def _export(checkpoints: Sequence[Path], job_file: Path, out: str, version: int | None) -> int:
+    from elasticps.api.parsing import SpecError, load_job_file
+    from elasticps.worker.checkpoint_export import ExportProblem, export_from_checkpoints
+
+    try:
+        job = load_job_file(job_file)
+        written = export_from_checkpoints(checkpoints, job, out, version)
+    except (SpecError, ExportProblem) as err:
+        print(f"elasticps export: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"exported model version {written} of job {job.name} to {out}")
     return 0
 
 

@@ -90,6 +90,10 @@ def _check_cross_fields(spec: TrainingJobSpec) -> None:
         raise SpecError("spec.model.modelDef: must not be empty")
     if not spec.data.training.strip():
         raise SpecError("spec.data.training: must not be empty")
+    if spec.training.export_steps and not spec.output.strip():
+        raise SpecError("spec.training.exportSteps: exports need spec.output (where to write them)")
+    if spec.output != spec.output.strip():
+        raise SpecError(f"spec.output: must not start or end with blanks, got {spec.output!r}")
 
 
 def parse_object(cls: type[T], data: Any, where: str) -> T:

@@ -62,6 +62,14 @@ def _data_args(job: TrainingJob) -> list[str]:
     return args
 
 
+def _output_args(job: TrainingJob, worker: bool) -> list[str]:
+    """``spec.output`` for PS 0 (its coordinator hands out the exports and reports where they went)
+    and the workers (one of them writes each export, with the job's name in ``job.json``)."""
+    if not job.spec.output:
+        return []
+    return [f"--output={job.spec.output}", *([f"--job_name={job.name}"] if worker else [])]
+
+
 def _training_args(job: TrainingJob, checkpoint_dir: str) -> list[str]:
     training = job.spec.training
     if checkpoint_dir and not training.checkpoint_dir:
@@ -91,6 +99,7 @@ def ps_replica(
         f"--port={port}",
         *_data_args(job),
         *_training_args(job, checkpoint_dir),
+        *(_output_args(job, worker=False) if index == 0 else []),
         *extra,
     ]
     return Replica(Role.PS, index, replica_name(job, Role.PS, index), tuple(args), job.spec.ps.restart_policy)
@@ -105,6 +114,7 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
         *([f"--model_params={json.dumps(job.spec.model.params, sort_keys=True)}"] if job.spec.model.params else []),
         *_data_args(job),
         *_training_args(job, ""),
+        *_output_args(job, worker=True),
         *extra,
     ]
     return Replica(

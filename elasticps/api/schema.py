@@ -304,6 +304,16 @@ def status_schema() -> dict[str, Any]:
                 "additionalProperties": {"type": "number"},
                 "description": "latest evaluation metrics and training loss",
             },
+            "output": {
+                "type": "object",
+                "description": "the newest export of the model (spec.output), from the coordinator",
+                "properties": {
+                    "path": {"type": "string", "description": "where it is: spec.output for the final model, "
+                             "<output>/versions/<version> for a periodic one"},
+                    "modelVersion": {"type": "integer", "description": "the model version exported"},
+                    "final": {"type": "boolean", "description": "the job's final model"},
+                },
+            },
             "observedGeneration": {"type": "integer", "description": "metadata.generation the status reflects"},
             "workerSelector": {"type": "string", "description": "label selector of the worker pods (scale subresource)"},
             "readyWorkers": {"type": "integer", "description": "worker pods ready"},

@@ -136,6 +136,12 @@ class TrainingSpec:
         exclusive_minimum=True,
         help="a task whose worker is silent this long goes back to the queue",
     )
+    export_steps: int = spec_field(
+        0,
+        minimum=0,
+        help="with spec.output: also export the model every this many versions, into "
+        "<output>/versions/<version>/ (0: only the final model)",
+    )
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,12 @@ class TrainingJobSpec:
     ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
     worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")
     run_policy: RunPolicy = spec_field(default_factory=RunPolicy, help="run policy")
+    output: str = spec_field(
+        "",
+        help="where the trained model is exported (a Keras file, a SavedModel, job.json, metrics.json): "
+        "a local path, a path on a volume of the pod template, or an object-store URI such as "
+        "s3://bucket/prefix; empty: no export",
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ reaches its quorum is committed on every shard (``shards.py``) by the thread tha
 the rounds' condition, so rounds are applied one at a time and in order. A ticker re-checks the
 open round twice a second, so a round whose missing members died or ran out of work still closes.
 Lock order: the rounds' condition, then the queue's lock.
+
+Export (``output`` given, ``spec.output``): once training and the final evaluation are done, the
+queue waits for every shard to hold one version (asked here, of the shards, only then) and hands
+one worker the final export of exactly that version; ``GetJobStatus`` says where the newest export
+went (``api/output.py`` lays the folder out).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import grpc
 
+from elasticps.api.output import export_path
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Rounds
@@ -35,7 +41,11 @@ from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-_KINDS = {TaskKind.TRAINING: pb.TASK_TYPE_TRAINING, TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION}
+_KINDS = {
+    TaskKind.TRAINING: pb.TASK_TYPE_TRAINING,
+    TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION,
+    TaskKind.EXPORT: pb.TASK_TYPE_EXPORT,
+}
 
 MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
 TICK_S = 0.5
@@ -53,6 +63,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         journals: Journals | None = None,
         checkpoint_steps: int = 0,
         recovery_deadline_s: float = 300.0,
+        output: str = "",
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
@@ -61,6 +72,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
         self._settings = settings
+        self._output = output
         self._journal = journal
         self._rounds = rounds
         self._shards = shards
@@ -95,7 +107,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "GetTask: worker is required")
         self._require_ready(context)
         with self._lock:
-            got = self._queue.get(request.worker, self._version_fn())
+            awaiting_export = self._queue.awaiting_final_export
+        settled = self._settled_version() if awaiting_export else None
+        with self._lock:
+            got = self._queue.get(request.worker, self._version_fn(), settled)
         if isinstance(got, Task):
             return pb.Task(
                 id=got.id,
@@ -104,6 +119,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 end=got.end,
                 epoch=got.epoch,
                 model_version=got.model_version,
+                final=got.final,
             )
         if got is Finished.FINISHED:
             return pb.Task(type=pb.TASK_TYPE_FINISHED)
@@ -122,6 +138,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 loss_sum=request.loss_sum,
                 metric_sums=dict(request.metric_sums),
                 rejected=request.rejected,
+                model_version=request.model_version,
             )
             self._write_journal()
         return pb.Ack()
@@ -345,6 +362,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return [self._version_fn()]
         return [-1 if view is None else view.version for view in self._shards.describe()]
 
+    def _settled_version(self) -> int | None:
+        """The version every shard holds, of one incarnation; None while they disagree, hold no
+        model or do not answer (a final export waits for one consistent model)."""
+        if self._shards is None:
+            return self._version_fn()
+        views = self._shards.describe()
+        known = [v for v in views if v is not None and v.initialized]
+        if len(known) != len(views) or len({(v.incarnation, v.version) for v in known}) != 1:
+            return None
+        return known[0].version
+
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         shard_versions = self._shard_versions()
         with self._lock:
@@ -372,4 +400,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             live_workers=live,
             grads_to_wait=grads_to_wait,
             shard_problem=self._shard_problem,
+            export_path=export_path(self._output, progress.export_version, progress.export_final)
+            if self._output and progress.export_version >= 0
+            else "",
+            export_version=progress.export_version,
+            export_final=progress.export_final,
         )

@@ -13,8 +13,14 @@ grows one entry per epoch as each epoch starts: nothing is allocated for epochs 
 a large ``num_epochs`` costs nothing up front.
 Evaluation: every ``evaluation_steps`` model versions, and once after the last training task, the
 validation data is cut into evaluation tasks, handed out before training tasks; their metric sums are
-aggregated into one result per evaluated version. The job is finished when every training task of
-every epoch and the final evaluation are done.
+aggregated into one result per evaluated version.
+Export (a job with ``spec.output``): once every training task and the final evaluation are done and
+every PS shard holds the same version (the caller passes that ``settled`` version to :meth:`get`),
+one export task of exactly that version is handed to the next worker that asks; it follows the
+failure rules above like any task, so a worker that dies while exporting leaves it to another.
+With ``export_steps`` a periodic export is also queued each time the model crosses a multiple of it
+(one at a time, handed before training tasks, like evaluations). The job is finished when every
+training task of every epoch, the final evaluation and the final export are done.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 class TaskKind(str, Enum):
     TRAINING = "training"
     EVALUATION = "evaluation"
+    EXPORT = "export"
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,8 @@ class Task:
     start: int
     end: int
     epoch: int
-    model_version: int = 0  # evaluation: the version that triggered it
+    model_version: int = 0  # evaluation: the version that triggered it; export: the version to write
+    final: bool = False  # export: the job's last model (exactly model_version), not a periodic one
 
     @property
     def records(self) -> int:
@@ -66,6 +74,8 @@ class QueueSettings:
     evaluation_steps: int = 0
     task_timeout: float = 60.0
     seed: int = 0
+    export: bool = False  # the job has an output: the final model is exported before it finishes
+    export_steps: int = 0  # with export: also every this many model versions
 
 
 @dataclass
@@ -94,6 +104,8 @@ class Progress:
     metrics_version: int
     tasks_requeued: int
     gradients_rejected: int
+    export_version: int = -1  # the newest export reported (-1: none)
+    export_final: bool = False  # that export is the final model
 
 
 class TaskQueue:
@@ -115,6 +127,12 @@ class TaskQueue:
         self._last_eval_trigger = 0
         self._final_eval_started = False
         self._final_eval_done = settings.validation_records == 0
+        self._export_todo: list[Task] = []
+        self._export_pending = False  # a periodic export is queued or being written
+        self._last_export_trigger = 0
+        self._final_export_started = False
+        self._final_export_done = not settings.export
+        self._exported: tuple[int, bool] | None = None  # (version, final) of the newest export done
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
         self._recent_losses: list[float] = []
@@ -123,7 +141,10 @@ class TaskQueue:
         self._requeued_workers: set[str] = set()
 
     # ---- workers ask, report, beat -----------------------------------------------------------
-    def get(self, worker: str, model_version: int) -> Task | Wait | Finished:
+    def get(self, worker: str, model_version: int, settled: int | None = None) -> Task | Wait | Finished:
+        """The next task for ``worker``. ``settled``: the version every PS shard holds (None: they
+        disagree or some did not answer); the final export is handed only on a settled model, so
+        the caller need only find it while :attr:`awaiting_final_export` is true."""
         now = self._clock()
         self._last_seen[worker] = now
         for task_id, doing in list(self._doing.items()):
@@ -131,7 +152,7 @@ class TaskQueue:
                 self._requeue(task_id)
         self._requeue_silent(now)
         self.on_version(model_version)
-        task = self._next_task(model_version)
+        task = self._next_task(model_version, settled)
         if task is None:
             return Finished.FINISHED if self.finished else Wait.WAIT
         self._doing[task.id] = _Doing(task, worker)
@@ -182,8 +203,10 @@ class TaskQueue:
         loss_sum: float = 0.0,
         metric_sums: Mapping[str, float] | None = None,
         rejected: int = 0,
+        model_version: int = 0,
     ) -> bool:
-        """Records a task's result; False when the task is not (any more) this worker's."""
+        """Records a task's result; False when the task is not (any more) this worker's.
+        ``model_version``: an export's, the version it wrote."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
         if doing is None or doing.worker != worker:
@@ -198,6 +221,8 @@ class TaskQueue:
             self._epoch_records[task.epoch] += task.records
             self._done_starts[task.epoch].add(task.start)
             self._recent_losses = (self._recent_losses + [loss_sum / max(1, task.records)])[-8:]
+        elif task.kind is TaskKind.EXPORT:
+            self._record_export(task, model_version)
         else:
             self._record_evaluation(task, metric_sums or {})
         return True
@@ -209,7 +234,19 @@ class TaskQueue:
 
     @property
     def finished(self) -> bool:
-        return self.training_done and self._final_eval_done
+        return self.training_done and self._final_eval_done and self._final_export_done
+
+    @property
+    def awaiting_final_export(self) -> bool:
+        """Training and the final evaluation are done and the final export is still to hand out:
+        the next :meth:`get` needs the ``settled`` version."""
+        return (
+            self._s.export
+            and not self._final_export_started
+            and self.training_done
+            and self._final_eval_done
+            and self._evaluation is None
+        )
 
     def progress(self) -> Progress:
         loss = sum(self._recent_losses) / len(self._recent_losses) if self._recent_losses else float("nan")
@@ -224,6 +261,8 @@ class TaskQueue:
             metrics_version=self._metrics_version,
             tasks_requeued=self.tasks_requeued,
             gradients_rejected=self.gradients_rejected,
+            export_version=-1 if self._exported is None else self._exported[0],
+            export_final=self._exported is not None and self._exported[1],
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -244,6 +283,9 @@ class TaskQueue:
             "final_eval_done": self._final_eval_done,
             "tasks_requeued": self.tasks_requeued,
             "gradients_rejected": self.gradients_rejected,
+            "last_export_trigger": self._last_export_trigger,
+            "final_export_done": self._final_export_done,
+            "exported": None if self._exported is None else list(self._exported),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -274,10 +316,17 @@ class TaskQueue:
         self._final_eval_done = bool(state["final_eval_done"])
         self.tasks_requeued = int(state["tasks_requeued"])
         self.gradients_rejected = int(state["gradients_rejected"])
+        # Ledgers saved before exports existed lack these keys: nothing was exported then.
+        self._last_export_trigger = int(state.get("last_export_trigger", 0))
+        self._final_export_done = bool(state.get("final_export_done", False)) or not self._s.export
+        exported = state.get("exported")
+        self._exported = None if not exported else (int(exported[0]), bool(exported[1]))
 
     # ---- internals ---------------------------------------------------------------------------
     def on_version(self, model_version: int) -> None:
-        """Starts an evaluation when the model crossed a multiple of ``evaluation_steps``."""
+        """Starts an evaluation when the model crossed a multiple of ``evaluation_steps``, and queues
+        an export when it crossed one of ``export_steps``."""
+        self._on_version_export(model_version)
         steps = self._s.evaluation_steps
         if not steps or not self._s.validation_records or self._evaluation is not None:
             return
@@ -305,9 +354,38 @@ class TaskQueue:
             if self._final_eval_started:
                 self._final_eval_done = True
 
-    def _next_task(self, model_version: int) -> Task | None:
+    def _on_version_export(self, model_version: int) -> None:
+        steps = self._s.export_steps
+        if not self._s.export or not steps or self._export_pending or self.training_done:
+            return  # the final export covers the end of training
+        if model_version // steps > self._last_export_trigger // steps:
+            self._last_export_trigger = model_version
+            self._export_pending = True
+            self._export_todo.append(Task(self._next_id, TaskKind.EXPORT, 0, 0, max(0, self._epoch), model_version))
+            self._next_id += 1
+
+    def _record_export(self, task: Task, written: int) -> None:
+        version = written if written > 0 else task.model_version
+        if task.final:
+            self._final_export_done = True
+        else:
+            self._export_pending = False
+        if self._exported is None or task.final or not self._exported[1]:
+            self._exported = (version, task.final)
+
+    def _final_export(self, settled: int | None) -> Task | None:
+        if not self.awaiting_final_export or settled is None:
+            return None
+        self._final_export_started = True
+        task = Task(self._next_id, TaskKind.EXPORT, 0, 0, max(0, self._epoch), settled, final=True)
+        self._next_id += 1
+        return task
+
+    def _next_task(self, model_version: int, settled: int | None = None) -> Task | None:
         if self._eval_todo:
             return self._eval_todo.pop(0)
+        if self._export_todo:
+            return self._export_todo.pop(0)
         if not self._todo and self._epoch + 1 < self._s.num_epochs:
             self._epoch += 1
             self._epoch_records.append(0)
@@ -320,12 +398,11 @@ class TaskQueue:
         if self.training_done and not self._final_eval_started and self._evaluation is None:
             if self._s.validation_records and self._metrics_version == model_version:
                 self._final_eval_done = True  # the last periodic evaluation saw this very model
-                return None
-            if self._s.validation_records:
+            elif self._s.validation_records:
                 self._final_eval_started = True
                 self._start_evaluation(model_version)
                 return self._eval_todo.pop(0)
-        return None
+        return self._final_export(settled)
 
     def _cut(self, records: int, kind: TaskKind, epoch: int, version: int) -> list[Task]:
         tasks = []
@@ -338,8 +415,8 @@ class TaskQueue:
     def _requeue(self, task_id: int) -> None:
         doing = self._doing.pop(task_id)
         self._requeued_workers.add(doing.worker)
-        queue = self._eval_todo if doing.task.kind is TaskKind.EVALUATION else self._todo
-        queue.insert(0, doing.task)
+        queues = {TaskKind.TRAINING: self._todo, TaskKind.EVALUATION: self._eval_todo, TaskKind.EXPORT: self._export_todo}
+        queues[doing.task.kind].insert(0, doing.task)
         self.tasks_requeued += 1
 
     def _requeue_silent(self, now: float) -> None:

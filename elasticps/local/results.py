@@ -36,16 +36,18 @@ class RunResult:
 
 
 def summary(job: TrainingJob, result: RunResult) -> str:
+    """What ``elasticps run`` prints last; a job with ``spec.output`` ends with where its model is."""
     status = result.status
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(status.metrics.items()))
     loss = "" if math.isnan(status.loss) else f", training loss {status.loss:.4f}"
+    exported = f"\n  model version {status.export_version} exported to {status.export_path}" if status.export_path else ""
     return (
         f"job {job.name} succeeded in {result.elapsed_s:.1f} s: {metrics or 'no evaluation'}"
         f" (model version {status.metrics_version}){loss}\n"
         f"  {status.records_done}/{status.records_total} records trained over {status.num_epochs} epochs"
         f" ({', '.join(str(n) for n in status.epoch_records)} per epoch), model version {status.model_version},"
         f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
-        f" {result.restarts} replicas replaced\n  {describe(status)}"
+        f" {result.restarts} replicas replaced\n  {describe(status)}{exported}"
     )
 
 
@@ -66,4 +68,6 @@ def outcome(result: RunResult) -> dict[str, object]:
         "tasks_requeued": status.tasks_requeued,
         "gradients_rejected": status.gradients_rejected,
         "history": [asdict(evaluation) for evaluation in result.history],
+        "export_path": status.export_path,  # "": the job has no spec.output
+        "export_version": status.export_version if status.export_path else -1,
     }

@@ -74,6 +74,8 @@ class JobProgress:
     ``grads_to_wait``: sync, the gradients averaged into the current round (0: not known, or async).
     ``shard_problem``: why the shards disagree or lost their model, in the coordinator's words
     (empty: they agree).
+    ``export_path``, ``export_version``, ``export_final``: where the newest export of the model
+    (``spec.output``) went, its version and whether it is the final model (empty path: none yet).
     """
 
     finished: bool
@@ -85,6 +87,9 @@ class JobProgress:
     live_workers: int = 0
     grads_to_wait: int = 0
     shard_problem: str = ""
+    export_path: str = ""
+    export_version: int = -1
+    export_final: bool = False
 
     @property
     def version(self) -> int:

@@ -33,6 +33,9 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         live_workers=max(0, int(reply.live_workers)),
         grads_to_wait=max(0, int(reply.grads_to_wait)),
         shard_problem=reply.shard_problem.strip(),
+        export_path=reply.export_path,
+        export_version=int(reply.export_version) if reply.export_path else -1,
+        export_final=reply.export_final and bool(reply.export_path),
     )
 
 

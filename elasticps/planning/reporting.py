@@ -1,6 +1,7 @@
 """What every status patch reports of the observation: replica counts, readiness, the training mode
 and the coordinator's progress (the model version, the oldest shard's when the shards are known,
-every shard's version, the live workers and, for a sync job, the gradients a round averages).
+every shard's version, the live workers, for a sync job the gradients a round averages, and where
+the newest export of the model went, ``status.output``).
 
 Callers: ``plan``, at the end of every pass (finished jobs included: the counts stay true).
 """
@@ -53,4 +54,10 @@ def observed_fields(d: Draft) -> dict[str, Any]:
         fields["progress"] = f"{math.floor(fraction * 100)}%"
         # JSON has no NaN (a loss before the first task): such metrics are left out.
         fields["metrics"] = {k: float(v) for k, v in coordinator.metrics.items() if math.isfinite(v)}
+        if coordinator.export_path:
+            fields["output"] = {
+                "path": coordinator.export_path,
+                "modelVersion": coordinator.export_version,
+                "final": coordinator.export_final,
+            }
     return fields

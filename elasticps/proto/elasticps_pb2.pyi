@@ -65,6 +65,10 @@ class _TaskTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskType.Val
     """nothing to hand out now; ask again shortly"""
     TASK_TYPE_FINISHED: _TaskType.ValueType  # 4
     """the job is done: the worker exits"""
+    TASK_TYPE_EXPORT: _TaskType.ValueType  # 5
+    """Write the model of `model_version` to the job's output (spec.output): a Keras file, a
+    SavedModel, job.json and metrics.json. The job finishes once the final export is reported.
+    """
 
 class TaskType(_TaskType, metaclass=_TaskTypeEnumTypeWrapper):
     """---- coordinator (served by PS 0) ----"""
@@ -76,6 +80,10 @@ TASK_TYPE_WAIT: TaskType.ValueType  # 3
 """nothing to hand out now; ask again shortly"""
 TASK_TYPE_FINISHED: TaskType.ValueType  # 4
 """the job is done: the worker exits"""
+TASK_TYPE_EXPORT: TaskType.ValueType  # 5
+"""Write the model of `model_version` to the job's output (spec.output): a Keras file, a
+SavedModel, job.json and metrics.json. The job finishes once the final export is reported.
+"""
 Global___TaskType: _TypeAlias = TaskType  # noqa: Y015
 
 class _JoinOutcome:
@@ -517,6 +525,7 @@ class Task(_message.Message):
     END_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     type: Global___TaskType.ValueType
     start: _builtins.int
@@ -525,7 +534,12 @@ class Task(_message.Message):
     """last record (exclusive)"""
     epoch: _builtins.int
     model_version: _builtins.int
-    """evaluation tasks: the version they evaluate"""
+    """evaluation tasks: the version they evaluate; export: the version to write"""
+    final: _builtins.bool
+    """Export: the job's last model, written to the output folder itself, and exactly `model_version`
+    (every shard holds it); otherwise a periodic export of the version pulled (>= model_version)
+    into <output>/versions/<version>/.
+    """
     def __init__(
         self,
         *,
@@ -535,10 +549,11 @@ class Task(_message.Message):
         end: _builtins.int = ...,
         epoch: _builtins.int = ...,
         model_version: _builtins.int = ...,
+        final: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "epoch", b"epoch", "id", b"id", "model_version", b"model_version", "start", b"start", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "epoch", b"epoch", "final", b"final", "id", b"id", "model_version", b"model_version", "start", b"start", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -576,6 +591,7 @@ class TaskResult(_message.Message):
     LOSS_SUM_FIELD_NUMBER: _builtins.int
     METRIC_SUMS_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
+    MODEL_VERSION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     task_id: _builtins.int
     success: _builtins.bool
@@ -585,6 +601,8 @@ class TaskResult(_message.Message):
     """training: sum of per-minibatch mean loss x minibatch size"""
     rejected: _builtins.int
     """training: gradients the PS rejected (retrained minibatches)"""
+    model_version: _builtins.int
+    """export: the version written"""
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records"""
@@ -600,10 +618,11 @@ class TaskResult(_message.Message):
         loss_sum: _builtins.float = ...,
         metric_sums: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         rejected: _builtins.int = ...,
+        model_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -756,6 +775,9 @@ class JobStatus(_message.Message):
     LIVE_WORKERS_FIELD_NUMBER: _builtins.int
     GRADS_TO_WAIT_FIELD_NUMBER: _builtins.int
     SHARD_PROBLEM_FIELD_NUMBER: _builtins.int
+    EXPORT_PATH_FIELD_NUMBER: _builtins.int
+    EXPORT_VERSION_FIELD_NUMBER: _builtins.int
+    EXPORT_FINAL_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -774,6 +796,12 @@ class JobStatus(_message.Message):
     """sync: gradients averaged into the current round"""
     shard_problem: _builtins.str
     """why the shards disagree or lost their model ("": they agree)"""
+    export_path: _builtins.str
+    """where the newest export is ("": none yet, or no spec.output)"""
+    export_version: _builtins.int
+    """the model version written there (-1: none)"""
+    export_final: _builtins.bool
+    """that export is the job's final model"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -805,10 +833,13 @@ class JobStatus(_message.Message):
         live_workers: _builtins.int = ...,
         grads_to_wait: _builtins.int = ...,
         shard_problem: _builtins.str = ...,
+        export_path: _builtins.str = ...,
+        export_version: _builtins.int = ...,
+        export_final: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "records_done", b"records_done", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "records_done", b"records_done", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

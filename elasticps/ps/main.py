@@ -61,6 +61,7 @@ class PSConfig:
     metrics_port: int
     training: TrainingSpec
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
+    output: str = ""  # PS 0: spec.output, where the workers export the model ("": no export)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    parser.add_argument(
+        "--output", default="", help="PS 0: the job's output (spec.output); the final model is exported there"
+    )
     parser.add_argument(
         "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
     )
@@ -107,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         metrics_port=args.metrics_port,
         training=training_from_args(args),
         chunk_bytes=args.chunk_bytes,
+        output=args.output,
     )
 
 
@@ -181,6 +186,8 @@ def queue_settings(config: PSConfig) -> QueueSettings:
         validation_records=validation,
         evaluation_steps=t.evaluation_steps,
         task_timeout=t.task_timeout_seconds,
+        export=bool(config.output),
+        export_steps=t.export_steps,
     )
 
 
@@ -212,6 +219,7 @@ def run(config: PSConfig) -> int:
             shards=shards,
             journals=journals,
             checkpoint_steps=t.checkpoint_steps,
+            output=config.output,
         )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
         coordinator.start()

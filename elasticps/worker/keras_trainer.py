@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
+from elasticps.api.output import KERAS_FILE, SAVED_MODEL_DIR  # noqa: E402
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
@@ -203,3 +205,12 @@ class KerasTrainer:
             for name, value in self._eval(x, y).items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
         return sums
+
+    # ---- export ------------------------------------------------------------------------------
+    def export(self, directory: Path) -> None:
+        """Writes the model as it is now: ``model.keras`` (Keras 3's file, ``keras.models.load_model``)
+        and ``saved_model/`` (a TensorFlow SavedModel whose ``serve`` signature runs the model in
+        inference mode: ``tf.saved_model.load``, TensorFlow Serving). Inputs are what ``feed``
+        makes of a record; the files hold no optimizer (the PS kept it)."""
+        self.model.save(directory / KERAS_FILE)
+        self.model.export(str(directory / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)

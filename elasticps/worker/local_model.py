@@ -29,6 +29,10 @@ from elasticps.worker.ports import PSClientLike, Trainer
 log = logging.getLogger(__name__)
 
 
+class NotSettled(Exception):
+    """The PS shards do not come to one version (an export needs one model)."""
+
+
 @dataclass
 class Counters:
     """What this worker did over its life (logged at the end; the tests read them)."""
@@ -101,6 +105,24 @@ class LocalModel:
         self._versions = pulled.versions
         self._incarnations = pulled.incarnations
         self.metrics.model_version.set(pulled.versions[0])
+
+    def pull_settled(self, wait_ms: int, attempts: int, strict: bool) -> int:
+        """Settles the push in flight and pulls until every shard is at one (incarnation, version);
+        returns that version (an export writes it). A sync job's shards meet between rounds; an
+        async job's may keep moving apart: after ``attempts`` waiting pulls the oldest shard's
+        version is returned, or with ``strict`` :class:`NotSettled` is raised."""
+        self.refresh()
+        for _ in range(attempts):
+            held = list(zip(self._incarnations, self._versions))
+            if len(set(held)) == 1:
+                return self._versions[0]
+            newest = max(held)
+            self._pull(wait_ms=wait_ms, only=[i for i, model in enumerate(held) if model < newest])
+        if len(set(zip(self._incarnations, self._versions))) == 1:
+            return self._versions[0]
+        if strict:
+            raise NotSettled(f"the PS shards stay at different versions {self._versions}")
+        return min(self._versions)
 
     def pull_aligned(self, wait_ms: int) -> None:
         """Pulls until every shard is at the same version (sync: a round is being committed on the

@@ -25,9 +25,11 @@ import grpc
 
 from elasticps.api.flags import add_training_flags, training_from_args
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.api.output import exported_job
+from elasticps.api.spec import DataReader, DataSpec, ModelSpec, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
+from elasticps.worker.exporting import Exporter
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class WorkerConfig:
     metrics_port: int
     health_port: int
     training: TrainingSpec
+    output: str = ""  # spec.output: where this worker writes an export it is handed ("": none)
+    job_name: str = ""  # the job's name, for job.json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--health_port", type=int, default=0, help="serve the gRPC health-checking service on this port (0: off)"
     )
+    parser.add_argument("--output", default="", help="the job's output (spec.output): where exports are written")
+    parser.add_argument("--job_name", default="", help="the job's name (written into an export's job.json)")
     add_training_flags(parser)
 
 
@@ -95,6 +101,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         training=training_from_args(args),
+        output=args.output,
+        job_name=args.job_name,
     )
 
 
@@ -156,7 +164,9 @@ def _run(config: WorkerConfig) -> int:
         start_http_server(config.metrics_port, registry=REGISTRY)
     health_server = _serve_health(config.health_port) if config.health_port else None
     mode = TrainingMode.of(config.training)
-    worker = Worker(config.training, mode, trainer, ps, coordinator, training, validation, metrics=metrics)
+    worker = Worker(
+        config.training, mode, trainer, ps, coordinator, training, validation, metrics=metrics, exporter=_exporter(config)
+    )
     try:
         worker.run()
     except ModelError as err:  # a data function that breaks the contract: restarting cannot help
@@ -169,6 +179,16 @@ def _run(config: WorkerConfig) -> int:
             health_server.stop(grace=None)
     log.info("%s done: %s", name, worker.counters)
     return 0
+
+
+def _exporter(config: WorkerConfig) -> Exporter | None:
+    """Where an export task's model goes, and the job.json it carries (None: the job has no output)."""
+    if not config.output:
+        return None
+    model = ModelSpec(model_def=config.model_def, params=dict(config.model_params))
+    data = DataSpec(training=config.training_data, validation=config.validation_data, reader=config.data_reader)
+    name = config.job_name or "trainingjob"
+    return Exporter(config.output, exported_job(name, model, data, config.training, config.output))
 
 
 def _serve_health(port: int) -> grpc.Server:

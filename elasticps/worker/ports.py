@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -84,6 +85,8 @@ class CoordinatorLike(Protocol):
 
     def join_round(self, version: int, wait_ms: int) -> pb.JoinReply: ...
 
+    def status(self, timeout_s: float = 5.0) -> pb.JobStatus: ...
+
 
 class RoundsLike(Protocol):
     """The coordinator as a sync step sees it: joining rounds (``CoordinatorClient.join_round``)."""
@@ -111,3 +114,5 @@ class Trainer(Protocol):
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None: ...
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]: ...
+    def export(self, directory: Path) -> None:
+        """Writes the model as it is now into ``directory``: ``model.keras`` and ``saved_model/``."""

@@ -11,6 +11,12 @@ now rather than after a timeout), then the error is raised: the process exits an
 the job's restart policy. A worker asked to stop (SIGTERM: a pod deleted, a job scaled down, the
 local runner stopping) raises :class:`Stopped` in the middle of whatever it does; its task is
 reported failed the same way, so no record waits for a timeout.
+
+An export task (a job with ``spec.output``): the worker pulls until every shard holds one version
+(the final export: exactly the task's version, else it fails), has the trainer write the model
+and the exporter (``exporting.py``) put it, with ``job.json`` and ``metrics.json``, in the output.
+A worker killed while exporting leaves the task to the coordinator's timeout, and another worker
+writes it again from the start.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from elasticps.api.spec import TrainingSpec
 from elasticps.data.readers import Reader
 from elasticps.model_contract import Mode
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
@@ -49,6 +56,8 @@ def records_in(batch: Any) -> int:
     return int(len(batch))
 
 WAIT_S = 0.2  # pause after a WAIT task (nothing to hand out yet) before asking again
+EXPORT_WAIT_MS = 500  # an export's pulls wait this long for a shard behind the others
+EXPORT_ATTEMPTS = 20  # ... this many times
 
 
 class Worker:
@@ -63,12 +72,14 @@ class Worker:
         validation_data: Reader | None,
         heartbeat_s: float = 5.0,
         metrics: WorkerMetrics | None = None,
+        exporter: Exporter | None = None,
     ) -> None:
         self._trainer = trainer
         self._coordinator = coordinator
         self._training_data = training_data
         self._validation_data = validation_data
         self._heartbeat_s = heartbeat_s
+        self._exporter = exporter
         self._stop = threading.Event()
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
@@ -110,6 +121,8 @@ class Worker:
         try:
             if task.type == pb.TASK_TYPE_EVALUATION:
                 self._evaluate(task, result)
+            elif task.type == pb.TASK_TYPE_EXPORT:
+                self._export(task, result)
             else:
                 self._train(task, result)
             result.success = True
@@ -147,3 +160,21 @@ class Worker:
         features, labels = self._validation_data.read(task.start, task.end)
         for name, value in self._trainer.evaluate(features, labels).items():
             result.metric_sums[name] = value
+
+    # ---- export ------------------------------------------------------------------------------
+    def _export(self, task: pb.Task, result: pb.TaskResult) -> None:
+        if self._exporter is None:
+            raise ExportError("an export task, but this worker has no --output")
+        version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=task.final)
+        if task.final and version != task.model_version:
+            raise ExportError(f"asked to export version {task.model_version}, but the PS shards hold {version}")
+        try:
+            status: pb.JobStatus | None = self._coordinator.status()
+        except Exception as err:  # the metrics are a courtesy: the model is what matters
+            log.warning("exporting without the job's metrics (the coordinator did not answer): %s", err)
+            status = None
+        metrics = metrics_document(status, version, task.final, shard_versions=self._model.versions)
+        written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        log.info("exported model version %d to %s", version, written)
+        result.model_version = version
+

@@ -169,6 +169,13 @@ def test_coordinator_reply_with_shards_live_workers_and_rounds() -> None:
     assert progress.shard_versions == (121, 120, 121) and progress.version == 120  # the oldest shard's
     assert (progress.live_workers, progress.grads_to_wait, progress.shard_problem) == (3, 2, "PS 1 is behind")
     older = job_progress(pb.JobStatus(model_version=9))  # a coordinator that predates these fields
+    assert (older.export_path, older.export_version, older.export_final) == ("", -1, False)
     assert (older.shard_versions, older.live_workers, older.grads_to_wait, older.shard_problem) == ((), 0, 0, "")
     assert older.version == 9
 
+
+
+def test_coordinator_reply_with_an_export() -> None:
+    reply = pb.JobStatus(export_path="s3://b/job", export_version=40, export_final=True)
+    progress = job_progress(reply)
+    assert (progress.export_path, progress.export_version, progress.export_final) == ("s3://b/job", 40, True)

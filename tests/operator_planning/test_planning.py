@@ -615,6 +615,20 @@ def test_the_patch_holds_only_changes_and_deletes_stale_metrics() -> None:
     assert action.status == {"modelVersion": 130, "progress": "50%", "metrics": {"accuracy": 0.8, "loss": None}}
 
 
+def test_the_status_shows_the_newest_export_and_keeps_it_while_the_coordinator_is_silent() -> None:
+    job = make_job({"output": "s3://bucket/tj"})
+    start = prior("running", job)
+    periodic = JobProgress(finished=False, model_version=50, progress=0.5, export_path="s3://bucket/tj/versions/40",
+                           export_version=40)
+    running = status_after(plan(job, observe(up(), start, coordinator=periodic), SETTINGS), start)
+    assert running["output"] == {"path": "s3://bucket/tj/versions/40", "modelVersion": 40, "final": False}
+    done = JobProgress(finished=True, model_version=90, progress=1.0, export_path="s3://bucket/tj", export_version=90,
+                       export_final=True)
+    finished = status_after(plan(job, observe(up(), running, coordinator=done), SETTINGS), running)
+    assert finished["output"] == {"path": "s3://bucket/tj", "modelVersion": 90, "final": True}
+    assert plan(job, observe(up(), finished, coordinator=None), SETTINGS) == []  # PS 0 silent: kept as it was
+
+
 def test_coordinator_silent_keeps_the_last_progress() -> None:
     job = make_job()
     running = status_after(plan(job, observe(up(), prior("running", job), coordinator=TRAINING), SETTINGS),

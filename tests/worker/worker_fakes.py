@@ -17,9 +17,11 @@ step, as a training forward pass moves BatchNorm's statistics.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.spec import TrainingSpec
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
+from elasticps.worker.exporting import Exporter
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
@@ -298,6 +301,7 @@ class FakeCoordinator:
         self.before_join: Callable[[], None] | None = None  # runs once, before the next join is decided
         self.left = 0
         self.fail_leave = False
+        self.job_status = pb.JobStatus(metrics={"accuracy": 0.75}, metrics_version=3, records_done=32, num_epochs=1)
 
     def get_task(self) -> pb.Task:
         if self.handed >= len(self.tasks):
@@ -324,6 +328,9 @@ class FakeCoordinator:
         if self.fail_leave:
             raise ConnectionError("coordinator unreachable")
 
+    def status(self, timeout_s: float = 5.0) -> pb.JobStatus:
+        return self.job_status
+
     def join_round(self, version: int, wait_ms: int) -> pb.JoinReply:
         ps = self.ps
         assert ps is not None, "a sync worker needs the fake coordinator to know the PS"
@@ -342,6 +349,10 @@ class FakeCoordinator:
 
 def training_task(task_id: int, start: int, end: int) -> pb.Task:
     return pb.Task(id=task_id, type=pb.TASK_TYPE_TRAINING, start=start, end=end)
+
+
+def export_task(task_id: int, version: int, final: bool = True) -> pb.Task:
+    return pb.Task(id=task_id, type=pb.TASK_TYPE_EXPORT, model_version=version, final=final)
 
 
 def evaluation_task(task_id: int, start: int, end: int) -> pb.Task:
@@ -410,6 +421,15 @@ class FakeTrainer:
         for name, gradient in gradients.items():
             self.variables[name] = self.variables[name] - 0.01 * gradient
 
+    def export(self, directory: Path) -> None:
+        """The "model file": the weights as they are, as JSON (a test reads which were exported)."""
+        if self.events is not None:
+            self.events.append(("export",))
+        weights = {name: value.tolist() for name, value in self.variables.items()}
+        (directory / "model.keras").write_text(json.dumps(weights))
+        (directory / "saved_model").mkdir()
+        (directory / "saved_model" / "saved_model.pb").write_text("fake")
+
     def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         self.evaluated.append(self.weights())
         self.evaluated_state.append(self.state())
@@ -455,6 +475,7 @@ def make_worker(
     records: int = 32,
     validation: bool = True,
     learning_rate: float = 0.1,
+    exporter: Exporter | None = None,
 ) -> Rig:
     ps = ps or FakePS(mode.rule)
     trainer = trainer or FakeTrainer()
@@ -472,6 +493,7 @@ def make_worker(
         ArrayReader(records) if validation else None,
         heartbeat_s=0.01,
         metrics=WorkerMetrics(registry, WORKER),
+        exporter=exporter,
     )
     return Rig(ps, coordinator, trainer, registry, worker)
 

@@ -1,0 +1,66 @@
+"""A job's output folder (``spec.output``): where each export goes and the job document beside it. Pure.
+
+Callers: PS 0's coordinator (the path it reports in ``JobStatus``), the worker's exporter (where
+it writes, ``worker/exporting.py``) and ``elasticps export`` (the same files from checkpoints).
+The output is a local path, a path on a mounted volume, or an object-store URI; paths are joined
+with ``/`` so the same function serves all three. Layout::
+
+    <output>/model.keras            the final model: keras.models.load_model(...)
+    <output>/saved_model/           the same model as a TensorFlow SavedModel: tf.saved_model.load(...)
+    <output>/job.json               the TrainingJob it came from (model, data, training, output)
+    <output>/metrics.json           its version and final metrics; written last
+    <output>/versions/<version>/    the same four files for each periodic export (exportSteps)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from elasticps.api.fields import camel
+from elasticps.api.spec import API_VERSION, KIND, DataSpec, ModelSpec, TrainingSpec
+
+KERAS_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
+JOB_FILE = "job.json"
+METRICS_FILE = "metrics.json"
+VERSIONS_DIR = "versions"
+
+
+def export_path(output: str, version: int, final: bool) -> str:
+    """Where the export of ``version`` goes: the output folder itself for the job's final model,
+    ``<output>/versions/<version>`` for a periodic one."""
+    if final:
+        return output
+    return f"{output.rstrip('/')}/{VERSIONS_DIR}/{version}"
+
+
+def document(instance: Any) -> Any:
+    """A spec dataclass as the YAML spells it: camelCase keys, enums as their values, every field."""
+    if dataclasses.is_dataclass(instance) and not isinstance(instance, type):
+        return {camel(f.name): document(getattr(instance, f.name)) for f in dataclasses.fields(instance)}
+    if isinstance(instance, Enum):
+        return instance.value
+    if isinstance(instance, dict):
+        return {str(k): document(v) for k, v in instance.items()}
+    if isinstance(instance, (list, tuple)):
+        return [document(v) for v in instance]
+    return instance
+
+
+def exported_job(name: str, model: ModelSpec, data: DataSpec, training: TrainingSpec, output: str) -> dict[str, Any]:
+    """``job.json``: a TrainingJob document with the fields that made the model (replicas, image and
+    run policy are left out: a worker does not know them, and they do not change the weights).
+    ``elasticps export --job job.json`` reads it back."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "model": document(model),
+            "data": document(data),
+            "training": document(training),
+            "output": output,
+        },
+    }
