@@ -156,8 +156,8 @@ class DataSpec:
     )
     index_dir: str = spec_field(
         "",
-        help="where tfrecord/csv record-offset indexes are cached, never the data's folder "
-        "(empty: the runner chooses, else ~/.cache/elasticps/data-index)",
+        help="where tfrecord/csv record-offset indexes are cached, never the data's folder (empty: "
+        "~/.cache/elasticps/data-index of each process; a shared volume lets workers reuse PS 0's)",
     )
 
 

@@ -34,14 +34,16 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from elasticps.api.spec import DataReader, reader_problem
+from elasticps.api.spec import DataReader, DataSpec, reader_problem
 from elasticps.data.api import DataError, Labels, Reader, ReaderOptions
 from elasticps.data.arrays import IdxReader, NpzReader
 from elasticps.data.csv_reader import CsvReader, TsvReader
 from elasticps.data.parquet import ParquetReader
 from elasticps.data.tfrecord import TFRecordReader
 
-__all__ = ["DataError", "IdxReader", "Labels", "NpzReader", "Reader", "ReaderOptions", "open_reader", "reader_class"]
+__all__ = [
+    "DataError", "IdxReader", "Labels", "NpzReader", "Reader", "ReaderOptions", "count_records", "open_reader", "reader_class"
+]
 
 Factory = Callable[[str, ReaderOptions], Any]
 
@@ -89,3 +91,18 @@ def open_reader(kind: str, path: str, options: ReaderOptions = ReaderOptions()) 
     if not isinstance(reader, Reader):
         raise DataError(f"reader {name}: {type(reader).__name__} has no num_records and read(start, end) (the Reader protocol)")
     return reader
+
+
+def count_records(data: DataSpec) -> tuple[int, int]:
+    """The records of a job's training and validation data (0 without validation data), opened as
+    PS 0 opens them; a :class:`DataError` names the field (``spec.data.training: <file>: <why>``).
+    ``elasticps run`` calls it before it starts any process."""
+    options = ReaderOptions.of(data)
+    counts = [0, 0]
+    for k, (field, path) in enumerate((("training", data.training), ("validation", data.validation))):
+        if path:
+            try:
+                counts[k] = open_reader(data.reader, path, options).num_records
+            except DataError as err:
+                raise DataError(f"spec.data.{field}: {err}") from None
+    return counts[0], counts[1]
