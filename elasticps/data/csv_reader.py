@@ -173,9 +173,7 @@ class CsvReader:
         n = min(SAMPLE, self._files.total)
         rows = self._rows(0, n)
         label = self._columns.label
-        if label is None:
-            return False
-        integer = all(_INTEGER.fullmatch(row[label]) for row, _, _ in rows)
+        integer = label is not None and all(_INTEGER.fullmatch(row[label]) for row, _, _ in rows)
         self._convert(rows, integer)
         return integer
 

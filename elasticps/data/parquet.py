@@ -31,29 +31,33 @@ class ParquetReader:
     def __init__(self, path: str, options: ReaderOptions = ReaderOptions()) -> None:
         self._paths = resolve(path)
         self._metadata: list[pq.FileMetaData] = []
-        schema: pa.Schema | None = None
+        schemas: list[pa.Schema] = []
         groups: list[tuple[int, int]] = []  # (file, row group) in record order
         counts: list[int] = []
         for file, file_path in enumerate(self._paths):
             parquet = self._open(file_path)
             self._metadata.append(parquet.metadata)
-            if schema is None:
-                schema = parquet.schema_arrow
-            elif not parquet.schema_arrow.equals(schema):
-                raise DataError(f"{file_path}: its columns differ from {self._paths[0]}'s: {parquet.schema_arrow.names} vs {schema.names}")
+            schemas.append(parquet.schema_arrow)
+            if schemas[-1].names != schemas[0].names:
+                raise DataError(f"{file_path}: its columns differ from {self._paths[0]}'s: {schemas[-1].names} vs {schemas[0].names}")
             for group in range(parquet.metadata.num_row_groups):
                 groups.append((file, group))
                 counts.append(parquet.metadata.row_group(group).num_rows)
-        assert schema is not None
         self._groups = groups
         self._files = Files(counts)
-        self._columns: Columns = roles(schema.names, len(schema.names), options, self._paths[0])
-        for j in (*self._columns.features, *([] if self._columns.label is None else [self._columns.label])):
-            if not _numeric(schema.field(j).type):
-                raise DataError(f"{self._paths[0]}: column {self._columns.name(j)} is {schema.field(j).type}, not a number")
+        names = schemas[0].names
+        self._columns: Columns = roles(names, len(names), options, self._paths[0])
         label = self._columns.label
-        self._integer_labels = label is not None and not pa.types.is_floating(schema.field(label).type)
-        self._wanted = [schema.names[j] for j in (*self._columns.features, *([] if label is None else [label]))]
+        wanted = (*self._columns.features, *([] if label is None else [label]))
+        for file, schema in enumerate(schemas):
+            if self._metadata[file].num_rows == 0:
+                continue  # an empty file's columns may have no type (null)
+            for j in wanted:
+                if not _numeric(schema.field(j).type):
+                    raise DataError(f"{self._paths[file]}: column {self._columns.name(j)} is {schema.field(j).type}, not a number")
+        typed = [s for f, s in enumerate(schemas) if self._metadata[f].num_rows] or schemas
+        self._integer_labels = label is not None and not pa.types.is_floating(typed[0].field(label).type)
+        self._wanted = [names[j] for j in wanted]
         self._open_file: tuple[int, pq.ParquetFile] | None = None
         self._last: tuple[int, pa.Table] | None = None
         self._lock = threading.Lock()
