@@ -181,6 +181,11 @@ class CsvReader:
     def num_records(self) -> int:
         return self._files.total
 
+    @property
+    def column_names(self) -> tuple[str, ...] | None:
+        """The feature columns' names, in feature order (None without a header)."""
+        return tuple(self._columns.names[j] for j in self._columns.features) if self._header else None
+
     def read(self, start: int, end: int) -> tuple[np.ndarray, Labels]:
         return self._convert(self._rows(start, end), self._integer_labels)
 

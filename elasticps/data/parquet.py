@@ -74,6 +74,11 @@ class ParquetReader:
     def num_records(self) -> int:
         return self._files.total
 
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """The feature columns' names, in feature order."""
+        return tuple(self._columns.names[j] for j in self._columns.features)
+
     def read(self, start: int, end: int) -> tuple[np.ndarray, Labels]:
         columns = self._columns
         features: list[np.ndarray] = [np.empty((0, len(columns.features)), dtype=np.float32)]

@@ -21,6 +21,8 @@ columns, index folder), and the object it returns must satisfy the :class:`Reade
 * ``read(start, end) -> (features, labels)``: records ``[start, end)``: ``features`` a numpy
   array of ``end - start`` rows (what the model's ``feed`` receives), ``labels`` a numpy array of
   as many labels or None when the data has none;
+* optionally ``column_names``: the feature columns' names, in order, for tabular data (the csv
+  and parquet readers have it; the worker hands it to the model's ``dataset_fn`` as metadata);
 * errors are :class:`DataError` with a message that names the file; any other exception the
   constructor raises is reported as one (with its type) and is a user error too.
 

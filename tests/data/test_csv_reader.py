@@ -46,6 +46,7 @@ def test_header_label_by_name_and_every_other_column_a_feature(tmp_path: Path) -
 def test_feature_columns_by_name_in_their_order(tmp_path: Path) -> None:
     reader = open_reader("csv", write(tmp_path / "d.csv", TABLE), opts(tmp_path, label_column="a", feature_columns=("label", "b")))
     features, labels = reader.read(0, 2)
+    assert reader.column_names == ("label", "b")
     np.testing.assert_array_equal(features, [[0, 2], [1, -4]])
     assert labels.dtype == np.float32 and labels.tolist() == [1, 3.5]  # 3.5 among the first labels: float
 
@@ -65,6 +66,7 @@ def test_without_a_label_column_the_labels_are_none(tmp_path: Path) -> None:
 def test_no_header_columns_by_index(tmp_path: Path) -> None:
     path = write(tmp_path / "d.csv", "1,2,0\n3,4,1\n")
     reader = open_reader("csv", path, opts(tmp_path, header=False, label_column="2", feature_columns=("1", "0")))
+    assert reader.column_names is None
     features, labels = reader.read(0, 2)
     np.testing.assert_array_equal(features, [[2, 1], [4, 3]])
     assert labels.tolist() == [0, 1]

@@ -31,6 +31,7 @@ def test_records_across_row_groups_and_files(tmp_path: Path) -> None:
     write(tmp_path / "p-2.parquet", table(5, 10), group=3)
     reader = open_reader("parquet", str(tmp_path / "p-*.parquet"), ReaderOptions(label_column="y", feature_columns=("f", "i", "b")))
     assert reader.num_records == 15
+    assert reader.column_names == ("f", "i", "b")
     features, labels = reader.read(0, 15)
     k = np.arange(15)
     np.testing.assert_array_equal(features, np.column_stack([k / 2, k, k % 2 == 0]).astype(np.float32))
