@@ -2,8 +2,8 @@
 serve as a ``ps`` or a ``worker``, run the Kubernetes ``operator``, or ``export`` a model from PS
 checkpoints.
 
-User mistakes (a malformed TrainingJob, a missing file) print one line and exit 2, never a
-traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
+User mistakes (a malformed TrainingJob, a missing file, data that cannot be read: ``run`` opens
+the job's data before it starts any process) print one line and exit 2, never a traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
 143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
 it first stops every replica it started, so none is left running. ``scale`` exits 0 once the request
 is written (the run applies it on its next pass, within a second), 2 when there is no run to ask or
@@ -129,10 +129,18 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.local.results import JobFailed, outcome, summary
     from elasticps.local.runner import LocalRunner
 
+    from elasticps.data.readers import DataError, count_records
+
     try:
         job = load_job_file(job_file)
+        # The data, opened as PS 0 will: a bad path or file is one line and exit 2 here, not a PS
+        # that fails until the backoff limit (the record-offset indexes it builds are cached for PS 0).
+        count_records(job.spec.data)
     except SpecError as err:
         print(f"elasticps: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except DataError as err:
+        print(f"elasticps: error: {job_file}: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USAGE
     run_dir = run_dir or Path(".elasticps") / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     spec = job.spec

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ class FieldInfo:
     maximum: float | None = None  # inclusive; a sanity bound no real job reaches (numEpochs 1e12 is a typo)
     aliases: tuple[str, ...] = ()  # extra command-line spellings, e.g. ElasticDL's --get_model_steps
     opaque: bool = False  # a free-form object (a pod template): kept as given, not validated here
+    flag: str = ""  # the command-line name when it is not the field's (--training_data for data.training)
+    check: Callable[[Any], str | None] | None = None  # why a value is refused (one line), or None
+
+    def flag_name(self, field: dataclasses.Field[Any]) -> str:
+        return self.flag or field.name
 
 
 def spec_field(
@@ -39,10 +45,12 @@ def spec_field(
     maximum: float | None = None,
     aliases: tuple[str, ...] = (),
     opaque: bool = False,
+    flag: str = "",
+    check: Callable[[Any], str | None] | None = None,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field carrying a :class:`FieldInfo`."""
-    info = FieldInfo(help, minimum, exclusive_minimum, maximum, aliases, opaque)
+    info = FieldInfo(help, minimum, exclusive_minimum, maximum, aliases, opaque, flag, check)
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={_META_KEY: info})
     return dataclasses.field(default=default, metadata={_META_KEY: info})

@@ -1,9 +1,12 @@
-"""Training settings as command-line flags, both ways, derived from :class:`TrainingSpec`.
+"""Training settings and data settings as command-line flags, both ways, derived from
+:class:`TrainingSpec` and :class:`DataSpec`.
 
-``elasticps ps`` and ``elasticps worker`` take the same training flags (ElasticDL style): booleans
+``elasticps ps`` and ``elasticps worker`` take the same training and data flags (ElasticDL style): booleans
 accept ``--use_async`` as well as ``--use_async=true`` / ``--use_async=false``; ElasticDL's
 ``--get_model_steps`` is an alias of ``--get_model_frequency``. The planner renders a spec back into
-flags with :func:`training_args`, so a pod's arguments and the YAML can never disagree.
+flags with :func:`training_args` and :func:`data_args`, so a pod's arguments and the YAML can never
+disagree. A flag is named after its field unless the field says otherwise (``FieldInfo.flag``:
+``spec.data.training`` is ``--training_data``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import argparse
 import dataclasses
 import sys
 import typing
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticps.api.fields import check_bounds, field_info, snake
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import TrainingSpec
+from elasticps.api.spec import DataSpec, TrainingSpec
+
+T = TypeVar("T")
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -39,43 +44,82 @@ def _bounded(kind: type, field: dataclasses.Field[Any]) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        try:
-            check_bounds(value, info, "value")
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err).removeprefix("value: ")) from None
+        if isinstance(value, (int, float)):
+            try:
+                check_bounds(value, info, "value")
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err).removeprefix("value: ")) from None
+        problem = info.check(value) if info.check is not None else None
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
         return value
 
     convert.__name__ = kind.__name__
     return convert
 
 
-def add_training_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds one flag per TrainingSpec field, with its default and help."""
-    group = parser.add_argument_group("training settings (the TrainingJob's spec.training)")
-    hints = typing.get_type_hints(TrainingSpec)
-    for field in dataclasses.fields(TrainingSpec):
+def _add_spec_flags(
+    group: argparse._ArgumentGroup, cls: type[Any], required: bool = False
+) -> None:
+    """One flag per field of dataclass ``cls`` (named by ``FieldInfo.flag_name``), with its default
+    and help. A field without a default is ``required``, or else defaults to an empty string."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
         info = field_info(field)
-        names = [f"--{field.name}", *(f"--{alias}" for alias in info.aliases)]
+        flag = info.flag_name(field)
+        names = [f"--{flag}", *(f"--{alias}" for alias in info.aliases)]
         kind = hints[field.name]
         if kind is bool:
             group.add_argument(
                 *names,
-                dest=field.name,
+                dest=flag,
                 nargs="?",
                 const=True,
                 default=field.default,
                 type=parse_bool,
                 metavar="BOOL",
-                help=f"{info.help} (default: false)",
+                help=f"{info.help} (default: {str(field.default).lower()})",
+            )
+        elif field.default is dataclasses.MISSING:
+            group.add_argument(
+                *names, dest=flag, required=required, default="", type=_bounded(kind, field), help=info.help
             )
         else:
+            shown = field.default if field.default != "" else "empty"
             group.add_argument(
                 *names,
-                dest=field.name,
+                dest=flag,
                 default=field.default,
                 type=_bounded(kind, field),
-                help=f"{info.help} (default: {field.default})",
+                help=f"{info.help} (default: {shown})",
             )
+
+
+def _spec_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    fields = dataclasses.fields(typing.cast(Any, cls))
+    return cls(**{f.name: getattr(args, field_info(f).flag_name(f)) for f in fields})
+
+
+def _spec_args(spec: Any) -> list[str]:
+    """The flags that reproduce ``spec``; fields left at their default are omitted."""
+    args: list[str] = []
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        flag = field_info(field).flag_name(field)
+        if value == field.default:
+            continue
+        if value is True:
+            args.append(f"--{flag}")
+        elif value is False:
+            args.append(f"--{flag}=false")
+        else:
+            args.append(f"--{flag}={value}")
+    return args
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per TrainingSpec field, with its default and help."""
+    _add_spec_flags(parser.add_argument_group("training settings (the TrainingJob's spec.training)"), TrainingSpec)
 
 
 def training_from_args(args: argparse.Namespace) -> TrainingSpec:
@@ -84,7 +128,7 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
     Refuses the mode combinations a TrainingJob refuses (``TrainingMode.problems``): prints
     ``error: --<flag>: <why>`` and exits 2, as argparse does for a bad value.
     """
-    spec = TrainingSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainingSpec)})
+    spec = _spec_from_args(TrainingSpec, args)
     for field, why in TrainingMode.of(spec).problems():
         print(f"error: --{snake(field)}: {why}", file=sys.stderr)
         raise SystemExit(2)
@@ -93,15 +137,19 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
 
 def training_args(spec: TrainingSpec) -> list[str]:
     """The flags that reproduce ``spec``; fields left at their default are omitted."""
-    args: list[str] = []
-    for field in dataclasses.fields(TrainingSpec):
-        value = getattr(spec, field.name)
-        if value == field.default:
-            continue
-        if value is True:
-            args.append(f"--{field.name}")
-        elif value is False:
-            args.append(f"--{field.name}=false")
-        else:
-            args.append(f"--{field.name}={value}")
-    return args
+    return _spec_args(spec)
+
+
+def add_data_flags(parser: argparse.ArgumentParser, *, require_training: bool) -> None:
+    """Adds one flag per DataSpec field (``--training_data``, ``--data_reader``, ``--label_column`` ...).
+    The worker needs ``--training_data``; a PS other than PS 0 reads no data."""
+    _add_spec_flags(parser.add_argument_group("data (the TrainingJob's spec.data)"), DataSpec, require_training)
+
+
+def data_from_args(args: argparse.Namespace) -> DataSpec:
+    return _spec_from_args(DataSpec, args)
+
+
+def data_args(spec: DataSpec) -> list[str]:
+    """The flags that reproduce ``spec`` (the training path always; other fields when not default)."""
+    return _spec_args(spec)

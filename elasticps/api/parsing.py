@@ -113,7 +113,12 @@ def parse_object(cls: type[T], data: Any, where: str) -> T:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise SpecError(f"{path}: required")
             continue
-        values[field.name] = _parse_value(hints[field.name], data[key], path, field)
+        value = _parse_value(hints[field.name], data[key], path, field)
+        check = field_info(field).check
+        problem = check(value) if check is not None else None
+        if problem is not None:
+            raise SpecError(f"{path}: {problem}")
+        values[field.name] = value
     return cls(**values)
 
 

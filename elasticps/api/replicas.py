@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from elasticps.api.flags import training_args
+from elasticps.api.flags import data_args, training_args
 from elasticps.api.spec import RestartPolicy, TrainingJob
 
 PS_PORT = 2222
@@ -54,14 +54,6 @@ def cluster_ps_addresses(job: TrainingJob) -> list[str]:
     ]
 
 
-def _data_args(job: TrainingJob) -> list[str]:
-    data = job.spec.data
-    args = [f"--data_reader={data.reader.value}", f"--training_data={data.training}"]
-    if data.validation:
-        args.append(f"--validation_data={data.validation}")
-    return args
-
-
 def _output_args(job: TrainingJob, worker: bool) -> list[str]:
     """``spec.output`` for PS 0 (its coordinator hands out the exports and reports where they went)
     and the workers (one of them writes each export, with the job's name in ``job.json``)."""
@@ -97,7 +89,7 @@ def ps_replica(
         *([f"--ps_addrs={','.join(ps_addresses)}"] if index == 0 and len(ps_addresses) > 1 else []),
         f"--host={host}",
         f"--port={port}",
-        *_data_args(job),
+        *data_args(job.spec.data),
         *_training_args(job, checkpoint_dir),
         *(_output_args(job, worker=False) if index == 0 else []),
         *extra,
@@ -112,7 +104,7 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
         f"--ps_addrs={','.join(ps_addresses)}",
         f"--model_def={job.spec.model.model_def}",
         *([f"--model_params={json.dumps(job.spec.model.params, sort_keys=True)}"] if job.spec.model.params else []),
-        *_data_args(job),
+        *data_args(job.spec.data),
         *_training_args(job, ""),
         *_output_args(job, worker=True),
         *extra,

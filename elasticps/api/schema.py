@@ -44,6 +44,7 @@ from elasticps.api.spec import (
     VERSION,
     DataSpec,
     JobPhase,
+    READER_PATTERN,
     ModelSpec,
     Resources,
     TrainingJobSpec,
@@ -57,12 +58,15 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+DELIMITER_PATTERN = r'^([^"\r\n]|\\t)?$'
 _NOT_BLANK = r"\S"  # unanchored: at least one non-space character, as parse_job's .strip() check
 
 # Extra constraints on single fields that the walk cannot infer from the type and FieldInfo.
 _FIELD_EXTRAS: dict[tuple[type, str], dict[str, Any]] = {
     (ModelSpec, "model_def"): {"pattern": _NOT_BLANK},
     (DataSpec, "training"): {"pattern": _NOT_BLANK},
+    (DataSpec, "reader"): {"pattern": READER_PATTERN},  # as spec.reader_problem
+    (DataSpec, "delimiter"): {"pattern": DELIMITER_PATTERN},  # as spec.delimiter_problem
 }
 _QUANTITY_MAPS = {(Resources, "requests"), (Resources, "limits")}
 

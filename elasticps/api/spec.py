@@ -7,6 +7,7 @@ reads typed values. YAML spells fields in camelCase; the classes use snake_case.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -48,11 +49,46 @@ class CleanPodPolicy(str, Enum):
 
 
 class DataReader(str, Enum):
-    """How records are read. ``idx``: MNIST-style idx files, the path is the prefix before
-    ``-images-idx3-ubyte[.gz]``; ``npz``: a numpy .npz file holding arrays ``x`` and ``y``."""
+    """The built-in readers (``spec.data.reader``; a plug-in reader is ``package.module:ClassName``).
+
+    ``idx``: MNIST-style idx files, the path is the prefix before ``-images-idx3-ubyte[.gz]``;
+    ``npz``: a numpy .npz file holding arrays ``x`` and ``y``; ``tfrecord``: files of serialized
+    ``tf.train.Example`` records, parsed by the model's ``feed``; ``csv`` and ``tsv``: delimited text,
+    one record per line; ``parquet``: Parquet files. The path of the last four may be a glob
+    (``train-*.tfrecord``): its files, sorted, are one dataset.
+    """
 
     IDX = "idx"
     NPZ = "npz"
+    TFRECORD = "tfrecord"
+    CSV = "csv"
+    TSV = "tsv"
+    PARQUET = "parquet"
+
+
+# A plug-in reader: a module path and a class name, e.g. ``my_pkg.readers:AvroReader``.
+READER_PLUGIN_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+READER_PATTERN = "^(" + "|".join(r.value for r in DataReader) + ")$|" + READER_PLUGIN_PATTERN
+
+
+def reader_problem(value: str) -> str | None:
+    """Why ``value`` names no reader (one line), or None: a built-in name or ``package.module:Class``.
+    The syntax only; the plug-in's import is checked by the process that opens the data."""
+    if value in {r.value for r in DataReader} or re.fullmatch(READER_PLUGIN_PATTERN, value):
+        return None
+    builtins = ", ".join(r.value for r in DataReader)
+    return f"must be a built-in reader ({builtins}) or a plug-in class as package.module:ClassName, got {value!r}"
+
+
+def delimiter_problem(value: str) -> str | None:
+    """Why ``value`` cannot separate fields (one line), or None. ``\\t`` (backslash, t) means a tab."""
+    if value in ("", "\\t"):
+        return None
+    if len(value) != 1:
+        return f"must be one character (or \\t for a tab), got {value!r}"
+    if value in "\"\r\n":
+        return f"cannot be a quote or a line break, got {value!r}"
+    return None
 
 
 class Strategy(str, Enum):
@@ -89,9 +125,40 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    training: str = spec_field(help="training data path (see reader)")
-    validation: str = spec_field("", help="validation data path; empty: no evaluation")
-    reader: DataReader = spec_field(DataReader.IDX, help="how records are read: idx or npz")
+    """Where the records are and how they are read; each field is also a flag of ``elasticps ps``
+    and ``elasticps worker`` (``flags.data_args``)."""
+
+    training: str = spec_field(
+        help="training data: a path or an object-store URI (s3://bucket/train-*.tfrecord); see reader",
+        flag="training_data",
+    )
+    validation: str = spec_field("", help="validation data, as training; empty: no evaluation", flag="validation_data")
+    reader: str = spec_field(
+        DataReader.IDX.value,
+        help="how records are read: idx, npz, tfrecord, csv, tsv, parquet, or a plug-in class package.module:ClassName",
+        flag="data_reader",
+        check=reader_problem,
+    )
+    delimiter: str = spec_field(
+        "", help="csv/tsv: the field separator, one character or \\t (empty: ',' for csv, a tab for tsv)",
+        check=delimiter_problem,
+    )
+    header: bool = spec_field(True, help="csv/tsv: the first line of each file names the columns")
+    label_column: str = spec_field(
+        "",
+        help="csv/tsv/parquet: the label column, by name (by 0-based index without a header); "
+        "empty: no labels (prediction data)",
+    )
+    feature_columns: str = spec_field(
+        "",
+        help="csv/tsv/parquet: the feature columns, comma-separated names (indexes without a header); "
+        "empty: every column but the label",
+    )
+    index_dir: str = spec_field(
+        "",
+        help="where tfrecord/csv record-offset indexes are cached, never the data's folder (empty: "
+        "~/.cache/elasticps/data-index of each process; a shared volume lets workers reuse PS 0's)",
+    )
 
 
 @dataclass(frozen=True)

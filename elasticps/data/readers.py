@@ -1,143 +1,110 @@
-"""Record readers: a data source as ``num_records`` plus ``read(start, end) -> (features, labels)``.
+"""Record readers by name: the built-in ones and plug-ins, opened as one :class:`Reader` protocol.
 
-Callers: the coordinator (PS 0), which needs only the number of records to cut tasks, and the worker,
-which reads the records of its tasks. Both are numpy only. Readers:
+Callers: PS 0 (``ps.main``), which opens the job's data at start to count its records (so a bad
+path or a malformed file fails there, before any worker starts, with one :class:`DataError` line
+naming the file), the worker (``worker.main``), which reads the records of its tasks, and
+``elasticps run``, which opens them once before it starts any process. Everything here is numpy
+(and pyarrow): no TensorFlow.
 
-* ``idx``: MNIST-style idx files (optionally gzipped): ``{path}-images-idx3-ubyte[.gz]`` and
-  ``{path}-labels-idx1-ubyte[.gz]``, e.g. path ``../shared/data/mnist/train``;
-* ``npz``: a numpy ``.npz`` file with arrays ``x`` (features) and ``y`` (labels), what tests write.
+Built-in readers (``spec.data.reader``): ``idx`` and ``npz`` (``arrays``), ``tfrecord``
+(``tfrecord``), ``csv`` and ``tsv`` (``csv_reader``), ``parquet`` (``parquet``). Paths of the last
+four may be object-store URIs (``s3://bucket/train-*.tfrecord``, see ``elasticps.storage``) and globs.
 
-A missing or malformed file raises :class:`DataError` with the path and what is wrong.
+A plug-in reader is named ``package.module:ClassName`` (e.g. ``my_readers.avro:AvroReader``); the
+module must be importable in the PS and worker images. The class is called as
+``ClassName(path, options)`` with the data path (training or validation) and a
+:class:`~elasticps.data.api.ReaderOptions` (``spec.data``'s delimiter, header, label and feature
+columns, index folder), and the object it returns must satisfy the :class:`Reader` protocol:
+
+* ``num_records`` (a property or attribute): the number of records, numbered ``0 .. n - 1``;
+  PS 0 only asks this, so it must not read every record;
+* ``read(start, end) -> (features, labels)``: records ``[start, end)``: ``features`` a numpy
+  array of ``end - start`` rows (what the model's ``feed`` receives), ``labels`` a numpy array of
+  as many labels or None when the data has none;
+* optionally ``column_names``: the feature columns' names, in order, for tabular data (the csv
+  and parquet readers have it; the worker hands it to the model's ``dataset_fn`` as metadata);
+* errors are :class:`DataError` with a message that names the file; any other exception the
+  constructor raises is reported as one (with its type) and is a user error too.
+
+The syntax of the name is checked when the TrainingJob is parsed (``spec.reader_problem``); the
+import when a process opens the data, with an error naming the module.
 """
 
 from __future__ import annotations
 
-import gzip
-import math
-import struct
-from pathlib import Path
-from typing import Protocol
+import importlib
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
+from elasticps.api.spec import DataReader, DataSpec, reader_problem
+from elasticps.data.api import DataError, Labels, Reader, ReaderOptions
+from elasticps.data.arrays import IdxReader, NpzReader
+from elasticps.data.csv_reader import CsvReader, TsvReader
+from elasticps.data.parquet import ParquetReader
+from elasticps.data.tfrecord import TFRecordReader
 
-from elasticps.api.spec import DataReader
+__all__ = [
+    "DataError", "IdxReader", "Labels", "NpzReader", "Reader", "ReaderOptions", "count_records", "open_reader", "reader_class"
+]
 
+Factory = Callable[[str, ReaderOptions], Any]
 
-class DataError(ValueError):
-    """Data that cannot be read; the message names the file."""
-
-
-class Reader(Protocol):
-    @property
-    def num_records(self) -> int: ...
-
-    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]: ...
-
-
-def open_reader(kind: DataReader, path: str) -> Reader:
-    if kind is DataReader.IDX:
-        return IdxReader(path)
-    if kind is DataReader.NPZ:
-        return NpzReader(path)
-    raise DataError(f"unknown data reader {kind!r}")
+BUILTIN: dict[str, Factory] = {
+    DataReader.IDX.value: IdxReader,
+    DataReader.NPZ.value: NpzReader,
+    DataReader.TFRECORD.value: TFRecordReader,
+    DataReader.CSV.value: CsvReader,
+    DataReader.TSV.value: TsvReader,
+    DataReader.PARQUET.value: ParquetReader,
+}
 
 
-def _idx_file(prefix: str, stem: str) -> Path:
-    for suffix in ("", ".gz"):
-        candidate = Path(f"{prefix}-{stem}{suffix}")
-        if candidate.is_file():
-            return candidate
-    raise DataError(f"{prefix}-{stem}[.gz]: no such file")
+def reader_class(name: str) -> Factory:
+    """The class of reader ``name``: a built-in one, or a plug-in's, imported now."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    problem = reader_problem(name)
+    if problem is not None:
+        raise DataError(f"reader: {problem}")
+    module_name, _, class_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # a plug-in's import may fail in any way: one line, not a traceback
+        raise DataError(f"reader {name}: cannot import module {module_name!r}: {type(err).__name__}: {err}") from None
+    factory = getattr(module, class_name, None)
+    if not callable(factory):
+        raise DataError(f"reader {name}: module {module_name!r} has no class {class_name!r}")
+    return factory  # type: ignore[no-any-return]
 
 
-class IdxReader:
-    _IMAGES, _LABELS = 2051, 2049
-
-    def __init__(self, prefix: str) -> None:
-        self._images_path = _idx_file(prefix, "images-idx3-ubyte")
-        self._labels_path = _idx_file(prefix, "labels-idx1-ubyte")
-        self._images: np.ndarray | None = None
-        self._labels: np.ndarray | None = None
-        count, dims = self._header(self._images_path, self._IMAGES)
-        labels, _ = self._header(self._labels_path, self._LABELS)
-        if count != labels:
-            raise DataError(f"{self._images_path}: {count} images but {labels} labels")
-        self._count = count
-        self._record_size = math.prod(dims)  # bytes (pixels) per image
-
-    @staticmethod
-    def _header(path: Path, magic: int) -> tuple[int, tuple[int, ...]]:
-        opener = gzip.open if path.suffix == ".gz" else open
+def open_reader(kind: str, path: str, options: ReaderOptions = ReaderOptions()) -> Reader:
+    """Opens ``path`` with reader ``kind`` (a built-in name or ``package.module:ClassName``)."""
+    name = str(getattr(kind, "value", kind))  # DataReader members too
+    factory = reader_class(name)
+    if name in BUILTIN:
+        reader: object = factory(path, options)
+    else:
         try:
-            with opener(path, "rb") as f:
-                head = f.read(16 if magic == IdxReader._IMAGES else 8)
-        except (OSError, EOFError) as err:
-            raise DataError(f"{path}: cannot read: {err}") from None
-        dims = 3 if magic == IdxReader._IMAGES else 1
-        if len(head) < 4 + 4 * dims:
-            raise DataError(f"{path}: too short for an idx header")
-        found, *shape = struct.unpack(f">I{dims}I", head[: 4 + 4 * dims])
-        if found != magic:
-            raise DataError(f"{path}: magic {found}, expected {magic}")
-        return shape[0], tuple(shape[1:])
-
-    @property
-    def num_records(self) -> int:
-        return self._count
-
-    def _load(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._images is None or self._labels is None:
-            images = self._body(self._images_path, 16)
-            labels = self._body(self._labels_path, 8)
-            # Checked before the reshape: a truncated (or padded) file must not fail with a bare
-            # ValueError, nor silently give images of the wrong size.
-            if images.size != self._count * self._record_size:
-                raise DataError(
-                    f"{self._images_path}: {images.size} bytes of images, its header says "
-                    f"{self._count} x {self._record_size}"
-                )
-            if labels.size != self._count:
-                raise DataError(f"{self._labels_path}: {labels.size} labels, its header says {self._count}")
-            self._images = images.reshape(self._count, self._record_size)
-            self._labels = labels.astype(np.int64)
-        return self._images, self._labels
-
-    @staticmethod
-    def _body(path: Path, offset: int) -> np.ndarray:
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as f:
-                data = f.read()
-        except (OSError, EOFError) as err:
-            raise DataError(f"{path}: cannot read: {err}") from None
-        return np.frombuffer(data, dtype=np.uint8, offset=offset)
-
-    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        images, labels = self._load()
-        return images[start:end], labels[start:end]
+            reader = factory(path, options)
+        except DataError:
+            raise
+        except Exception as err:
+            raise DataError(f"{path}: reader {name}: {type(err).__name__}: {err}") from None
+    if not isinstance(reader, Reader):
+        raise DataError(f"reader {name}: {type(reader).__name__} has no num_records and read(start, end) (the Reader protocol)")
+    return reader
 
 
-class NpzReader:
-    def __init__(self, path: str) -> None:
-        try:
-            loaded = np.load(path, allow_pickle=False)
-            if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
-                raise DataError(f"{path}: not an .npz archive (arrays 'x' and 'y')")
-            with loaded as data:
-                if "x" not in data or "y" not in data:
-                    raise DataError(f"{path}: needs arrays 'x' and 'y', has {sorted(data.files)}")
-                self._x = data["x"]
-                self._y = data["y"]
-        except (OSError, ValueError) as err:
-            if isinstance(err, DataError):
-                raise
-            raise DataError(f"{path}: cannot read: {err}") from None
-        if len(self._x) != len(self._y):
-            raise DataError(f"{path}: {len(self._x)} features but {len(self._y)} labels")
-
-    @property
-    def num_records(self) -> int:
-        return len(self._x)
-
-    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._x[start:end], self._y[start:end]
+def count_records(data: DataSpec) -> tuple[int, int]:
+    """The records of a job's training and validation data (0 without validation data), opened as
+    PS 0 opens them; a :class:`DataError` names the field (``spec.data.training: <file>: <why>``).
+    ``elasticps run`` calls it before it starts any process."""
+    options = ReaderOptions.of(data)
+    counts = [0, 0]
+    for k, (field, path) in enumerate((("training", data.training), ("validation", data.validation))):
+        if path:
+            try:
+                counts[k] = open_reader(data.reader, path, options).num_records
+            except DataError as err:
+                raise DataError(f"spec.data.{field}: {err}") from None
+    return counts[0], counts[1]

@@ -20,15 +20,15 @@ from types import FrameType
 
 from prometheus_client import REGISTRY, start_http_server
 
-from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.flags import add_data_flags, add_training_flags, data_from_args, training_from_args
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.api.spec import DataReader, TrainingSpec
+from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
-from elasticps.data.readers import DataError, open_reader
+from elasticps.data.readers import DataError, ReaderOptions, open_reader
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.checkpoint import CheckpointError
@@ -54,9 +54,7 @@ class PSConfig:
     port: int
     port_file: str
     ps_addrs: tuple[str, ...]  # PS 0: every shard's address, in order (it coordinates sync rounds)
-    data_reader: DataReader
-    training_data: str
-    validation_data: str
+    data: DataSpec  # spec.data: PS 0 opens it to count the records
     rpc_threads: int
     metrics_port: int
     training: TrainingSpec
@@ -73,11 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ps_addrs", default="", help="PS 0 with several shards: every shard's host:port, comma-separated, in order"
     )
-    parser.add_argument(
-        "--data_reader", default=DataReader.IDX.value, choices=[r.value for r in DataReader], help="record reader"
-    )
-    parser.add_argument("--training_data", default="", help="training data path (PS 0: cut into tasks)")
-    parser.add_argument("--validation_data", default="", help="validation data path (PS 0: evaluation tasks)")
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
@@ -86,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
     )
+    add_data_flags(parser, require_training=False)  # PS 0 cuts the training data into tasks
     add_training_flags(parser)
 
 
@@ -104,9 +98,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         port=args.port,
         port_file=args.port_file,
         ps_addrs=ps_addrs,
-        data_reader=DataReader(args.data_reader),
-        training_data=args.training_data,
-        validation_data=args.validation_data,
+        data=data_from_args(args),
         rpc_threads=args.rpc_threads,
         metrics_port=args.metrics_port,
         training=training_from_args(args),
@@ -174,10 +166,12 @@ def rounds_and_shards(
 
 def queue_settings(config: PSConfig) -> QueueSettings:
     """What the coordinator needs: record counts only (the PS never loads the data itself)."""
-    if not config.training_data:
+    data = config.data
+    if not data.training:
         raise DataError("PS 0 coordinates the job and needs --training_data")
-    records = open_reader(config.data_reader, config.training_data).num_records
-    validation = open_reader(config.data_reader, config.validation_data).num_records if config.validation_data else 0
+    options = ReaderOptions.of(data)
+    records = open_reader(data.reader, data.training, options).num_records
+    validation = open_reader(data.reader, data.validation, options).num_records if data.validation else 0
     t = config.training
     return QueueSettings(
         num_records=records,

@@ -127,7 +127,7 @@ def match(tensors: Mapping[str, np.ndarray], variables: Mapping[str, Variable]) 
 
 def export_from_checkpoints(paths: Sequence[Path], job: TrainingJob, out: str, version: int | None = None) -> int:
     """Writes the export of the newest common checkpointed version into ``out``; returns that version."""
-    from elasticps.data.readers import DataError, open_reader
+    from elasticps.data.readers import DataError, ReaderOptions, open_reader
     from elasticps.worker import keras_trainer
     from elasticps.worker.model_loading import ModelError, load_model_module
 
@@ -141,7 +141,7 @@ def export_from_checkpoints(paths: Sequence[Path], job: TrainingJob, out: str, v
     try:
         module = load_model_module(spec.model.model_def)
         trainer = keras_trainer.KerasTrainer(module, spec.model.params, spec.training.minibatch_size)
-        trainer.build(*open_reader(spec.data.reader, spec.data.training).read(0, 1))
+        trainer.build(*open_reader(spec.data.reader, spec.data.training, ReaderOptions.of(spec.data)).read(0, 1))
     except (ModelError, DataError) as err:
         raise ExportProblem(str(err)) from None
     variables = {v.path: v for v in trainer.model.variables}

@@ -23,10 +23,10 @@ from typing import Any
 
 import grpc
 
-from elasticps.api.flags import add_training_flags, training_from_args
+from elasticps.api.flags import add_data_flags, add_training_flags, data_from_args, training_from_args
 from elasticps.api.modes import TrainingMode
 from elasticps.api.output import exported_job
-from elasticps.api.spec import DataReader, DataSpec, ModelSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, ModelSpec, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.exporting import Exporter
@@ -46,9 +46,7 @@ class WorkerConfig:
     ps_addrs: tuple[str, ...]
     model_def: str
     model_params: dict[str, Any]
-    data_reader: DataReader
-    training_data: str
-    validation_data: str
+    data: DataSpec
     num_threads: int
     metrics_port: int
     health_port: int
@@ -64,11 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.zoo.mnist_cnn")
     parser.add_argument("--model_params", default="{}", help="JSON object of keyword arguments for custom_model()")
-    parser.add_argument(
-        "--data_reader", default=DataReader.IDX.value, choices=[r.value for r in DataReader], help="record reader"
-    )
-    parser.add_argument("--training_data", required=True, help="training data path")
-    parser.add_argument("--validation_data", default="", help="validation data path (evaluation tasks)")
     parser.add_argument("--num_threads", type=int, default=0, help="TensorFlow threads (0: TensorFlow's default)")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
@@ -76,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output", default="", help="the job's output (spec.output): where exports are written")
     parser.add_argument("--job_name", default="", help="the job's name (written into an export's job.json)")
+    add_data_flags(parser, require_training=True)
     add_training_flags(parser)
 
 
@@ -94,9 +88,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         ps_addrs=addrs,
         model_def=args.model_def,
         model_params=params,
-        data_reader=DataReader(args.data_reader),
-        training_data=args.training_data,
-        validation_data=args.validation_data,
+        data=data_from_args(args),
         num_threads=args.num_threads,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
@@ -127,7 +119,7 @@ def run(config: WorkerConfig) -> int:
 def _run(config: WorkerConfig) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
-    from elasticps.data.readers import DataError, open_reader
+    from elasticps.data.readers import DataError, ReaderOptions, open_reader
     from elasticps.ps.client import PSClient
     from elasticps.api.optimizer import OptimizerError
     from elasticps.worker import keras_trainer
@@ -141,8 +133,9 @@ def _run(config: WorkerConfig) -> int:
     try:
         keras_trainer.configure_threads(config.num_threads)
         module = load_model_module(config.model_def)
-        training = open_reader(config.data_reader, config.training_data)
-        validation = open_reader(config.data_reader, config.validation_data) if config.validation_data else None
+        data, options = config.data, ReaderOptions.of(config.data)
+        training = open_reader(data.reader, data.training, options)
+        validation = open_reader(data.reader, data.validation, options) if data.validation else None
         # A reader of tabular data that knows its columns names them (ElasticDL's metadata).
         columns = getattr(training, "column_names", None)
         trainer = keras_trainer.KerasTrainer(
@@ -151,7 +144,7 @@ def _run(config: WorkerConfig) -> int:
             config.training.minibatch_size,
             seed=config.worker_id * 7919,
             learning_rate=config.training.learning_rate,
-            metadata=Metadata(None if columns is None else tuple(columns), config.data_reader.value),
+            metadata=Metadata(None if columns is None else tuple(columns), data.reader),
         )
         trainer.optimizer_config(config.training.learning_rate)
     except (ModelError, DataError, OptimizerError) as err:
@@ -186,9 +179,8 @@ def _exporter(config: WorkerConfig) -> Exporter | None:
     if not config.output:
         return None
     model = ModelSpec(model_def=config.model_def, params=dict(config.model_params))
-    data = DataSpec(training=config.training_data, validation=config.validation_data, reader=config.data_reader)
     name = config.job_name or "trainingjob"
-    return Exporter(config.output, exported_job(name, model, data, config.training, config.output))
+    return Exporter(config.output, exported_job(name, model, config.data, config.training, config.output))
 
 
 def _serve_health(port: int) -> grpc.Server:

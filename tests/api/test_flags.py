@@ -8,10 +8,18 @@ import random
 
 import pytest
 
-from elasticps.api.flags import add_training_flags, parse_bool, training_args, training_from_args
+from elasticps.api.flags import (
+    add_data_flags,
+    add_training_flags,
+    data_args,
+    data_from_args,
+    parse_bool,
+    training_args,
+    training_from_args,
+)
 from elasticps.api.parsing import parse_job
 from elasticps.api.replicas import ps_replica, worker_replica
-from elasticps.api.spec import TrainingSpec
+from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.ps import main as ps_main
 from elasticps.worker import main as worker_main
 
@@ -230,7 +238,7 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     ps_main.add_arguments(parser)
     config = ps_main.config_from_args(parser.parse_args(list(ps.args[1:])))
     assert config.training == dataclasses.replace(expected, checkpoint_dir="/run/ckpt")
-    assert (config.ps_id, config.num_ps, config.training_data) == (1, 2, "/d/train.npz")
+    assert (config.ps_id, config.num_ps, config.data) == (1, 2, job.spec.data)
     assert "--num_workers" not in " ".join(ps.args)  # no snapshot of the worker count that can go stale
     ps0 = ps_replica(job, 0, host="127.0.0.1", port=0, ps_addresses=["a:1", "b:2"])
     assert "--ps_addrs=a:1,b:2" in ps0.args
@@ -242,4 +250,69 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     wconfig = worker_main.config_from_args(parser.parse_args(list(worker.args[1:])))
     assert wconfig.training == expected
     assert (wconfig.ps_addrs, wconfig.model_def, wconfig.model_params) == (("a:1", "b:2"), "elasticps.zoo.mlp", {"hidden": 8})
-    assert wconfig.validation_data == "/d/val.npz"
+    assert wconfig.data == job.spec.data
+
+
+# ---- data flags ---------------------------------------------------------------------------------------
+
+
+def parse_data(*argv: str, require_training: bool = True) -> DataSpec:
+    parser = argparse.ArgumentParser(prog="elasticps worker")
+    add_data_flags(parser, require_training=require_training)
+    return data_from_args(parser.parse_args(list(argv)))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        DataSpec(training="/d/train"),
+        DataSpec(training="/d/t.npz", validation="/d/v.npz", reader="npz"),
+        DataSpec(training="s3://b/train-*.tfrecord", reader="tfrecord", index_dir="/shared/index"),
+        DataSpec(training="/d/t.tsv", reader="tsv", header=False, label_column="0", feature_columns="1,2,5"),
+        DataSpec(training="/d/t.csv", reader="csv", delimiter=";", label_column="click", feature_columns="a,b"),
+        DataSpec(training="/d/t.csv", reader="csv", delimiter="\\t"),
+        DataSpec(training="/d/t.csv", reader="my_readers.avro:AvroReader"),
+    ],
+    ids=["idx", "npz", "tfrecord", "tsv", "csv", "csv-escaped-tab", "plug-in"],
+)
+def test_data_round_trip(spec: DataSpec) -> None:
+    args = data_args(spec)
+    assert args[0] == f"--training_data={spec.training}"
+    assert parse_data(*args) == spec
+
+
+def test_data_flags_keep_their_elasticdl_names() -> None:
+    spec = parse_data("--training_data=/t", "--validation_data=/v", "--data_reader=csv", "--label_column=y", "--header=false")
+    assert spec == DataSpec(training="/t", validation="/v", reader="csv", label_column="y", header=False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--training_data=/t", "--data_reader=xml"], "argument --data_reader: must be a built-in reader"),
+        (["--training_data=/t", "--data_reader=pkg.mod"], "or a plug-in class as package.module:ClassName"),
+        (["--training_data=/t", "--delimiter=;;"], "argument --delimiter: must be one character"),
+        (["--training_data=/t", "--header=maybe"], "argument --header: expected true or false"),
+        ([], "the following arguments are required: --training_data"),
+    ],
+)
+def test_bad_data_flags_are_refused_naming_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        parse_data(*argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_ps_needs_no_training_data_flag() -> None:
+    assert parse_data(require_training=False).training == ""
+
+
+def test_replica_command_lines_carry_the_jobs_data_settings() -> None:
+    data = {"training": "s3://b/train-*.csv", "validation": "s3://b/val.csv", "reader": "csv", "delimiter": ";",
+            "header": False, "labelColumn": "0", "featureColumns": "1,2", "indexDir": "/shared/idx"}
+    job = parse_job({"apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"},
+                     "spec": {"model": {"modelDef": "m"}, "data": data}})
+    for main, replica in ((ps_main, ps_replica(job, 0, host="h", port=0)), (worker_main, worker_replica(job, 0, ["a:1"]))):
+        parser = argparse.ArgumentParser()
+        main.add_arguments(parser)
+        assert main.config_from_args(parser.parse_args(list(replica.args[1:]))).data == job.spec.data

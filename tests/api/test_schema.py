@@ -41,13 +41,19 @@ def spec_schema() -> dict[str, Any]:
 # ---- the API server's part, in small -----------------------------------------------------------------
 
 
+def go_search(pattern: str, value: str) -> bool:
+    """``pattern`` searched as the API server's Go regexp does: there ``$`` is the end of the text,
+    where Python's also matches before a final line break (``"\\n"`` would pass ``^x?$``)."""
+    return re.search(pattern.replace("$", r"\Z"), value) is not None
+
+
 def validate(schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
     """Structural validation as the API server does it (strict about unknown fields, like kubectl)."""
     errors: list[str] = []
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             return [f"{where}: must be an integer or a string"]
-        if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        if isinstance(value, str) and "pattern" in schema and not go_search(schema["pattern"], value):
             errors.append(f"{where}: does not match {schema['pattern']}")
         return errors
     kind = schema.get("type")
@@ -75,7 +81,7 @@ def validate(schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
     if kind == "number" and value != value:  # NaN: JSON cannot carry it
         errors.append(f"{where}: not a number")
     if kind == "string":
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not go_search(schema["pattern"], value):
             errors.append(f"{where}: does not match {schema['pattern']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{where}: longer than {schema['maxLength']}")
@@ -318,6 +324,21 @@ AGREEMENT = [
     ("spec.worker.template", {"spec": {"nodeSelector": {"gpu": "h100"}}}),
     ("spec.data.reader", "csv"),
     ("spec.data.reader", "npz"),
+    ("spec.data.reader", "xml"),
+    ("spec.data.reader", "my_readers.avro:AvroReader"),
+    ("spec.data.reader", "my_readers.avro"),
+    ("spec.data.reader", "my-readers:Avro"),
+    ("spec.data.reader", "a:B:C"),
+    ("spec.data.delimiter", ";"),
+    ("spec.data.delimiter", "\t"),
+    ("spec.data.delimiter", "\\t"),
+    ("spec.data.delimiter", ";;"),
+    ("spec.data.delimiter", '"'),
+    ("spec.data.delimiter", "\n"),
+    ("spec.data.reader", "m:C\n"),
+    ("spec.data.header", False),
+    ("spec.data.labelColumn", "label"),
+    ("spec.data.featureColumns", "a,b"),
     ("spec.data.training", ""),
     ("spec.data.training", "  "),
     ("spec.model.modelDef", " "),
