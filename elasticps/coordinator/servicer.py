@@ -24,11 +24,12 @@ from pathlib import Path
 
 import grpc
 
+from elasticps.coordinator.curves import TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Rounds
 from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
-from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks import Finished, Progress, QueueSettings, Task, TaskKind, TaskQueue, Wait
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
@@ -53,10 +54,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         journals: Journals | None = None,
         checkpoint_steps: int = 0,
         recovery_deadline_s: float = 300.0,
+        curves: TrainingCurves | None = None,
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
         self._clock = clock
+        self._curves = curves
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
@@ -115,6 +118,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ReportTask: metrics must be finite")
         self._require_ready(context)
         with self._lock:
+            before = self._queue.progress()
             self._queue.report(
                 request.worker,
                 request.task_id,
@@ -124,7 +128,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 rejected=request.rejected,
             )
             self._write_journal()
+            after = self._queue.progress()
+        self._draw(before, after)
         return pb.Ack()
+
+    def _draw(self, before: Progress, after: Progress) -> None:
+        """Adds what a report changed to the training curves (one point per evaluation)."""
+        if self._curves is None:
+            return
+        try:
+            if after.records_done > before.records_done:
+                self._curves.trained(self._version_fn(), after.loss, after.records_done, after.epoch)
+            if after.evaluations > before.evaluations:
+                self._curves.evaluated(after.metrics_version, after.metrics)
+        except OSError as err:  # a full disk loses curve points, never the job
+            log.warning("could not write the training curves: %s", err)
 
     def _write_journal(self) -> None:
         if self._journal is None or self._rounds is not None:  # sync: saved per checkpointed version

@@ -94,6 +94,7 @@ class Progress:
     metrics_version: int
     tasks_requeued: int
     gradients_rejected: int
+    evaluations: int = 0  # evaluations completed by this coordinator (since it started)
 
 
 class TaskQueue:
@@ -117,6 +118,7 @@ class TaskQueue:
         self._final_eval_done = settings.validation_records == 0
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
+        self._evaluations = 0
         self._recent_losses: list[float] = []
         self.tasks_requeued = 0
         self.gradients_rejected = 0
@@ -224,6 +226,7 @@ class TaskQueue:
             metrics_version=self._metrics_version,
             tasks_requeued=self.tasks_requeued,
             gradients_rejected=self.gradients_rejected,
+            evaluations=self._evaluations,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -301,6 +304,7 @@ class TaskQueue:
         if evaluation.pending == 0:
             self._metrics = {n: v / max(1, evaluation.records) for n, v in evaluation.sums.items()}
             self._metrics_version = evaluation.version
+            self._evaluations += 1
             self._evaluation = None
             if self._final_eval_started:
                 self._final_eval_done = True
