@@ -69,11 +69,13 @@ bench: $(STAMP)
 convergence: $(STAMP)
 	$(PY) -m bench.convergence
 
-# Regenerates elasticps/proto/*_pb2*.py and the .pyi stubs from elasticps.proto.
+# Regenerates elasticps/proto/*_pb2*.py and the .pyi stubs from the .proto files.
 proto: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 	$(CURDIR)/$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 		--mypy_out=. --mypy_grpc_out=. elasticps/proto/elasticps.proto
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	$(CURDIR)/$(PY) -m grpc_tools.protoc -I. --python_out=. --mypy_out=. elasticps/proto/tensorboard.proto
 
 # Regenerates the CRD from the typed spec (a test keeps the committed file equal to it).
 manifests: $(STAMP)

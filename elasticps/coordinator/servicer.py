@@ -30,11 +30,12 @@ from pathlib import Path
 import grpc
 
 from elasticps.api.output import export_path
+from elasticps.coordinator.curves import TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Rounds
 from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
-from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks import Finished, Progress, QueueSettings, Task, TaskKind, TaskQueue, Wait
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
@@ -64,10 +65,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         checkpoint_steps: int = 0,
         recovery_deadline_s: float = 300.0,
         output: str = "",
+        curves: TrainingCurves | None = None,
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
         self._clock = clock
+        self._curves = curves
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
@@ -131,6 +134,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ReportTask: metrics must be finite")
         self._require_ready(context)
         with self._lock:
+            before = self._queue.progress()
             self._queue.report(
                 request.worker,
                 request.task_id,
@@ -141,7 +145,25 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 model_version=request.model_version,
             )
             self._write_journal()
+            after = self._queue.progress()
+        self._draw(before, after)
         return pb.Ack()
+
+    def _draw(self, before: Progress, after: Progress) -> None:
+        """Logs a completed evaluation and adds what a report changed to the training curves (one
+        point per evaluation)."""
+        if after.evaluations > before.evaluations:
+            shown = ", ".join(f"{name} {value:.4f}" for name, value in sorted(after.metrics.items()))
+            log.info("evaluation of model version %d: %s", after.metrics_version, shown)
+        if self._curves is None:
+            return
+        try:
+            if after.records_done > before.records_done:
+                self._curves.trained(self._version_fn(), after.loss, after.records_done, after.epoch)
+            if after.evaluations > before.evaluations:
+                self._curves.evaluated(after.metrics_version, after.metrics)
+        except OSError as err:  # a full disk loses curve points, never the job
+            log.warning("could not write the training curves: %s", err)
 
     def _write_journal(self) -> None:
         if self._journal is None or self._rounds is not None:  # sync: saved per checkpointed version
@@ -343,6 +365,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._curves is not None:
+            self._curves.close()
         with self._rounds_changed:
             self._rounds_changed.notify_all()
 

@@ -106,6 +106,7 @@ class Progress:
     gradients_rejected: int
     export_version: int = -1  # the newest export reported (-1: none)
     export_final: bool = False  # that export is the final model
+    evaluations: int = 0  # evaluations completed by this coordinator (since it started)
 
 
 class TaskQueue:
@@ -135,6 +136,7 @@ class TaskQueue:
         self._exported: tuple[int, bool] | None = None  # (version, final) of the newest export done
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
+        self._evaluations = 0
         self._recent_losses: list[float] = []
         self.tasks_requeued = 0
         self.gradients_rejected = 0
@@ -263,6 +265,7 @@ class TaskQueue:
             gradients_rejected=self.gradients_rejected,
             export_version=-1 if self._exported is None else self._exported[0],
             export_final=self._exported is not None and self._exported[1],
+            evaluations=self._evaluations,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -350,6 +353,7 @@ class TaskQueue:
         if evaluation.pending == 0:
             self._metrics = {n: v / max(1, evaluation.records) for n, v in evaluation.sums.items()}
             self._metrics_version = evaluation.version
+            self._evaluations += 1
             self._evaluation = None
             if self._final_eval_started:
                 self._final_eval_done = True

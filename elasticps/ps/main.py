@@ -25,6 +25,7 @@ from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
+from elasticps.coordinator.curves import open_curves
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
@@ -74,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
-        "--output", default="", help="PS 0: the job's output (spec.output); the final model is exported there"
+        "--output",
+        default="",
+        help="PS 0: the job's output (spec.output); the final model is exported there, the training curves go to its tensorboard/",
     )
     parser.add_argument(
         "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
@@ -214,6 +217,7 @@ def run(config: PSConfig) -> int:
             journals=journals,
             checkpoint_steps=t.checkpoint_steps,
             output=config.output,
+            curves=open_curves(config.output, metrics.staleness_counts) if config.output else None,
         )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
         coordinator.start()
@@ -234,7 +238,7 @@ def run(config: PSConfig) -> int:
     signal.signal(signal.SIGINT, stop)
     stopped.wait()
     if coordinator is not None:
-        coordinator.stop()  # its ticker and waiting joins end now
+        coordinator.stop()  # its ticker and waiting joins end now; the training curves are closed
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=2).wait()
     store.flush_checkpoints()

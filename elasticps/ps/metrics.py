@@ -19,13 +19,14 @@ class PSMetrics:
             "elasticps_ps_pushes", "Gradient pushes by outcome", ["shard", "outcome"], registry=registry
         )
         self.pulls = Counter("elasticps_ps_pulls", "Model pulls by kind", ["shard", "kind"], registry=registry)
-        self.staleness = Histogram(
+        self._staleness_family = Histogram(
             "elasticps_ps_gradient_staleness",
             "PS version minus the gradient's version, per accepted or rejected push",
             ["shard"],
             buckets=_STALENESS_BUCKETS,
             registry=registry,
-        ).labels(**labels)
+        )
+        self.staleness = self._staleness_family.labels(**labels)
         self.model_version = Gauge(
             "elasticps_ps_model_version", "Updates applied to this shard", ["shard"], registry=registry
         ).labels(**labels)
@@ -47,3 +48,13 @@ class PSMetrics:
     def pulled(self, kind: str) -> None:
         """kind: full | current (nothing newer) | uninitialized."""
         self.pulls.labels(shard=self._shard, kind=kind).inc()
+
+    def staleness_counts(self) -> list[tuple[float, float]]:
+        """This shard's staleness so far: ``(upper bound, pushes at or below it)`` per bucket, the
+        last bound +inf (what the training curves turn into histograms)."""
+        counts: list[tuple[float, float]] = []
+        for family in self._staleness_family.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket") and sample.labels.get("shard") == self._shard:
+                    counts.append((float(sample.labels["le"]), sample.value))
+        return sorted(counts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +83,19 @@ def run_job(tmp_path: Path, document: dict[str, object], timeout: float = 300) -
     return process.returncode, stdout, stderr, result
 
 
+def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalar curves of the job's event file, as TensorFlow's own reader reads them."""
+    tf = pytest.importorskip("tensorflow")
+    files = sorted(folder.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for event in tf.compat.v1.train.summary_iterator(str(files[0])):
+        for value in event.summary.value:
+            if not value.HasField("histo"):
+                curves.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return curves
+
+
 def reload(folder: Path, validation: Path) -> dict[str, Any]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run(
@@ -98,19 +112,30 @@ def test_the_exported_model_reloads_with_the_reported_accuracy(
     tmp_path: Path, data: tuple[Path, Path], training: dict[str, object]
 ) -> None:
     out = tmp_path / "models" / "e2e"
-    document = job_document("e2e", *data, checkpointSteps=1, **training)
+    document = job_document("e2e", *data, checkpointSteps=1, evaluationSteps=40, **training)
     document["spec"]["output"] = str(out)  # type: ignore[index]
     code, stdout, stderr, result = run_job(tmp_path, document)
     assert code == 0, stderr
     version = result["model_version"]
     assert (result["export_path"], result["export_version"]) == (str(out), version)
     assert stdout.strip().splitlines()[-1] == f"  model version {version} exported to {out}"
-    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model"]
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model_version"] == version and metrics["final"] is True
     assert metrics["metrics"] == result["metrics"] and metrics["metrics_version"] == result["metrics_version"]
     assert metrics["records_trained"] == 8000 and metrics["epochs"] == 2
     assert json.loads((out / "job.json").read_text())["spec"]["output"] == str(out)
+
+    # The training curves: loss per training report, one point per evaluation, the last the final one.
+    curves = read_curves(out / "tensorboard")
+    ps0 = (tmp_path / "run" / "e2e-ps-0.log").read_text()
+    evaluations = re.findall(r"evaluation of model version (\d+):", ps0)
+    assert len(evaluations) >= 2  # every 40 versions during training, and the final one
+    assert [step for step, _ in curves["eval/accuracy"]] == [int(v) for v in evaluations]
+    assert [step for step, _ in curves["eval/loss"]] == [int(v) for v in evaluations]
+    assert curves["eval/accuracy"][-1] == (result["metrics_version"], pytest.approx(result["metrics"]["accuracy"], abs=1e-6))
+    assert len(curves["train/loss"]) == 8000 // 400  # one point per training task reported
+    assert curves["train/records"][-1][1] == 8000
 
     reloaded = reload(out, data[1])
     reported = result["metrics"]["accuracy"]
