@@ -57,6 +57,13 @@ def is_remote(path: str) -> bool:
     return bool(scheme(path))
 
 
+def expand_user(path: str) -> str:
+    """``path`` with a leading ``~`` (or ``~user``) expanded, as a shell would; an object-store
+    URI, a ``file://`` one and a path without ``~`` come back as they are. Each process expands it
+    for itself (a data path of a TrainingJob means the home of the process that reads it)."""
+    return path if is_remote(path) or not path.startswith("~") else os.path.expanduser(path)
+
+
 def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 

@@ -9,6 +9,7 @@ naming the file), the worker (``worker.main``), which reads the records of its t
 Built-in readers (``spec.data.reader``): ``idx`` and ``npz`` (``arrays``), ``tfrecord``
 (``tfrecord``), ``csv`` and ``tsv`` (``csv_reader``), ``parquet`` (``parquet``). Paths of the last
 four may be object-store URIs (``s3://bucket/train-*.tfrecord``, see ``elasticps.storage``) and globs.
+A local path of any reader may start with ``~`` (the home of the process that opens it).
 
 A plug-in reader is named ``package.module:ClassName`` (e.g. ``my_readers.avro:AvroReader``); the
 module must be importable in the PS and worker images. The class is called as
@@ -36,6 +37,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from elasticps import storage
 from elasticps.api.spec import DataReader, DataSpec, reader_problem
 from elasticps.data.api import DataError, Labels, Reader, ReaderOptions
 from elasticps.data.arrays import IdxReader, NpzReader
@@ -78,8 +80,10 @@ def reader_class(name: str) -> Factory:
 
 
 def open_reader(kind: str, path: str, options: ReaderOptions = ReaderOptions()) -> Reader:
-    """Opens ``path`` with reader ``kind`` (a built-in name or ``package.module:ClassName``)."""
+    """Opens ``path`` with reader ``kind`` (a built-in name or ``package.module:ClassName``).
+    A local path starting with ``~`` is expanded first (``~/data/train-*.tfrecord``)."""
     name = str(getattr(kind, "value", kind))  # DataReader members too
+    path = storage.expand_user(path)
     factory = reader_class(name)
     if name in BUILTIN:
         reader: object = factory(path, options)

@@ -139,3 +139,14 @@ def test_elasticps_run_refuses_unreadable_data_in_one_line(tmp_path: Path, data:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"elasticps: error: {tmp_path / 'job.yaml'}: ")
     assert __import__("re").search(message, lines[0]), lines[0]
+
+
+def test_every_reader_expands_a_leading_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elasticps import storage
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    np.savez(tmp_path / "d.npz", x=np.zeros((3, 2), np.float32), y=np.zeros(3, np.int64))
+    assert open_reader("npz", "~/d.npz").num_records == 3
+    assert storage.expand_user("~/d.npz") == str(tmp_path / "d.npz")
+    for unchanged in ("s3://bucket/~/x", "file://~/x", "data/~x", "/abs/path"):
+        assert storage.expand_user(unchanged) == unchanged

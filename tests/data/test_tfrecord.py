@@ -283,3 +283,15 @@ def test_a_length_that_changed_after_indexing(tmp_path: Path) -> None:
     path.write_bytes(framing.record(b"abcdefgh") + struct.pack("<I", 0) * 4)  # same size, other framing
     with pytest.raises(DataError, match="record 0: its length changed since the file was indexed"):
         reader.read(0, 2)
+
+
+def test_a_path_under_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # examples/mnist-tfrecord.yaml reads ~/.cache/elasticps/data/mnist-tfrecord/train-*.tfrecord.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    everything = shards(tmp_path / "data", [2, 3])
+    reader = open_reader("tfrecord", "~/data/train-*.tfrecord", options(tmp_path))
+    assert reader.num_records == 5
+    assert list(reader.read(0, 5)[0]) == everything
+    assert open_reader("tfrecord", "~/data/train-01.tfrecord", options(tmp_path)).num_records == 3
+    with pytest.raises(DataError, match="no file matches"):
+        open_reader("tfrecord", "~/nothing/train-*.tfrecord", options(tmp_path))
