@@ -10,6 +10,9 @@ with ``/`` so the same function serves all three. Layout::
     <output>/job.json               the TrainingJob it came from (model, data, training, output)
     <output>/metrics.json           its version and final metrics; written last
     <output>/versions/<version>/    the same four files for each periodic export (exportSteps)
+    <output>/predictions/part-<start>-<end>.jsonl
+                                    batch prediction (spec.prediction): one file per prediction task,
+                                    one JSON line per record of [start, end)
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ SAVED_MODEL_DIR = "saved_model"
 JOB_FILE = "job.json"
 METRICS_FILE = "metrics.json"
 VERSIONS_DIR = "versions"
+PREDICTIONS_DIR = "predictions"
+PART_DIGITS = 10  # record numbers in prediction file names are zero-padded to this many digits (at least)
 
 
 def export_path(output: str, version: int, final: bool) -> str:
@@ -34,6 +39,18 @@ def export_path(output: str, version: int, final: bool) -> str:
     if final:
         return output
     return f"{output.rstrip('/')}/{VERSIONS_DIR}/{version}"
+
+
+def predictions_path(output: str) -> str:
+    """The folder of a job's predictions: ``<output>/predictions``."""
+    return f"{output.rstrip('/')}/{PREDICTIONS_DIR}"
+
+
+def prediction_file(start: int, end: int) -> str:
+    """The file name of the predictions of records ``[start, end)``: ``part-<start>-<end>.jsonl``,
+    zero-padded so that the names sort in record order; one name per task, so a task written again
+    (its first worker died) replaces its file."""
+    return f"part-{start:0{PART_DIGITS}d}-{end:0{PART_DIGITS}d}.jsonl"
 
 
 def document(instance: Any) -> Any:

@@ -15,6 +15,9 @@ Export (``output`` given, ``spec.output``): once training and the final evaluati
 queue waits for every shard to hold one version (asked here, of the shards, only then) and hands
 one worker the final export of exactly that version; ``GetJobStatus`` says where the newest export
 went (``api/output.py`` lays the folder out).
+
+Prediction (``spec.prediction``): after the final export the shards are asked once more for their
+one version, which every prediction task carries; ``GetJobStatus`` counts the records predicted.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import grpc
 
-from elasticps.api.output import export_path
+from elasticps.api.output import export_path, predictions_path
 from elasticps.coordinator.curves import TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
@@ -46,6 +49,7 @@ _KINDS = {
     TaskKind.TRAINING: pb.TASK_TYPE_TRAINING,
     TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION,
     TaskKind.EXPORT: pb.TASK_TYPE_EXPORT,
+    TaskKind.PREDICTION: pb.TASK_TYPE_PREDICTION,
 }
 
 MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
@@ -110,8 +114,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "GetTask: worker is required")
         self._require_ready(context)
         with self._lock:
-            awaiting_export = self._queue.awaiting_final_export
-        settled = self._settled_version() if awaiting_export else None
+            awaiting_settled = self._queue.awaiting_settled
+        settled = self._settled_version() if awaiting_settled else None
         with self._lock:
             got = self._queue.get(request.worker, self._version_fn(), settled)
         if isinstance(got, Task):
@@ -429,4 +433,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             else "",
             export_version=progress.export_version,
             export_final=progress.export_final,
+            records_predicted=progress.records_predicted,
+            prediction_records=progress.prediction_records,
+            predictions_path=predictions_path(self._output) if self._output and progress.prediction_records else "",
         )
