@@ -274,6 +274,7 @@ class TaskQueue:
         the next :meth:`get` needs the ``settled`` version."""
         return (
             self._s.export
+            and self._s.trains
             and not self._final_export_started
             and self.training_done
             and self._final_eval_done
