@@ -99,3 +99,16 @@ def test_prediction_files_sort_in_record_order() -> None:
     assert prediction_file(0, 2048) == "part-0000000000-0000002048.jsonl"
     names = [prediction_file(start, start + 100) for start in (0, 100, 900, 1000, 10_000)]
     assert names == sorted(names)
+
+
+def test_the_mnist_prediction_example_reads_the_model_the_mnist_example_exports() -> None:
+    from pathlib import Path
+
+    from elasticps.api.parsing import load_job_file
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    trained = load_job_file(examples / "mnist.yaml")
+    job = load_job_file(examples / "mnist-predict.yaml")
+    assert job.spec.prediction.standalone and job.spec.prediction.model == trained.spec.output
+    assert job.spec.prediction.data == trained.spec.data.validation  # the t10k test set
+    assert job.spec.model == trained.spec.model and job.spec.data.reader == trained.spec.data.reader
