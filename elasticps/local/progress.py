@@ -17,6 +17,8 @@ from elasticps.proto import elasticps_pb2 as pb
 
 
 def describe(status: pb.JobStatus) -> str:
+    if status.prediction_records and not status.records_total:  # nothing to train: an exported model predicts
+        return f"predicted {status.records_predicted}/{status.prediction_records}"
     parts = [f"epoch {min(status.epoch + 1, status.num_epochs)}/{status.num_epochs}"]
     if not math.isnan(status.loss) and status.records_done:
         parts.append(f"loss {status.loss:.4f}")
