@@ -21,6 +21,12 @@ failure rules above like any task, so a worker that dies while exporting leaves 
 With ``export_steps`` a periodic export is also queued each time the model crosses a multiple of it
 (one at a time, handed before training tasks, like evaluations). The job is finished when every
 training task of every epoch, the final evaluation and the final export are done.
+An export whose worker reports that the output refused it (``export_failed``: a missing bucket, a
+path under a file, no credentials) goes back to todo like any failed task, but it counts: after
+``export_attempts`` such failures the queue gives up on the job (:attr:`Progress.export_failure`
+says which export, the last error, and how many attempts) and hands out nothing more; the
+coordinator reports it and the planner fails the job (reason ExportFailed). A worker that dies
+or is stopped while exporting does not count.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class QueueSettings:
     seed: int = 0
     export: bool = False  # the job has an output: the final model is exported before it finishes
     export_steps: int = 0  # with export: also every this many model versions
+    export_attempts: int = 3  # an export the output refuses this many times fails the job
 
 
 @dataclass
@@ -93,6 +100,16 @@ class _Evaluation:
 
 
 @dataclass(frozen=True)
+class ExportFailure:
+    """An export the output refused ``attempts`` times: the job cannot end well."""
+
+    version: int
+    final: bool
+    attempts: int
+    error: str  # the last worker's words
+
+
+@dataclass(frozen=True)
 class Progress:
     finished: bool
     epoch: int
@@ -107,6 +124,7 @@ class Progress:
     export_version: int = -1  # the newest export reported (-1: none)
     export_final: bool = False  # that export is the final model
     evaluations: int = 0  # evaluations completed by this coordinator (since it started)
+    export_failure: ExportFailure | None = None  # the queue gave up: the job fails
 
 
 class TaskQueue:
@@ -134,6 +152,8 @@ class TaskQueue:
         self._final_export_started = False
         self._final_export_done = not settings.export
         self._exported: tuple[int, bool] | None = None  # (version, final) of the newest export done
+        self._export_failures: dict[int, int] = {}  # export task id -> attempts the output refused
+        self._export_failure: ExportFailure | None = None
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
         self._evaluations = 0
@@ -154,7 +174,7 @@ class TaskQueue:
                 self._requeue(task_id)
         self._requeue_silent(now)
         self.on_version(model_version)
-        task = self._next_task(model_version, settled)
+        task = None if self._export_failure is not None else self._next_task(model_version, settled)
         if task is None:
             return Finished.FINISHED if self.finished else Wait.WAIT
         self._doing[task.id] = _Doing(task, worker)
@@ -206,15 +226,20 @@ class TaskQueue:
         metric_sums: Mapping[str, float] | None = None,
         rejected: int = 0,
         model_version: int = 0,
+        export_failed: bool = False,
+        error: str = "",
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
-        ``model_version``: an export's, the version it wrote."""
+        ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
+        that the output refused (``error`` says how), counted towards ``export_attempts``."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
         if doing is None or doing.worker != worker:
             return False
         self.gradients_rejected += rejected
         if not success:
+            if export_failed and doing.task.kind is TaskKind.EXPORT:
+                self._count_export_failure(doing.task, error)
             self._requeue(task_id)
             return True
         del self._doing[task_id]
@@ -266,6 +291,7 @@ class TaskQueue:
             export_version=-1 if self._exported is None else self._exported[0],
             export_final=self._exported is not None and self._exported[1],
             evaluations=self._evaluations,
+            export_failure=self._export_failure,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -376,6 +402,12 @@ class TaskQueue:
             self._export_pending = False
         if self._exported is None or task.final or not self._exported[1]:
             self._exported = (version, task.final)
+
+    def _count_export_failure(self, task: Task, error: str) -> None:
+        attempts = self._export_failures.get(task.id, 0) + 1
+        self._export_failures[task.id] = attempts
+        if attempts >= self._s.export_attempts:
+            self._export_failure = ExportFailure(task.model_version, task.final, attempts, error)
 
     def _final_export(self, settled: int | None) -> Task | None:
         if not self.awaiting_final_export or settled is None:

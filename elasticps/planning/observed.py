@@ -76,6 +76,8 @@ class JobProgress:
     (empty: they agree).
     ``export_path``, ``export_version``, ``export_final``: where the newest export of the model
     (``spec.output``) went, its version and whether it is the final model (empty path: none yet).
+    ``export_error``: the coordinator gave up on an export the output refused every attempt (why,
+    in its words; empty: no such failure).
     """
 
     finished: bool
@@ -90,6 +92,7 @@ class JobProgress:
     export_path: str = ""
     export_version: int = -1
     export_final: bool = False
+    export_error: str = ""
 
     @property
     def version(self) -> int:

@@ -36,6 +36,7 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         export_path=reply.export_path,
         export_version=int(reply.export_version) if reply.export_path else -1,
         export_final=reply.export_final and bool(reply.export_path),
+        export_error=reply.export_error.strip(),
     )
 
 

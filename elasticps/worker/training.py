@@ -16,7 +16,10 @@ An export task (a job with ``spec.output``): the worker pulls until every shard 
 (the final export: exactly the task's version, else it fails), has the trainer write the model
 and the exporter (``exporting.py``) put it, with ``job.json`` and ``metrics.json``, in the output.
 A worker killed while exporting leaves the task to the coordinator's timeout, and another worker
-writes it again from the start.
+writes it again from the start. An export the output refuses (writing the files raises: a missing
+bucket, a path under a file, no credentials) is no reason to exit: the worker reports it failed
+with ``export_failed`` and the error, and asks for its next task; the coordinator hands it out a
+bounded number of times, then fails the job with that error (``coordinator/tasks.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ from elasticps.worker.steps import step_for
 class Stopped(Exception):
     """The worker was asked to stop (SIGTERM); raised from the signal handler ``worker/main.py``
     installs, wherever the loop is."""
+
+
+class ExportNotWritten(Exception):
+    """Writing an export's files failed: reported, not raised out of the loop (the process is fine)."""
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +133,12 @@ class Worker:
             else:
                 self._train(task, result)
             result.success = True
+        except ExportNotWritten as failed:
+            cause = failed.__cause__ or failed
+            log.error("could not write export task %d: %s", task.id, cause)
+            result.success = False
+            result.export_failed = True
+            result.error = f"{type(cause).__name__}: {cause}"
         except Exception as err:
             result.success = False
             result.error = f"{type(err).__name__}: {err}"
@@ -174,7 +187,12 @@ class Worker:
             log.warning("exporting without the job's metrics (the coordinator did not answer): %s", err)
             status = None
         metrics = metrics_document(status, version, task.final, shard_versions=self._model.versions)
-        written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        try:
+            written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        except Stopped:
+            raise
+        except Exception as err:
+            raise ExportNotWritten(str(err)) from err
         log.info("exported model version %d to %s", version, written)
         result.model_version = version
 
