@@ -46,7 +46,7 @@ def export_failure(
     """Why a job failed when its output refused an export every attempt: what, where, the last
     error, and what is left to export the model from once the output works."""
     what = "the final model" if final else "the periodic export of the model"
-    error = " ".join(error.split())
+    error = " ".join(error.split()).rstrip(".")
     if len(error) > ERROR_CHARS:
         error = error[: ERROR_CHARS - 3] + "..."
     message = (
