@@ -2,8 +2,9 @@
 serve as a ``ps`` or a ``worker``, run the Kubernetes ``operator``, or ``export`` a model from PS
 checkpoints.
 
-User mistakes (a malformed TrainingJob, a missing file, data that cannot be read: ``run`` opens
-the job's data before it starts any process) print one line and exit 2, never a traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
+User mistakes (a malformed TrainingJob, a missing file, data that cannot be read, an output that
+cannot take files: ``run`` opens the job's data and checks ``spec.output`` before it starts any
+process) print one line and exit 2, never a traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
 143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
 it first stops every replica it started, so none is left running. ``scale`` exits 0 once the request
 is written (the run applies it on its next pass, within a second), 2 when there is no run to ask or
@@ -160,6 +161,7 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.local.runner import LocalRunner
 
     from elasticps.data.readers import DataError, count_records
+    from elasticps.storage import OutputError, check_output
 
     try:
         job = load_job_file(job_file)
@@ -167,8 +169,15 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
         # that fails until the backoff limit (the record-offset indexes it builds are cached for PS 0).
         count_records(job.spec.data)
         _check_prediction(job)
+        # The output, as far as a look tells (an unknown scheme, a path under a file): not a job
+        # that trains to the end and then cannot write its model.
+        if job.spec.output:
+            check_output(job.spec.output)
     except SpecError as err:
         print(f"elasticps: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except OutputError as err:
+        print(f"elasticps: error: {job_file}: spec.output: {err}", file=sys.stderr)
         return EXIT_USAGE
     except DataError as err:
         print(f"elasticps: error: {job_file}: {' '.join(str(err).split())}", file=sys.stderr)

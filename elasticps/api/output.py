@@ -1,7 +1,8 @@
 """A job's output folder (``spec.output``): where each export goes and the job document beside it. Pure.
 
-Callers: PS 0's coordinator (the path it reports in ``JobStatus``), the worker's exporter (where
-it writes, ``worker/exporting.py``) and ``elasticps export`` (the same files from checkpoints).
+Callers: PS 0's coordinator (the path it reports in ``JobStatus``, and why an export failed:
+:func:`export_failure`), the worker's exporter (where it writes, ``worker/exporting.py``) and
+``elasticps export`` (the same files from checkpoints).
 The output is a local path, a path on a mounted volume, or an object-store URI; paths are joined
 with ``/`` so the same function serves all three. Layout::
 
@@ -51,6 +52,30 @@ def prediction_file(start: int, end: int) -> str:
     zero-padded so that the names sort in record order; one name per task, so a task written again
     (its first worker died) replaces its file."""
     return f"part-{start:0{PART_DIGITS}d}-{end:0{PART_DIGITS}d}.jsonl"
+
+
+ERROR_CHARS = 400  # of a worker's error, in a job's Failed condition
+
+
+def export_failure(
+    output: str, version: int, final: bool, attempts: int, error: str, checkpoint_dir: str = "", checkpoint_steps: int = 0
+) -> str:
+    """Why a job failed when its output refused an export every attempt: what, where, the last
+    error, and what is left to export the model from once the output works."""
+    what = "the final model" if final else "the periodic export of the model"
+    error = " ".join(error.split()).rstrip(".")
+    if len(error) > ERROR_CHARS:
+        error = error[: ERROR_CHARS - 3] + "..."
+    message = (
+        f"could not write {what} (version {version}) to {export_path(output, version, final)}: "
+        f"{attempts} attempts failed, the last with {error or 'no error given'}."
+    )
+    if checkpoint_dir and checkpoint_steps > 0:
+        return message + (
+            f" The PS checkpoints in {checkpoint_dir} are kept: once the output works, `elasticps export "
+            f"{checkpoint_dir} --job JOB.yaml --out {output}` writes the newest version every shard checkpointed."
+        )
+    return message + " The PS wrote no checkpoints (spec.training.checkpointSteps is 0): the model cannot be exported later."
 
 
 def document(instance: Any) -> Any:

@@ -27,6 +27,12 @@ carrying that version; a job without training data (``num_records`` 0: it predic
 model) cuts them at once, with no version. They follow the failure rules above, and each is counted
 once, by its first record. The job is finished when every training task of every epoch, the final
 evaluation, the final export and every prediction task are done.
+An export whose worker reports that the output refused it (``export_failed``: a missing bucket, a
+path under a file, no credentials) goes back to todo like any failed task, but it counts: after
+``export_attempts`` such failures the queue gives up on the job (:attr:`Progress.export_failure`
+says which export, the last error, and how many attempts) and hands out nothing more; the
+coordinator reports it and the planner fails the job (reason ExportFailed). A worker that dies
+or is stopped while exporting does not count.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class QueueSettings:
     def trains(self) -> bool:
         """Whether the job trains (a job without training data only predicts, with an exported model)."""
         return self.num_records > 0
+    export_attempts: int = 3  # an export the output refuses this many times fails the job
 
 
 @dataclass
@@ -103,6 +110,16 @@ class _Evaluation:
     pending: int
     records: int = 0
     sums: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportFailure:
+    """An export the output refused ``attempts`` times: the job cannot end well."""
+
+    version: int
+    final: bool
+    attempts: int
+    error: str  # the last worker's words
 
 
 @dataclass(frozen=True)
@@ -122,6 +139,7 @@ class Progress:
     evaluations: int = 0  # evaluations completed by this coordinator (since it started)
     records_predicted: int = 0  # records whose prediction tasks are reported
     prediction_records: int = 0  # records to predict (0: the job does not predict)
+    export_failure: ExportFailure | None = None  # the queue gave up: the job fails
 
 
 class TaskQueue:
@@ -154,6 +172,8 @@ class TaskQueue:
         self._predict_todo: list[Task] = []
         self._prediction_version: int | None = None  # set when the prediction tasks are cut
         self._predicted: set[int] = set()  # first records of the prediction tasks reported
+        self._export_failures: dict[int, int] = {}  # export task id -> attempts the output refused
+        self._export_failure: ExportFailure | None = None
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
         self._evaluations = 0
@@ -174,7 +194,7 @@ class TaskQueue:
                 self._requeue(task_id)
         self._requeue_silent(now)
         self.on_version(model_version)
-        task = self._next_task(model_version, settled)
+        task = None if self._export_failure is not None else self._next_task(model_version, settled)
         if task is None:
             return Finished.FINISHED if self.finished else Wait.WAIT
         self._doing[task.id] = _Doing(task, worker)
@@ -226,15 +246,20 @@ class TaskQueue:
         metric_sums: Mapping[str, float] | None = None,
         rejected: int = 0,
         model_version: int = 0,
+        export_failed: bool = False,
+        error: str = "",
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
-        ``model_version``: an export's, the version it wrote."""
+        ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
+        that the output refused (``error`` says how), counted towards ``export_attempts``."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
         if doing is None or doing.worker != worker:
             return False
         self.gradients_rejected += rejected
         if not success:
+            if export_failed and doing.task.kind is TaskKind.EXPORT:
+                self._count_export_failure(doing.task, error)
             self._requeue(task_id)
             return True
         del self._doing[task_id]
@@ -316,6 +341,7 @@ class TaskQueue:
             evaluations=self._evaluations,
             records_predicted=self._records_predicted(),
             prediction_records=self._s.prediction_records,
+            export_failure=self._export_failure,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -435,6 +461,12 @@ class TaskQueue:
             self._export_pending = False
         if self._exported is None or task.final or not self._exported[1]:
             self._exported = (version, task.final)
+
+    def _count_export_failure(self, task: Task, error: str) -> None:
+        attempts = self._export_failures.get(task.id, 0) + 1
+        self._export_failures[task.id] = attempts
+        if attempts >= self._s.export_attempts:
+            self._export_failure = ExportFailure(task.model_version, task.final, attempts, error)
 
     def _final_export(self, settled: int | None) -> Task | None:
         if not self.awaiting_final_export or settled is None:

@@ -78,6 +78,8 @@ class JobProgress:
     (``spec.output``) went, its version and whether it is the final model (empty path: none yet).
     ``records_predicted`` of ``prediction_records``, written under ``predictions_path``
     (``spec.prediction``; empty path: the job does not predict).
+    ``export_error``: the coordinator gave up on an export the output refused every attempt (why,
+    in its words; empty: no such failure).
     """
 
     finished: bool
@@ -95,6 +97,7 @@ class JobProgress:
     records_predicted: int = 0
     prediction_records: int = 0
     predictions_path: str = ""
+    export_error: str = ""
 
     @property
     def version(self) -> int:

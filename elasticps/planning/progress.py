@@ -41,6 +41,7 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         records_predicted=int(reply.records_predicted),
         prediction_records=int(reply.prediction_records),
         predictions_path=reply.predictions_path,
+        export_error=reply.export_error.strip(),
     )
 
 

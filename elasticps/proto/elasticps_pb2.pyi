@@ -605,6 +605,7 @@ class TaskResult(_message.Message):
     METRIC_SUMS_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    EXPORT_FAILED_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     task_id: _builtins.int
     success: _builtins.bool
@@ -617,6 +618,8 @@ class TaskResult(_message.Message):
     """training: gradients the PS rejected (retrained minibatches)"""
     model_version: _builtins.int
     """export: the version written"""
+    export_failed: _builtins.bool
+    """export: writing the files failed (not the worker): counts"""
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records"""
@@ -633,10 +636,11 @@ class TaskResult(_message.Message):
         metric_sums: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         rejected: _builtins.int = ...,
         model_version: _builtins.int = ...,
+        export_failed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "export_failed", b"export_failed", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -795,6 +799,7 @@ class JobStatus(_message.Message):
     RECORDS_PREDICTED_FIELD_NUMBER: _builtins.int
     PREDICTION_RECORDS_FIELD_NUMBER: _builtins.int
     PREDICTIONS_PATH_FIELD_NUMBER: _builtins.int
+    EXPORT_ERROR_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -825,6 +830,8 @@ class JobStatus(_message.Message):
     """records of the prediction data (0: the job does not predict)"""
     predictions_path: _builtins.str
     """<output>/predictions ("": the job does not predict)"""
+    export_error: _builtins.str
+    """an export failed every attempt: the job fails with this"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -862,10 +869,11 @@ class JobStatus(_message.Message):
         records_predicted: _builtins.int = ...,
         prediction_records: _builtins.int = ...,
         predictions_path: _builtins.str = ...,
+        export_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

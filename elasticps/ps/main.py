@@ -47,6 +47,7 @@ from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, Uninit
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.rpc.frames import CHUNK_BYTES
+from elasticps.storage import OutputError, check_output
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,9 @@ def run(config: PSConfig) -> int:
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)
-        except DataError as err:
+            if config.output:
+                check_output(config.output)
+        except (DataError, OutputError) as err:
             print(f"ps-0: error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
@@ -235,6 +238,7 @@ def run(config: PSConfig) -> int:
             shards=shards,
             journals=journals,
             checkpoint_steps=t.checkpoint_steps,
+            checkpoint_dir=t.checkpoint_dir,
             output=config.output,
             curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
         )

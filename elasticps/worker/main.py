@@ -143,6 +143,7 @@ def _run(config: WorkerConfig) -> int:
     from elasticps.worker.model_loading import Metadata, ModelError, load_model_module
     from prometheus_client import REGISTRY, start_http_server
 
+    from elasticps.storage import OutputError, check_output
     from elasticps.worker.metrics import WorkerMetrics
     from elasticps.worker.predicting import PredictionWriter
     from elasticps.worker.training import Prediction, Worker
@@ -169,7 +170,9 @@ def _run(config: WorkerConfig) -> int:
         trainer.optimizer_config(config.training.learning_rate)
         if spec.standalone:
             trainer.load_exported(spec.model)
-    except (ModelError, DataError, OptimizerError) as err:
+        if config.output:
+            check_output(config.output)  # a path under a file, an unknown scheme: not at the end
+    except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     ps = PSClient(config.ps_addrs, worker=name)

@@ -23,6 +23,10 @@ the final export (once: the model no longer moves, later pulls bring nothing), h
 run it over the task's records and the writer (``predicting.py``) put one JSON line per record in
 the task's file. A job that predicts with an exported model (:attr:`Prediction.standalone`) never
 talks to the PS: the trainer loaded that model (``worker/main.py``) and the loop only predicts.
+writes it again from the start. An export the output refuses (writing the files raises: a missing
+bucket, a path under a file, no credentials) is no reason to exit: the worker reports it failed
+with ``export_failed`` and the error, and asks for its next task; the coordinator hands it out a
+bounded number of times, then fails the job with that error (``coordinator/tasks.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ class Prediction:
 class Stopped(Exception):
     """The worker was asked to stop (SIGTERM); raised from the signal handler ``worker/main.py``
     installs, wherever the loop is."""
+
+
+class ExportNotWritten(Exception):
+    """Writing an export's files failed: reported, not raised out of the loop (the process is fine)."""
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +159,12 @@ class Worker:
             else:
                 self._train(task, result)
             result.success = True
+        except ExportNotWritten as failed:
+            cause = failed.__cause__ or failed
+            log.error("could not write export task %d: %s", task.id, cause)
+            result.success = False
+            result.export_failed = True
+            result.error = f"{type(cause).__name__}: {cause}"
         except Exception as err:
             result.success = False
             result.error = f"{type(err).__name__}: {err}"
@@ -201,7 +215,12 @@ class Worker:
             log.warning("exporting without the job's metrics (the coordinator did not answer): %s", err)
             status = None
         metrics = metrics_document(status, version, task.final, shard_versions=self._model.versions)
-        written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        try:
+            written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        except Stopped:
+            raise
+        except Exception as err:
+            raise ExportNotWritten(str(err)) from err
         log.info("exported model version %d to %s", version, written)
         result.model_version = version
 
