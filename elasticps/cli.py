@@ -2,8 +2,9 @@
 serve as a ``ps`` or a ``worker``, run the Kubernetes ``operator``, or ``export`` a model from PS
 checkpoints.
 
-User mistakes (a malformed TrainingJob, a missing file, data that cannot be read: ``run`` opens
-the job's data before it starts any process) print one line and exit 2, never a traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
+User mistakes (a malformed TrainingJob, a missing file, data that cannot be read, an output that
+cannot take files: ``run`` opens the job's data and checks ``spec.output`` before it starts any
+process) print one line and exit 2, never a traceback. ``run`` exits 0 when the job succeeded, 1 when it failed, 130 on Ctrl-C (SIGINT) and
 143 on SIGTERM (what ``timeout``, ``docker stop``, CI runners and systemd send); on either signal
 it first stops every replica it started, so none is left running. ``scale`` exits 0 once the request
 is written (the run applies it on its next pass, within a second), 2 when there is no run to ask or
@@ -22,6 +23,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elasticps.api.spec import TrainingJob
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -122,6 +127,32 @@ def _export(checkpoints: Sequence[Path], job_file: Path, out: str, version: int 
     return 0
 
 
+def _check_prediction(job: TrainingJob) -> None:
+    """Opens ``spec.prediction.data`` as PS 0 will, and checks that ``spec.prediction.model``
+    holds a model file: a :class:`DataError` naming the field, before any process starts."""
+    from elasticps.api.output import KERAS_FILE
+    from elasticps.data.readers import DataError, ReaderOptions, open_reader
+    from elasticps.storage import exists
+
+    prediction, data = job.spec.prediction, job.spec.data
+    if not prediction.enabled:
+        return
+    try:
+        records = open_reader(data.reader, prediction.data, ReaderOptions.of(data)).num_records
+    except DataError as err:
+        raise DataError(f"spec.prediction.data: {err}") from None
+    if records == 0:
+        raise DataError(f"spec.prediction.data: {prediction.data}: holds no records")
+    if prediction.model:
+        model = f"{prediction.model.rstrip('/')}/{KERAS_FILE}"
+        try:
+            found = exists(model)
+        except OSError as err:
+            raise DataError(f"spec.prediction.model: {model}: {err}") from None
+        if not found:
+            raise DataError(f"spec.prediction.model: no {model} (export a model there first)")
+
+
 def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.api.modes import TrainingMode
     from elasticps.api.parsing import SpecError, load_job_file
@@ -130,14 +161,23 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.local.runner import LocalRunner
 
     from elasticps.data.readers import DataError, count_records
+    from elasticps.storage import OutputError, check_output
 
     try:
         job = load_job_file(job_file)
         # The data, opened as PS 0 will: a bad path or file is one line and exit 2 here, not a PS
         # that fails until the backoff limit (the record-offset indexes it builds are cached for PS 0).
         count_records(job.spec.data)
+        _check_prediction(job)
+        # The output, as far as a look tells (an unknown scheme, a path under a file): not a job
+        # that trains to the end and then cannot write its model.
+        if job.spec.output:
+            check_output(job.spec.output)
     except SpecError as err:
         print(f"elasticps: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except OutputError as err:
+        print(f"elasticps: error: {job_file}: spec.output: {err}", file=sys.stderr)
         return EXIT_USAGE
     except DataError as err:
         print(f"elasticps: error: {job_file}: {' '.join(str(err).split())}", file=sys.stderr)
@@ -145,9 +185,13 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     run_dir = run_dir or Path(".elasticps") / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     spec = job.spec
     mode = TrainingMode.of(spec.training).label
+    what = (
+        f"predicting with {spec.prediction.model}"
+        if spec.prediction.standalone
+        else f"{mode}, model {spec.model.model_def}, {spec.training.num_epochs} epochs"
+    )
     print(
-        f"job {job.name}: {spec.ps.replicas} PS + {spec.worker.replicas} workers, {mode}, "
-        f"model {spec.model.model_def}, {spec.training.num_epochs} epochs; logs in {run_dir}",
+        f"job {job.name}: {spec.ps.replicas} PS + {spec.worker.replicas} workers, {what}; logs in {run_dir}",
         file=sys.stderr,
     )
     runner = LocalRunner(job, run_dir, Progress(job.name))

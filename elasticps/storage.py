@@ -1,7 +1,8 @@
 """Files where users keep them: a local path, or an object-store URI such as ``s3://bucket/prefix/x``.
 
-Callers: the data readers (open, glob, fingerprint), and whatever writes results out (``upload`` of
-a local folder, e.g. an exported model). Local paths are plain file I/O; a path with a scheme
+Callers: the data readers (open, glob, fingerprint), whatever writes results out (``upload`` of
+a local folder, e.g. an exported model; ``check_output`` before it starts) and whatever reads them
+back (``download``). Local paths are plain file I/O; a path with a scheme
 (``scheme://...``, ``file://`` excepted) is remote and goes through fsspec.
 
 ``s3://`` (and ``s3a://``) use Arrow's own S3 client (``pyarrow.fs.S3FileSystem``, behind fsspec's
@@ -14,7 +15,12 @@ MinIO, ``http://minio.storage:9000``), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCES
 (instance or web-identity roles) applies. Other schemes (``gs://``, ``abfs://``, ...) work through
 fsspec when their implementation (gcsfs, adlfs, ...) is installed in the image.
 
+Buckets are never created: an output in a bucket that does not exist (a typo, another account's)
+is an error when the files are written, not a new bucket.
+
 Errors are ``OSError``s (``FileNotFoundError`` for a missing file); callers add their own context.
+:func:`check_output` is the cheap check of an output before a job starts (``elasticps run``, PS 0
+and the workers at start-up): a known scheme, or a local folder that can be made and written.
 """
 
 from __future__ import annotations
@@ -87,8 +93,40 @@ def _s3() -> AbstractFileSystem:
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
-    s3 = arrow_fs.S3FileSystem(endpoint_override=endpoint, region=region, allow_bucket_creation=True)
+    s3 = arrow_fs.S3FileSystem(endpoint_override=endpoint, region=region, allow_bucket_creation=False)
     return ArrowFSWrapper(s3)
+
+
+class OutputError(ValueError):
+    """An output that cannot take files (one line, naming the output)."""
+
+
+def check_output(path: str) -> None:
+    """Raises :class:`OutputError` when files cannot go to ``path``, as far as a look that writes
+    nothing tells: an object-store URI needs a scheme fsspec knows and can load; a local path must
+    be a folder (or not exist yet) under a folder this process may write into. A missing bucket,
+    wrong credentials or a full disk show only when the files are written."""
+    kind = scheme(path)
+    if kind in _S3_SCHEMES:
+        return
+    if kind:
+        import fsspec
+
+        try:
+            fsspec.get_filesystem_class(kind)
+        except (ValueError, ImportError) as err:
+            raise OutputError(f"{path}: no storage for {kind}:// ({' '.join(str(err).split())})") from None
+        return
+    target = Path(_local(path)).absolute()
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"{path}: not a folder")
+    ancestor = target
+    while not ancestor.exists():  # the nearest folder that exists: the rest is made under it
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{path}: cannot make a folder under {ancestor}, a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: {ancestor} is not writable")
 
 
 def _with_scheme(uri: str, inner: str) -> str:
@@ -161,3 +199,25 @@ def upload(local_dir: str | Path, uri: str) -> None:
     for file in files:
         relative = file.relative_to(source).as_posix()
         fs.put_file(str(file), f"{inner.rstrip('/')}/{relative}")
+
+
+def download(uri: str, local_dir: str | Path) -> None:
+    """Copies the folder ``uri`` (a local path or an object-store URI) into ``local_dir``, the
+    reverse of :func:`upload`: ``{uri}/a/b`` becomes ``local_dir/a/b``. FileNotFoundError when
+    nothing is there."""
+    target = Path(local_dir)
+    if not is_remote(uri):
+        shutil.copytree(_local(uri), target, dirs_exist_ok=True)
+        return
+    fs, inner = _remote(uri)
+    prefix = inner.rstrip("/")
+    found = fs.find(prefix, detail=True)
+    assert isinstance(found, dict)
+    files = [name for name, info in found.items() if info.get("type") == "file"]
+    if not files:
+        raise FileNotFoundError(f"{uri}: no such folder")
+    for name in files:
+        relative = name.lstrip("/")[len(prefix.lstrip("/")):].lstrip("/")
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(name, str(destination))

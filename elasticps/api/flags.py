@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from elasticps.api.fields import check_bounds, field_info, snake
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import DataSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
 
 T = TypeVar("T")
 
@@ -140,10 +140,11 @@ def training_args(spec: TrainingSpec) -> list[str]:
     return _spec_args(spec)
 
 
-def add_data_flags(parser: argparse.ArgumentParser, *, require_training: bool) -> None:
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per DataSpec field (``--training_data``, ``--data_reader``, ``--label_column`` ...).
-    The worker needs ``--training_data``; a PS other than PS 0 reads no data."""
-    _add_spec_flags(parser.add_argument_group("data (the TrainingJob's spec.data)"), DataSpec, require_training)
+    ``--training_data`` may be empty (a job that only predicts with ``--prediction_model``): the
+    worker and PS 0 check that themselves; a PS other than PS 0 reads no data."""
+    _add_spec_flags(parser.add_argument_group("data (the TrainingJob's spec.data)"), DataSpec)
 
 
 def data_from_args(args: argparse.Namespace) -> DataSpec:
@@ -152,4 +153,18 @@ def data_from_args(args: argparse.Namespace) -> DataSpec:
 
 def data_args(spec: DataSpec) -> list[str]:
     """The flags that reproduce ``spec`` (the training path always; other fields when not default)."""
+    return _spec_args(spec)
+
+
+def add_prediction_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per PredictionSpec field (``--prediction_data``, ``--prediction_model``)."""
+    _add_spec_flags(parser.add_argument_group("batch prediction (the TrainingJob's spec.prediction)"), PredictionSpec)
+
+
+def prediction_from_args(args: argparse.Namespace) -> PredictionSpec:
+    return _spec_from_args(PredictionSpec, args)
+
+
+def prediction_args(spec: PredictionSpec) -> list[str]:
+    """The flags that reproduce ``spec`` (none for a job that does not predict)."""
     return _spec_args(spec)

@@ -88,12 +88,38 @@ def _check_cross_fields(spec: TrainingJobSpec) -> None:
         raise SpecError(f"spec.training.{field}: {why}")
     if not spec.model.model_def.strip():
         raise SpecError("spec.model.modelDef: must not be empty")
-    if not spec.data.training.strip():
-        raise SpecError("spec.data.training: must not be empty")
+    _check_prediction(spec)
     if spec.training.export_steps and not spec.output.strip():
         raise SpecError("spec.training.exportSteps: exports need spec.output (where to write them)")
     if spec.output != spec.output.strip():
         raise SpecError(f"spec.output: must not start or end with blanks, got {spec.output!r}")
+
+
+def _check_prediction(spec: TrainingJobSpec) -> None:
+    """A job trains (spec.data.training), predicts with an exported model (spec.prediction.model),
+    or both in turn (training data and spec.prediction.data); predictions need spec.output."""
+    prediction = spec.prediction
+    for field, value in (("data", prediction.data), ("model", prediction.model)):
+        if value != value.strip():
+            raise SpecError(f"spec.prediction.{field}: must not start or end with blanks, got {value!r}")
+    if prediction.model and not prediction.data:
+        raise SpecError("spec.prediction.model: needs spec.prediction.data (the records to predict)")
+    if prediction.data and not spec.output.strip():
+        raise SpecError("spec.output: required with spec.prediction (the predictions go to <output>/predictions/)")
+    if prediction.model:
+        for field, value in (("training", spec.data.training), ("validation", spec.data.validation)):
+            if value.strip():
+                raise SpecError(
+                    f"spec.data.{field}: must be empty when spec.prediction.model is set "
+                    "(the job predicts with that model and trains nothing)"
+                )
+        if spec.training.export_steps:
+            raise SpecError("spec.training.exportSteps: a job that predicts with spec.prediction.model trains nothing to export")
+    elif not spec.data.training.strip():
+        raise SpecError(
+            "spec.data.training: must not be empty (or set spec.prediction.model and spec.prediction.data "
+            "to predict with an exported model)"
+        )
 
 
 def parse_object(cls: type[T], data: Any, where: str) -> T:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from elasticps.api.flags import data_args, training_args
+from elasticps.api.flags import data_args, prediction_args, training_args
 from elasticps.api.spec import RestartPolicy, TrainingJob
 
 PS_PORT = 2222
@@ -92,6 +92,7 @@ def ps_replica(
         *data_args(job.spec.data),
         *_training_args(job, checkpoint_dir),
         *(_output_args(job, worker=False) if index == 0 else []),
+        *(prediction_args(job.spec.prediction) if index == 0 else []),
         *extra,
     ]
     return Replica(Role.PS, index, replica_name(job, Role.PS, index), tuple(args), job.spec.ps.restart_policy)
@@ -107,6 +108,7 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
         *data_args(job.spec.data),
         *_training_args(job, ""),
         *_output_args(job, worker=True),
+        *prediction_args(job.spec.prediction),
         *extra,
     ]
     return Replica(

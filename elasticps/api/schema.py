@@ -64,7 +64,6 @@ _NOT_BLANK = r"\S"  # unanchored: at least one non-space character, as parse_job
 # Extra constraints on single fields that the walk cannot infer from the type and FieldInfo.
 _FIELD_EXTRAS: dict[tuple[type, str], dict[str, Any]] = {
     (ModelSpec, "model_def"): {"pattern": _NOT_BLANK},
-    (DataSpec, "training"): {"pattern": _NOT_BLANK},
     (DataSpec, "reader"): {"pattern": READER_PATTERN},  # as spec.reader_problem
     (DataSpec, "delimiter"): {"pattern": DELIMITER_PATTERN},  # as spec.delimiter_problem
 }
@@ -80,6 +79,35 @@ SPEC_RULES: list[dict[str, str]] = [
         "rule": "!has(oldSelf.ps) || !has(self.ps) || self.ps.replicas == oldSelf.ps.replicas",
         "message": "spec.ps.replicas: cannot change while the job exists (variables are sharded over the PS)",
     },
+]
+# spec.prediction (parsing._check_prediction); blank-only values are left to the parser (no regex
+# on unbounded strings: its estimated cost could exceed the API server's budget for a rule).
+_HAS_OUTPUT = "(has(self.output) && self.output != '')"
+_HAS_TRAINING = "(has(self.data.training) && self.data.training != '')"
+_PREDICTS = "(has(self.prediction) && has(self.prediction.data) && self.prediction.data != '')"
+_PREDICTS_WITH_MODEL = "(has(self.prediction) && has(self.prediction.model) && self.prediction.model != '')"
+SPEC_RULES += [
+    {
+        "rule": f"{_HAS_TRAINING} || {_PREDICTS_WITH_MODEL}",
+        "message": "spec.data.training: must not be empty (or set spec.prediction.model and "
+        "spec.prediction.data to predict with an exported model)",
+    },
+    {
+        "rule": f"!{_PREDICTS_WITH_MODEL} || {_PREDICTS}",
+        "message": "spec.prediction.model: needs spec.prediction.data (the records to predict)",
+    },
+    {
+        "rule": f"!{_PREDICTS} || {_HAS_OUTPUT}",
+        "message": "spec.output: required with spec.prediction (the predictions go to <output>/predictions/)",
+    },
+    *(
+        {
+            "rule": f"!{_PREDICTS_WITH_MODEL} || !has(self.data.{field}) || self.data.{field} == ''",
+            "message": f"spec.data.{field}: must be empty when spec.prediction.model is set "
+            "(the job predicts with that model and trains nothing)",
+        }
+        for field in ("training", "validation")
+    ),
 ]
 TRAINING_RULES: list[dict[str, str]] = [
     {
@@ -302,7 +330,10 @@ def status_schema() -> dict[str, Any]:
                 "description": "sync: gradients a round averages now (gradsToWait, cut down to the live workers)",
             },
             "epoch": {"type": "integer", "description": "current epoch, from 0"},
-            "progress": {"type": "string", "description": "records trained over records to train, e.g. 45%"},
+            "progress": {
+                "type": "string",
+                "description": "records trained and predicted over records to train and predict, e.g. 45%",
+            },
             "metrics": {
                 "type": "object",
                 "additionalProperties": {"type": "number"},
@@ -316,6 +347,15 @@ def status_schema() -> dict[str, Any]:
                              "<output>/versions/<version> for a periodic one"},
                     "modelVersion": {"type": "integer", "description": "the model version exported"},
                     "final": {"type": "boolean", "description": "the job's final model"},
+                },
+            },
+            "predictions": {
+                "type": "object",
+                "description": "batch prediction (spec.prediction), from the coordinator",
+                "properties": {
+                    "path": {"type": "string", "description": "<output>/predictions: one part-<start>-<end>.jsonl per task"},
+                    "records": {"type": "integer", "description": "records whose predictions are written"},
+                    "total": {"type": "integer", "description": "records of spec.prediction.data"},
                 },
             },
             "observedGeneration": {"type": "integer", "description": "metadata.generation the status reflects"},

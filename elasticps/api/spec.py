@@ -129,7 +129,9 @@ class DataSpec:
     and ``elasticps worker`` (``flags.data_args``)."""
 
     training: str = spec_field(
-        help="training data: a path or an object-store URI (s3://bucket/train-*.tfrecord); see reader",
+        "",
+        help="training data: a path or an object-store URI (s3://bucket/train-*.tfrecord); see reader; "
+        "empty only for a job that predicts with an exported model (spec.prediction.model)",
         flag="training_data",
     )
     validation: str = spec_field("", help="validation data, as training; empty: no evaluation", flag="validation_data")
@@ -212,6 +214,37 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True)
+class PredictionSpec:
+    """Batch prediction (``spec.prediction``): a model run over a dataset, one JSON line per record
+    under ``<output>/predictions/``. The data is read with ``spec.data``'s reader and options and
+    cut into tasks of ``spec.training.recordsPerTask`` records; each field is also a flag of
+    ``elasticps ps`` and ``elasticps worker``."""
+
+    data: str = spec_field(
+        "",
+        help="the records to predict, read like spec.data (labels, when the reader gives them, are "
+        "written beside each output); empty: no prediction. Needs spec.output",
+        flag="prediction_data",
+    )
+    model: str = spec_field(
+        "",
+        help="a folder holding an exported model.keras (a path or an object-store URI, e.g. an earlier "
+        "job's spec.output): the job trains nothing and predicts with it; empty: predict with the model "
+        "this job trains, after its final evaluation and export",
+        flag="prediction_model",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.data)
+
+    @property
+    def standalone(self) -> bool:
+        """The job only predicts, with an exported model: no training, no PS traffic."""
+        return bool(self.data and self.model)
+
+
+@dataclass(frozen=True)
 class Resources:
     requests: dict[str, str] = spec_field(default_factory=dict, help="resource requests, e.g. cpu: '1'")
     limits: dict[str, str] = spec_field(
@@ -275,6 +308,11 @@ class TrainingJobSpec:
         help="where the trained model is exported (a Keras file, a SavedModel, job.json, metrics.json): "
         "a local path, a path on a volume of the pod template, or an object-store URI such as "
         "s3://bucket/prefix; empty: no export",
+    )
+    prediction: PredictionSpec = spec_field(
+        default_factory=PredictionSpec,
+        help="batch prediction: run the trained (or an exported) model over a dataset, writing "
+        "<output>/predictions/part-<start>-<end>.jsonl",
     )
 
 

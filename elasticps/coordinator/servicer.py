@@ -14,7 +14,12 @@ Lock order: the rounds' condition, then the queue's lock.
 Export (``output`` given, ``spec.output``): once training and the final evaluation are done, the
 queue waits for every shard to hold one version (asked here, of the shards, only then) and hands
 one worker the final export of exactly that version; ``GetJobStatus`` says where the newest export
-went (``api/output.py`` lays the folder out).
+went (``api/output.py`` lays the folder out), or, once the output refused an export every attempt
+(``QueueSettings.export_attempts``), why the job cannot succeed (``export_error``, which the planner
+turns into Failed, reason ExportFailed) and where the PS checkpoints to export it from later are.
+
+Prediction (``spec.prediction``): after the final export the shards are asked once more for their
+one version, which every prediction task carries; ``GetJobStatus`` counts the records predicted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from elasticps.api.output import export_path
+from elasticps.api.output import export_failure, export_path, predictions_path
 from elasticps.coordinator.curves import TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
@@ -46,6 +51,7 @@ _KINDS = {
     TaskKind.TRAINING: pb.TASK_TYPE_TRAINING,
     TaskKind.EVALUATION: pb.TASK_TYPE_EVALUATION,
     TaskKind.EXPORT: pb.TASK_TYPE_EXPORT,
+    TaskKind.PREDICTION: pb.TASK_TYPE_PREDICTION,
 }
 
 MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
@@ -63,6 +69,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         shards: Shards | None = None,
         journals: Journals | None = None,
         checkpoint_steps: int = 0,
+        checkpoint_dir: str = "",
         recovery_deadline_s: float = 300.0,
         output: str = "",
         curves: TrainingCurves | None = None,
@@ -86,6 +93,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         # Sync: the ledger is saved at checkpointed versions and rolled back with the shards.
         self._journals = journals if rounds is not None else None
         self._checkpoint_steps = checkpoint_steps
+        self._checkpoint_dir = checkpoint_dir
         self._recovery_deadline_s = recovery_deadline_s
         self._boots: list[int | None] = [None] * (len(shards) if shards is not None else 0)
         self._incarnation = 0
@@ -110,8 +118,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "GetTask: worker is required")
         self._require_ready(context)
         with self._lock:
-            awaiting_export = self._queue.awaiting_final_export
-        settled = self._settled_version() if awaiting_export else None
+            awaiting_settled = self._queue.awaiting_settled
+        settled = self._settled_version() if awaiting_settled else None
         with self._lock:
             got = self._queue.get(request.worker, self._version_fn(), settled)
         if isinstance(got, Task):
@@ -143,9 +151,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 metric_sums=dict(request.metric_sums),
                 rejected=request.rejected,
                 model_version=request.model_version,
+                export_failed=request.export_failed,
+                error=request.error,
             )
             self._write_journal()
             after = self._queue.progress()
+        if request.export_failed:
+            log.warning("%s could not write export task %d: %s", request.worker, request.task_id, request.error)
+        if after.export_failure is not None and before.export_failure is None:
+            log.error("the job fails: %s", self._export_error(after))
         self._draw(before, after)
         return pb.Ack()
 
@@ -429,4 +443,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             else "",
             export_version=progress.export_version,
             export_final=progress.export_final,
+            records_predicted=progress.records_predicted,
+            prediction_records=progress.prediction_records,
+            predictions_path=predictions_path(self._output) if self._output and progress.prediction_records else "",
+            export_error=self._export_error(progress),
         )
+
+    def _export_error(self, progress: Progress) -> str:
+        failure = progress.export_failure
+        if failure is None:
+            return ""
+        return export_failure(
+            self._output, failure.version, failure.final, failure.attempts, failure.error,
+            self._checkpoint_dir, self._checkpoint_steps,
+        )  # fmt: skip

@@ -19,8 +19,20 @@ every PS shard holds the same version (the caller passes that ``settled`` versio
 one export task of exactly that version is handed to the next worker that asks; it follows the
 failure rules above like any task, so a worker that dies while exporting leaves it to another.
 With ``export_steps`` a periodic export is also queued each time the model crosses a multiple of it
-(one at a time, handed before training tasks, like evaluations). The job is finished when every
-training task of every epoch, the final evaluation and the final export are done.
+(one at a time, handed before training tasks, like evaluations).
+Prediction (``prediction_records``, ``spec.prediction``): once the final export is done (or the
+final evaluation, without an output) and the shards hold one version (``settled`` again), the
+prediction data is cut into prediction tasks of ``records_per_task`` records, in record order, all
+carrying that version; a job without training data (``num_records`` 0: it predicts with an exported
+model) cuts them at once, with no version. They follow the failure rules above, and each is counted
+once, by its first record. The job is finished when every training task of every epoch, the final
+evaluation, the final export and every prediction task are done.
+An export whose worker reports that the output refused it (``export_failed``: a missing bucket, a
+path under a file, no credentials) goes back to todo like any failed task, but it counts: after
+``export_attempts`` such failures the queue gives up on the job (:attr:`Progress.export_failure`
+says which export, the last error, and how many attempts) and hands out nothing more; the
+coordinator reports it and the planner fails the job (reason ExportFailed). A worker that dies
+or is stopped while exporting does not count.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ class TaskKind(str, Enum):
     TRAINING = "training"
     EVALUATION = "evaluation"
     EXPORT = "export"
+    PREDICTION = "prediction"
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ class Task:
     start: int
     end: int
     epoch: int
-    model_version: int = 0  # evaluation: the version that triggered it; export: the version to write
+    model_version: int = 0  # evaluation: the version that triggered it; export, prediction: the version to use
     final: bool = False  # export: the job's last model (exactly model_version), not a periodic one
 
     @property
@@ -76,6 +89,13 @@ class QueueSettings:
     seed: int = 0
     export: bool = False  # the job has an output: the final model is exported before it finishes
     export_steps: int = 0  # with export: also every this many model versions
+    prediction_records: int = 0  # records of the prediction data (0: the job does not predict)
+
+    @property
+    def trains(self) -> bool:
+        """Whether the job trains (a job without training data only predicts, with an exported model)."""
+        return self.num_records > 0
+    export_attempts: int = 3  # an export the output refuses this many times fails the job
 
 
 @dataclass
@@ -93,6 +113,16 @@ class _Evaluation:
 
 
 @dataclass(frozen=True)
+class ExportFailure:
+    """An export the output refused ``attempts`` times: the job cannot end well."""
+
+    version: int
+    final: bool
+    attempts: int
+    error: str  # the last worker's words
+
+
+@dataclass(frozen=True)
 class Progress:
     finished: bool
     epoch: int
@@ -107,12 +137,17 @@ class Progress:
     export_version: int = -1  # the newest export reported (-1: none)
     export_final: bool = False  # that export is the final model
     evaluations: int = 0  # evaluations completed by this coordinator (since it started)
+    records_predicted: int = 0  # records whose prediction tasks are reported
+    prediction_records: int = 0  # records to predict (0: the job does not predict)
+    export_failure: ExportFailure | None = None  # the queue gave up: the job fails
 
 
 class TaskQueue:
     def __init__(self, settings: QueueSettings, clock: Callable[[], float]) -> None:
-        if settings.num_records < 1:
-            raise ValueError("the training data holds no records")
+        if settings.num_records < 0 or settings.prediction_records < 0:
+            raise ValueError("record counts cannot be negative")
+        if settings.num_records == 0 and settings.prediction_records == 0:
+            raise ValueError("the training data holds no records (and there is nothing to predict)")
         self._s = settings
         self._clock = clock
         self._rng = random.Random(settings.seed)
@@ -132,8 +167,13 @@ class TaskQueue:
         self._export_pending = False  # a periodic export is queued or being written
         self._last_export_trigger = 0
         self._final_export_started = False
-        self._final_export_done = not settings.export
+        self._final_export_done = not (settings.export and settings.trains)  # nothing trained, nothing to export
         self._exported: tuple[int, bool] | None = None  # (version, final) of the newest export done
+        self._predict_todo: list[Task] = []
+        self._prediction_version: int | None = None  # set when the prediction tasks are cut
+        self._predicted: set[int] = set()  # first records of the prediction tasks reported
+        self._export_failures: dict[int, int] = {}  # export task id -> attempts the output refused
+        self._export_failure: ExportFailure | None = None
         self._metrics: dict[str, float] = {}
         self._metrics_version = -1
         self._evaluations = 0
@@ -154,7 +194,7 @@ class TaskQueue:
                 self._requeue(task_id)
         self._requeue_silent(now)
         self.on_version(model_version)
-        task = self._next_task(model_version, settled)
+        task = None if self._export_failure is not None else self._next_task(model_version, settled)
         if task is None:
             return Finished.FINISHED if self.finished else Wait.WAIT
         self._doing[task.id] = _Doing(task, worker)
@@ -179,7 +219,7 @@ class TaskQueue:
     def can_train(self) -> set[str]:
         """Live workers that hold a training task or could get one: those a sync round may wait for."""
         live = self.live_workers()
-        if self._todo or self._epoch + 1 < self._s.num_epochs:
+        if self._todo or (self._s.trains and self._epoch + 1 < self._s.num_epochs):
             return live
         return {d.worker for d in self._doing.values() if d.task.kind is TaskKind.TRAINING and d.worker in live}
 
@@ -206,15 +246,20 @@ class TaskQueue:
         metric_sums: Mapping[str, float] | None = None,
         rejected: int = 0,
         model_version: int = 0,
+        export_failed: bool = False,
+        error: str = "",
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
-        ``model_version``: an export's, the version it wrote."""
+        ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
+        that the output refused (``error`` says how), counted towards ``export_attempts``."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
         if doing is None or doing.worker != worker:
             return False
         self.gradients_rejected += rejected
         if not success:
+            if export_failed and doing.task.kind is TaskKind.EXPORT:
+                self._count_export_failure(doing.task, error)
             self._requeue(task_id)
             return True
         del self._doing[task_id]
@@ -225,6 +270,8 @@ class TaskQueue:
             self._recent_losses = (self._recent_losses + [loss_sum / max(1, task.records)])[-8:]
         elif task.kind is TaskKind.EXPORT:
             self._record_export(task, model_version)
+        elif task.kind is TaskKind.PREDICTION:
+            self._predicted.add(task.start)
         else:
             self._record_evaluation(task, metric_sums or {})
         return True
@@ -236,7 +283,15 @@ class TaskQueue:
 
     @property
     def finished(self) -> bool:
-        return self.training_done and self._final_eval_done and self._final_export_done
+        return self.training_done and self._final_eval_done and self._final_export_done and self.prediction_done
+
+    @property
+    def prediction_done(self) -> bool:
+        return self._records_predicted() == self._s.prediction_records
+
+    def _records_predicted(self) -> int:
+        size, total = self._s.records_per_task, self._s.prediction_records
+        return sum(min(total, start + size) - start for start in self._predicted)
 
     @property
     def awaiting_final_export(self) -> bool:
@@ -244,9 +299,27 @@ class TaskQueue:
         the next :meth:`get` needs the ``settled`` version."""
         return (
             self._s.export
+            and self._s.trains
             and not self._final_export_started
             and self.training_done
             and self._final_eval_done
+            and self._evaluation is None
+        )
+
+    @property
+    def awaiting_settled(self) -> bool:
+        """The next :meth:`get` needs the ``settled`` version: for the final export, or to cut the
+        prediction tasks of a job that trained."""
+        return self.awaiting_final_export or (self._prediction_due and self._s.trains)
+
+    @property
+    def _prediction_due(self) -> bool:
+        return (
+            self._s.prediction_records > 0
+            and self._prediction_version is None
+            and self.training_done
+            and self._final_eval_done
+            and self._final_export_done
             and self._evaluation is None
         )
 
@@ -266,6 +339,9 @@ class TaskQueue:
             export_version=-1 if self._exported is None else self._exported[0],
             export_final=self._exported is not None and self._exported[1],
             evaluations=self._evaluations,
+            records_predicted=self._records_predicted(),
+            prediction_records=self._s.prediction_records,
+            export_failure=self._export_failure,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -289,6 +365,8 @@ class TaskQueue:
             "last_export_trigger": self._last_export_trigger,
             "final_export_done": self._final_export_done,
             "exported": None if self._exported is None else list(self._exported),
+            "prediction_version": self._prediction_version,
+            "predicted": sorted(self._predicted),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -321,9 +399,16 @@ class TaskQueue:
         self.gradients_rejected = int(state["gradients_rejected"])
         # Ledgers saved before exports existed lack these keys: nothing was exported then.
         self._last_export_trigger = int(state.get("last_export_trigger", 0))
-        self._final_export_done = bool(state.get("final_export_done", False)) or not self._s.export
+        self._final_export_done = bool(state.get("final_export_done", False)) or not (self._s.export and self._s.trains)
         exported = state.get("exported")
         self._exported = None if not exported else (int(exported[0]), bool(exported[1]))
+        # Predictions: the tasks not reported are cut again, for the version they were cut for.
+        version = state.get("prediction_version")
+        self._prediction_version = None if version is None else int(version)
+        self._predicted = {int(start) for start in state.get("predicted", [])}
+        self._predict_todo = []
+        if self._prediction_version is not None:
+            self._cut_predictions(self._prediction_version)
 
     # ---- internals ---------------------------------------------------------------------------
     def on_version(self, model_version: int) -> None:
@@ -377,6 +462,12 @@ class TaskQueue:
         if self._exported is None or task.final or not self._exported[1]:
             self._exported = (version, task.final)
 
+    def _count_export_failure(self, task: Task, error: str) -> None:
+        attempts = self._export_failures.get(task.id, 0) + 1
+        self._export_failures[task.id] = attempts
+        if attempts >= self._s.export_attempts:
+            self._export_failure = ExportFailure(task.model_version, task.final, attempts, error)
+
     def _final_export(self, settled: int | None) -> Task | None:
         if not self.awaiting_final_export or settled is None:
             return None
@@ -385,12 +476,33 @@ class TaskQueue:
         self._next_id += 1
         return task
 
+    def _start_prediction(self, settled: int | None) -> Task | None:
+        """Cuts the prediction tasks once their turn came: after training, with the ``settled``
+        version (the final export's when there was one: the model does not move any more)."""
+        if not self._prediction_due:
+            return None
+        if self._s.trains:
+            if settled is None:
+                return None
+            version = self._exported[0] if self._exported is not None and self._exported[1] else settled
+        else:
+            version = 0
+        self._cut_predictions(version)
+        return self._predict_todo.pop(0) if self._predict_todo else None
+
+    def _cut_predictions(self, version: int) -> None:
+        self._prediction_version = version
+        tasks = self._cut(self._s.prediction_records, TaskKind.PREDICTION, epoch=0, version=version)
+        self._predict_todo = [t for t in tasks if t.start not in self._predicted]
+
     def _next_task(self, model_version: int, settled: int | None = None) -> Task | None:
         if self._eval_todo:
             return self._eval_todo.pop(0)
         if self._export_todo:
             return self._export_todo.pop(0)
-        if not self._todo and self._epoch + 1 < self._s.num_epochs:
+        if self._predict_todo:
+            return self._predict_todo.pop(0)
+        if not self._todo and self._epoch + 1 < self._s.num_epochs and self._s.trains:
             self._epoch += 1
             self._epoch_records.append(0)
             self._done_starts.append(set())
@@ -406,7 +518,7 @@ class TaskQueue:
                 self._final_eval_started = True
                 self._start_evaluation(model_version)
                 return self._eval_todo.pop(0)
-        return self._final_export(settled)
+        return self._final_export(settled) or self._start_prediction(settled)
 
     def _cut(self, records: int, kind: TaskKind, epoch: int, version: int) -> list[Task]:
         tasks = []
@@ -419,7 +531,12 @@ class TaskQueue:
     def _requeue(self, task_id: int) -> None:
         doing = self._doing.pop(task_id)
         self._requeued_workers.add(doing.worker)
-        queues = {TaskKind.TRAINING: self._todo, TaskKind.EVALUATION: self._eval_todo, TaskKind.EXPORT: self._export_todo}
+        queues = {
+            TaskKind.TRAINING: self._todo,
+            TaskKind.EVALUATION: self._eval_todo,
+            TaskKind.EXPORT: self._export_todo,
+            TaskKind.PREDICTION: self._predict_todo,
+        }
         queues[doing.task.kind].insert(0, doing.task)
         self.tasks_requeued += 1
 

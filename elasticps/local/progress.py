@@ -1,6 +1,6 @@
 """What a person sees while a local job runs: one progress reporter.
 
-On a terminal, a live bar (records trained, epoch, loss, accuracy, model version); elsewhere (CI, a
+On a terminal, a live bar (records trained, then predicted, epoch, loss, accuracy, model version); elsewhere (CI, a
 log file), one line every ``interval_s`` seconds. Events (a replica restarted) go above the bar.
 """
 
@@ -17,6 +17,8 @@ from elasticps.proto import elasticps_pb2 as pb
 
 
 def describe(status: pb.JobStatus) -> str:
+    if status.prediction_records and not status.records_total:  # nothing to train: an exported model predicts
+        return f"predicted {status.records_predicted}/{status.prediction_records}"
     parts = [f"epoch {min(status.epoch + 1, status.num_epochs)}/{status.num_epochs}"]
     if not math.isnan(status.loss) and status.records_done:
         parts.append(f"loss {status.loss:.4f}")
@@ -24,7 +26,14 @@ def describe(status: pb.JobStatus) -> str:
         if name != "loss":
             parts.append(f"{name} {value:.4f}")
     parts.append(f"version {status.model_version}")
+    if status.prediction_records:
+        parts.append(f"predicted {status.records_predicted}/{status.prediction_records}")
     return ", ".join(parts)
+
+
+def _counts(status: pb.JobStatus) -> tuple[int, int]:
+    """Records done and to do: trained (every epoch), then predicted."""
+    return status.records_done + status.records_predicted, status.records_total + status.prediction_records
 
 
 class Progress:
@@ -42,17 +51,18 @@ class Progress:
             bar = self._bar
             if bar is None:
                 bar = self._bar = tqdm(
-                    total=status.records_total, desc=self._job, unit="rec", file=self._stream, dynamic_ncols=True
+                    total=_counts(status)[1], desc=self._job, unit="rec", file=self._stream, dynamic_ncols=True
                 )
-            bar.n = status.records_done
+            bar.n = _counts(status)[0]
             bar.set_postfix_str(describe(status), refresh=True)
             return
         now = time.monotonic()
         if now - self._last_line >= self._interval_s:
             self._last_line = now
-            done = 100.0 * status.records_done / max(1, status.records_total)
+            records, total = _counts(status)
+            done = 100.0 * records / max(1, total)
             print(
-                f"[{now - self._started:6.1f}s] {self._job}: {status.records_done}/{status.records_total} records"
+                f"[{now - self._started:6.1f}s] {self._job}: {records}/{total} records"
                 f" ({done:.0f}%), {describe(status)}",
                 file=self._stream,
                 flush=True,

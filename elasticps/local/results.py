@@ -36,8 +36,19 @@ class RunResult:
 
 
 def summary(job: TrainingJob, result: RunResult) -> str:
-    """What ``elasticps run`` prints last; a job with ``spec.output`` ends with where its model is."""
+    """What ``elasticps run`` prints last; a job with ``spec.output`` ends with where its model is,
+    a job with ``spec.prediction`` with how many predictions were written where."""
     status = result.status
+    predicted = (
+        f"\n  {status.records_predicted} predictions written to {status.predictions_path}"
+        if status.predictions_path
+        else ""
+    )
+    if status.records_total == 0:  # nothing trained: the job predicted with an exported model
+        return (
+            f"job {job.name} succeeded in {result.elapsed_s:.1f} s: predicted with {job.spec.prediction.model},"
+            f" {status.tasks_requeued} tasks requeued, {result.restarts} replicas replaced{predicted}"
+        )
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(status.metrics.items()))
     loss = "" if math.isnan(status.loss) else f", training loss {status.loss:.4f}"
     exported = f"\n  model version {status.export_version} exported to {status.export_path}" if status.export_path else ""
@@ -47,7 +58,7 @@ def summary(job: TrainingJob, result: RunResult) -> str:
         f"  {status.records_done}/{status.records_total} records trained over {status.num_epochs} epochs"
         f" ({', '.join(str(n) for n in status.epoch_records)} per epoch), model version {status.model_version},"
         f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
-        f" {result.restarts} replicas replaced\n  {describe(status)}{exported}"
+        f" {result.restarts} replicas replaced\n  {describe(status)}{exported}{predicted}"
     )
 
 
@@ -70,4 +81,6 @@ def outcome(result: RunResult) -> dict[str, object]:
         "history": [asdict(evaluation) for evaluation in result.history],
         "export_path": status.export_path,  # "": the job has no spec.output
         "export_version": status.export_version if status.export_path else -1,
+        "records_predicted": status.records_predicted,
+        "predictions_path": status.predictions_path,  # "": the job does not predict
     }

@@ -1,6 +1,6 @@
-"""The rules that end a job or follow its end: deadline, success, failure, cleanup, TTL.
+"""The rules that end a job or follow its end: deadline, success, a failed export, failure, cleanup, TTL.
 
-Callers: ``plan`` (rules 1, 4 and 5 of its list) and the rules that fail a job (``failures``,
+Callers: ``plan`` (rules 1, 4, 5 and 6 of its list) and the rules that fail a job (``failures``,
 ``stuck``, ``scaling``), which all end through :func:`fail`.
 """
 
@@ -54,10 +54,20 @@ def succeeded(d: Draft) -> bool:
     return True
 
 
+def export_failed(d: Draft) -> bool:
+    """The coordinator gave up on an export the output refused every attempt: Failed, reason
+    ExportFailed, with its message (what, where, the last error, the checkpoints kept). The running
+    replicas are stopped whatever ``cleanPodPolicy`` says: they have nothing left to do."""
+    coordinator = d.obs.coordinator
+    if coordinator is None or not coordinator.export_error:
+        return False
+    return fail(d, "ExportFailed", f"TrainingJob {d.job_id}: {coordinator.export_error}", stop_running=True)
+
+
 def cleanup(d: Draft, *, succeeded: bool, stop_running: bool = False) -> None:
     """The replicas a finished job deletes, per ``cleanPodPolicy`` (see the rules in ``plan``)."""
     policy = d.job.spec.run_policy.clean_pod_policy
-    if not succeeded and d.status.condition_reason(JobPhase.FAILED.value) == "DeadlineExceeded":
+    if not succeeded and d.status.condition_reason(JobPhase.FAILED.value) in ("DeadlineExceeded", "ExportFailed"):
         stop_running = True
     for pod in d.pods:
         if pod.deleted:

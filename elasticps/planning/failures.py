@@ -1,6 +1,6 @@
 """Failed replicas: judged by their role's restart policy and the backoff limit, replaced in two passes.
 
-Callers: ``plan`` (rule 6 of its list). A replacement keeps the replica's name: this pass deletes
+Callers: ``plan`` (rule 7 of its list). A replacement keeps the replica's name: this pass deletes
 the failed one, counts one restart and records it in ``status.replacing`` (with its uid, when the
 executor gives one); a later pass, once the old one is gone, creates it again (``scaling``) and
 drops it from ``replacing``. A status patch lost in between never counts a failure twice.

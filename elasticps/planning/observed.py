@@ -76,6 +76,10 @@ class JobProgress:
     (empty: they agree).
     ``export_path``, ``export_version``, ``export_final``: where the newest export of the model
     (``spec.output``) went, its version and whether it is the final model (empty path: none yet).
+    ``records_predicted`` of ``prediction_records``, written under ``predictions_path``
+    (``spec.prediction``; empty path: the job does not predict).
+    ``export_error``: the coordinator gave up on an export the output refused every attempt (why,
+    in its words; empty: no such failure).
     """
 
     finished: bool
@@ -90,6 +94,10 @@ class JobProgress:
     export_path: str = ""
     export_version: int = -1
     export_final: bool = False
+    records_predicted: int = 0
+    prediction_records: int = 0
+    predictions_path: str = ""
+    export_error: str = ""
 
     @property
     def version(self) -> int:

@@ -22,7 +22,10 @@ implement them:
    ``completionTime``. PS replicas never exit on their own, so every replica still pending or
    running is deleted on success, whatever the policy; ``All`` also deletes the finished ones
    (``None`` and ``Running`` keep them, and their logs) (``ends``).
-6. A replica that failed (or exited 0 under ``Always``) is judged by its role's restartPolicy
+6. The coordinator gave up on an export (the output refused it every attempt): Failed, reason
+   ExportFailed, with the coordinator's message (where, the last error, the checkpoints kept);
+   running replicas are stopped, as for a deadline (``ends``).
+7. A replica that failed (or exited 0 under ``Always``) is judged by its role's restartPolicy
    (``replicas.should_restart``; a failure without an exit code, e.g. an eviction, counts as a
    signal): not restartable -> Failed, reason ReplicaFailed; ``status.restarts`` already at
    ``backoffLimit`` -> Failed, reason BackoffLimitExceeded; otherwise it is replaced under the same
@@ -30,21 +33,21 @@ implement them:
    ``status.replacing``; a later pass, once the old replica is gone, creates it again and drops it
    from ``replacing``. A job that fails applies ``cleanPodPolicy`` (None keeps every replica)
    (``failures``).
-7. A pending pod the scheduler cannot place: condition Unschedulable at once, with the scheduler's
+8. A pending pod the scheduler cannot place: condition Unschedulable at once, with the scheduler's
    message; Failed (reason Unschedulable) after ``settings.pending_timeout_s``. A pod whose
    container cannot start (image pull, bad config): condition CannotStart at once, with the
    kubelet's reason and message; Failed with that reason after the same time (``stuck``).
-8. Scaling: replicas above ``spec.<role>.replicas`` are deleted, highest index first; missing
+9. Scaling: replicas above ``spec.<role>.replicas`` are deleted, highest index first; missing
    replicas are created, and, when the strategy has PS replicas, their Services and the job's
    ingress policy ``{job}-ps`` where the executor observes such things (``Observed.services`` /
    ``network_policies`` None leaves them alone: the local runner has neither, and an operator
    without RBAC for NetworkPolicies still runs jobs). Neither touches the other replicas nor the
    restart count. A replica the executor's render check refuses fails the job, reason InvalidSpec,
    before anything is created (``scaling``).
-9. Phase: Restarting from a replacement's delete until every desired replica runs again (or exited
+10. Phase: Restarting from a replacement's delete until every desired replica runs again (or exited
    0); otherwise Running once every PS (none without a PS strategy) and at least one worker run
    (an elastic job trains on what it has) (``phase``).
-10. What the coordinator says of the training, on its answer only: condition ShardsConsistent
+11. What the coordinator says of the training, on its answer only: condition ShardsConsistent
    (False, reason ShardsDisagree with the coordinator's message, when the PS shards disagree or
    lost their model; a Warning Event as it turns False, a Normal one as it recovers), and
    condition GradsToWaitClamped (True while a sync job's explicit ``gradsToWait`` is above its live
@@ -63,7 +66,7 @@ from __future__ import annotations
 from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.planning.actions import Action, Event, SetStatus
 from elasticps.planning.draft import Draft
-from elasticps.planning.ends import cleanup, past_deadline, succeeded, ttl
+from elasticps.planning.ends import cleanup, export_failed, past_deadline, succeeded, ttl
 from elasticps.planning.failures import failures
 from elasticps.planning.observed import Observed
 from elasticps.planning.phase import phase
@@ -106,12 +109,12 @@ def _apply_rules(d: Draft) -> None:
         suspend(d)
         return
     resume_if_suspended(d)
-    if past_deadline(d) or succeeded(d) or failures(d) or stuck(d):  # 4, 5, 6, 7
+    if past_deadline(d) or succeeded(d) or export_failed(d) or failures(d) or stuck(d):  # 4, 5, 6, 7, 8
         return
-    scale_down(d)  # 8
+    scale_down(d)  # 9
     if create_missing(d):
-        phase(d)  # 9
-        training(d)  # 10
+        phase(d)  # 10
+        training(d)  # 11
 
 
 def plan_invalid(observed: Observed, message: str) -> list[Event | SetStatus]:

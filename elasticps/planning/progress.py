@@ -19,7 +19,9 @@ from elasticps.proto import elasticps_pb2 as pb
 def job_progress(reply: pb.JobStatus) -> JobProgress:
     """The reply as :class:`JobProgress`; the training loss joins the metrics (NaN ones are left out).
     A coordinator that predates a field leaves it at its zero value, which reads as "not known"."""
-    fraction = reply.records_done / reply.records_total if reply.records_total > 0 else 0.0
+    # Training, then prediction: one fraction over both (a job that only predicts has no training records).
+    done, total = reply.records_done + reply.records_predicted, reply.records_total + reply.prediction_records
+    fraction = done / total if total > 0 else 0.0
     metrics = {str(k): float(v) for k, v in reply.metrics.items() if math.isfinite(v)}
     if reply.records_done and math.isfinite(reply.loss):
         metrics.setdefault("loss", float(reply.loss))
@@ -36,6 +38,10 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         export_path=reply.export_path,
         export_version=int(reply.export_version) if reply.export_path else -1,
         export_final=reply.export_final and bool(reply.export_path),
+        records_predicted=int(reply.records_predicted),
+        prediction_records=int(reply.prediction_records),
+        predictions_path=reply.predictions_path,
+        export_error=reply.export_error.strip(),
     )
 
 

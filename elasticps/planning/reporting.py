@@ -1,7 +1,8 @@
 """What every status patch reports of the observation: replica counts, readiness, the training mode
 and the coordinator's progress (the model version, the oldest shard's when the shards are known,
 every shard's version, the live workers, for a sync job the gradients a round averages, and where
-the newest export of the model went, ``status.output``).
+the newest export of the model went, ``status.output``; how many records were predicted, and where,
+``status.predictions``).
 
 Callers: ``plan``, at the end of every pass (finished jobs included: the counts stay true).
 """
@@ -59,5 +60,11 @@ def observed_fields(d: Draft) -> dict[str, Any]:
                 "path": coordinator.export_path,
                 "modelVersion": coordinator.export_version,
                 "final": coordinator.export_final,
+            }
+        if coordinator.predictions_path:
+            fields["predictions"] = {
+                "path": coordinator.predictions_path,
+                "records": coordinator.records_predicted,
+                "total": coordinator.prediction_records,
             }
     return fields

@@ -23,6 +23,7 @@ from elasticps.api.spec import JobPhase
 # What the coordinator reports: kept from the previous status while PS 0 does not answer.
 COORDINATOR_KEYS = (
     "modelVersion", "epoch", "progress", "metrics", "shardVersions", "liveWorkers", "gradsToWait", "output",
+    "predictions",
 )
 
 

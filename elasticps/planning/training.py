@@ -1,7 +1,7 @@
 """What PS 0's coordinator says of the training itself: whether the PS shards agree, and whether a
 sync job's rounds average fewer gradients than ``gradsToWait`` asks for.
 
-Callers: ``plan`` (rule 10 of its list), once the other rules let the job go on. Two condition
+Callers: ``plan`` (rule 11 of its list), once the other rules let the job go on. Two condition
 types beside the phases, each decided only on an answer from the coordinator (a silent one leaves
 them as they were):
 - ShardsConsistent: True (reason ShardsAgree) while the shards report their versions and no

@@ -69,6 +69,12 @@ class _TaskTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskType.Val
     """Write the model of `model_version` to the job's output (spec.output): a Keras file, a
     SavedModel, job.json and metrics.json. The job finishes once the final export is reported.
     """
+    TASK_TYPE_PREDICTION: _TaskType.ValueType  # 6
+    """Predict records [start, end) of the prediction data (spec.prediction) and write them to
+    <output>/predictions/part-<start>-<end>.jsonl. After training: with the model of exactly
+    `model_version` (every shard holds it); a job that predicts with an exported model
+    (spec.prediction.model) has no version (0). The job finishes once every one is reported.
+    """
 
 class TaskType(_TaskType, metaclass=_TaskTypeEnumTypeWrapper):
     """---- coordinator (served by PS 0) ----"""
@@ -83,6 +89,12 @@ TASK_TYPE_FINISHED: TaskType.ValueType  # 4
 TASK_TYPE_EXPORT: TaskType.ValueType  # 5
 """Write the model of `model_version` to the job's output (spec.output): a Keras file, a
 SavedModel, job.json and metrics.json. The job finishes once the final export is reported.
+"""
+TASK_TYPE_PREDICTION: TaskType.ValueType  # 6
+"""Predict records [start, end) of the prediction data (spec.prediction) and write them to
+<output>/predictions/part-<start>-<end>.jsonl. After training: with the model of exactly
+`model_version` (every shard holds it); a job that predicts with an exported model
+(spec.prediction.model) has no version (0). The job finishes once every one is reported.
 """
 Global___TaskType: _TypeAlias = TaskType  # noqa: Y015
 
@@ -534,9 +546,10 @@ class Task(_message.Message):
     """last record (exclusive)"""
     epoch: _builtins.int
     model_version: _builtins.int
-    """evaluation tasks: the version they evaluate; export: the version to write"""
+    """evaluation tasks: the version they evaluate; export: the version to write;"""
     final: _builtins.bool
-    """Export: the job's last model, written to the output folder itself, and exactly `model_version`
+    """prediction after training: the version to predict with
+    Export: the job's last model, written to the output folder itself, and exactly `model_version`
     (every shard holds it); otherwise a periodic export of the version pulled (>= model_version)
     into <output>/versions/<version>/.
     """
@@ -592,17 +605,21 @@ class TaskResult(_message.Message):
     METRIC_SUMS_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    EXPORT_FAILED_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     task_id: _builtins.int
     success: _builtins.bool
     error: _builtins.str
     records: _builtins.int
+    """prediction: the lines written"""
     loss_sum: _builtins.float
     """training: sum of per-minibatch mean loss x minibatch size"""
     rejected: _builtins.int
     """training: gradients the PS rejected (retrained minibatches)"""
     model_version: _builtins.int
     """export: the version written"""
+    export_failed: _builtins.bool
+    """export: writing the files failed (not the worker): counts"""
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records"""
@@ -619,10 +636,11 @@ class TaskResult(_message.Message):
         metric_sums: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         rejected: _builtins.int = ...,
         model_version: _builtins.int = ...,
+        export_failed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "export_failed", b"export_failed", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -778,6 +796,10 @@ class JobStatus(_message.Message):
     EXPORT_PATH_FIELD_NUMBER: _builtins.int
     EXPORT_VERSION_FIELD_NUMBER: _builtins.int
     EXPORT_FINAL_FIELD_NUMBER: _builtins.int
+    RECORDS_PREDICTED_FIELD_NUMBER: _builtins.int
+    PREDICTION_RECORDS_FIELD_NUMBER: _builtins.int
+    PREDICTIONS_PATH_FIELD_NUMBER: _builtins.int
+    EXPORT_ERROR_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -802,6 +824,14 @@ class JobStatus(_message.Message):
     """the model version written there (-1: none)"""
     export_final: _builtins.bool
     """that export is the job's final model"""
+    records_predicted: _builtins.int
+    """records whose predictions are written (spec.prediction)"""
+    prediction_records: _builtins.int
+    """records of the prediction data (0: the job does not predict)"""
+    predictions_path: _builtins.str
+    """<output>/predictions ("": the job does not predict)"""
+    export_error: _builtins.str
+    """an export failed every attempt: the job fails with this"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -836,10 +866,14 @@ class JobStatus(_message.Message):
         export_path: _builtins.str = ...,
         export_version: _builtins.int = ...,
         export_final: _builtins.bool = ...,
+        records_predicted: _builtins.int = ...,
+        prediction_records: _builtins.int = ...,
+        predictions_path: _builtins.str = ...,
+        export_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "records_done", b"records_done", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

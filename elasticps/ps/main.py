@@ -20,9 +20,16 @@ from types import FrameType
 
 from prometheus_client import REGISTRY, start_http_server
 
-from elasticps.api.flags import add_data_flags, add_training_flags, data_from_args, training_from_args
+from elasticps.api.flags import (
+    add_data_flags,
+    add_prediction_flags,
+    add_training_flags,
+    data_from_args,
+    prediction_from_args,
+    training_from_args,
+)
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.api.spec import DataSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.curves import open_curves
@@ -40,6 +47,7 @@ from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, Uninit
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.rpc.frames import CHUNK_BYTES
+from elasticps.storage import OutputError, check_output
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,7 @@ class PSConfig:
     training: TrainingSpec
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
     output: str = ""  # PS 0: spec.output, where the workers export the model ("": no export)
+    prediction: PredictionSpec = PredictionSpec()  # PS 0: spec.prediction, the data it cuts into prediction tasks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,8 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
     )
-    add_data_flags(parser, require_training=False)  # PS 0 cuts the training data into tasks
+    add_data_flags(parser)  # PS 0 cuts the training data into tasks
     add_training_flags(parser)
+    add_prediction_flags(parser)  # ... and the prediction data
 
 
 def config_from_args(args: argparse.Namespace) -> PSConfig:
@@ -107,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         training=training_from_args(args),
         chunk_bytes=args.chunk_bytes,
         output=args.output,
+        prediction=prediction_from_args(args),
     )
 
 
@@ -168,13 +179,21 @@ def rounds_and_shards(
 
 
 def queue_settings(config: PSConfig) -> QueueSettings:
-    """What the coordinator needs: record counts only (the PS never loads the data itself)."""
-    data = config.data
-    if not data.training:
-        raise DataError("PS 0 coordinates the job and needs --training_data")
+    """What the coordinator needs: record counts only (the PS never loads the data itself). A job
+    that predicts with an exported model (``--prediction_model``) has no training data."""
+    data, prediction = config.data, config.prediction
+    if not data.training and not prediction.standalone:
+        raise DataError("PS 0 coordinates the job and needs --training_data (or --prediction_model and --prediction_data)")
+    if prediction.enabled and not config.output:
+        raise DataError("--prediction_data needs --output (the predictions go to <output>/predictions/)")
     options = ReaderOptions.of(data)
-    records = open_reader(data.reader, data.training, options).num_records
+    records = open_reader(data.reader, data.training, options).num_records if data.training else 0
     validation = open_reader(data.reader, data.validation, options).num_records if data.validation else 0
+    to_predict = open_reader(data.reader, prediction.data, options).num_records if prediction.enabled else 0
+    if data.training and records == 0:
+        raise DataError(f"--training_data {data.training}: holds no records")
+    if prediction.enabled and to_predict == 0:
+        raise DataError(f"--prediction_data {prediction.data}: holds no records")
     t = config.training
     return QueueSettings(
         num_records=records,
@@ -185,6 +204,7 @@ def queue_settings(config: PSConfig) -> QueueSettings:
         task_timeout=t.task_timeout_seconds,
         export=bool(config.output),
         export_steps=t.export_steps,
+        prediction_records=to_predict,
     )
 
 
@@ -201,7 +221,9 @@ def run(config: PSConfig) -> int:
     if config.ps_id == 0:
         try:
             settings = queue_settings(config)
-        except DataError as err:
+            if config.output:
+                check_output(config.output)
+        except (DataError, OutputError) as err:
             print(f"ps-0: error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
@@ -216,8 +238,9 @@ def run(config: PSConfig) -> int:
             shards=shards,
             journals=journals,
             checkpoint_steps=t.checkpoint_steps,
+            checkpoint_dir=t.checkpoint_dir,
             output=config.output,
-            curves=open_curves(config.output, metrics.staleness_counts) if config.output else None,
+            curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
         )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
         coordinator.start()

@@ -76,6 +76,7 @@ class KerasTrainer:
         self._built = False
         self._variables: dict[str, tf.Variable] = {}
         self._state: dict[str, tf.Variable] = {}
+        self._predict: Any = None  # the inference step, traced on first use
 
     # ---- variables ---------------------------------------------------------------------------
     def _build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
@@ -205,6 +206,58 @@ class KerasTrainer:
             for name, value in self._eval(x, y).items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
         return sums
+
+    # ---- prediction --------------------------------------------------------------------------
+    def predict(self, features: np.ndarray, labels: np.ndarray | None) -> Any:
+        """The model's outputs for every record, in order, in inference mode: a numpy array (or a
+        dict or list of them, for a model with several outputs), one row per record.
+
+        The records go through the data function in ``Mode.PREDICTION``; it may give features alone
+        or ``(features, labels)`` pairs (a module written for training and evaluation): an element
+        that is a pair is read as one, and its labels are dropped. Labels the reader gives are
+        handed to the data function as for evaluation."""
+        records = features if labels is None else (features, labels)
+        dataset = self._module.prepare(tf.data.Dataset.from_tensor_slices(records), Mode.PREDICTION, self._metadata)
+        element = dataset.batch(max(1, len(features))).get_single_element()
+        x = element[0] if isinstance(element, tuple) and len(element) == 2 else element
+        count = int(tf.shape(tf.nest.flatten(x)[0])[0])
+        if count != len(features):
+            raise ModelError(
+                f"{self._module.name}: the data function gave {count} elements for {len(features)} records "
+                "in prediction mode (it must keep one per record)"
+            )
+        if self._predict is None:
+            self._predict = tf.function(lambda inputs: self.model(inputs, training=False), reduce_retracing=True)
+        parts = []
+        for start in range(0, count, self._minibatch_size):
+            index = tf.range(start, min(count, start + self._minibatch_size))
+            parts.append(self._predict(tf.nest.map_structure(lambda t: tf.gather(t, index), x)))
+        joined = tf.nest.map_structure(lambda *ts: tf.concat(ts, axis=0), *parts)
+        return tf.nest.map_structure(lambda t: np.asarray(t.numpy()), joined)
+
+    def load_exported(self, folder: str) -> None:
+        """Replaces the model by an exported one: ``<folder>/model.keras`` (a local folder or an
+        object-store URI, read through ``elasticps.storage``), for a job that only predicts.
+        Custom layers load when the model module registered them (it is imported already)."""
+        import tempfile
+
+        import keras
+
+        from elasticps.storage import open_input
+
+        source = f"{folder.rstrip('/')}/{KERAS_FILE}"
+        try:
+            with tempfile.TemporaryDirectory(prefix="elasticps-model-") as scratch:
+                local = Path(scratch) / KERAS_FILE
+                with open_input(source) as remote, open(local, "wb") as copy:
+                    while chunk := remote.read(8 << 20):
+                        copy.write(chunk)
+                self.model = keras.models.load_model(local, compile=False)
+        except OSError as err:
+            raise ModelError(f"spec.prediction.model: cannot read {source}: {err}") from None
+        except (ValueError, TypeError) as err:
+            raise ModelError(f"spec.prediction.model: {source} is not a Keras model this module can load: {err}") from None
+        self._predict = None
 
     # ---- export ------------------------------------------------------------------------------
     def export(self, directory: Path) -> None:

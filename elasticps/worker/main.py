@@ -1,6 +1,8 @@
 """``elasticps worker``: flags -> a frozen config -> a Worker, run until the job is done.
 
 The training mode is derived here, once (``TrainingMode.of``); the Worker picks its step from it.
+A job that predicts with an exported model (``--prediction_model``) has no training data: the
+exported ``model.keras`` is loaded here (a missing or unreadable one is a user error, exit 2).
 
 Exit codes: 0 when the job is finished, 2 for a bad model module or bad data (a user error the
 runner must not retry), 143 when stopped by SIGTERM (its task reported failed, so it is handed out
@@ -23,10 +25,17 @@ from typing import Any
 
 import grpc
 
-from elasticps.api.flags import add_data_flags, add_training_flags, data_from_args, training_from_args
+from elasticps.api.flags import (
+    add_data_flags,
+    add_prediction_flags,
+    add_training_flags,
+    data_from_args,
+    prediction_from_args,
+    training_from_args,
+)
 from elasticps.api.modes import TrainingMode
 from elasticps.api.output import exported_job
-from elasticps.api.spec import DataSpec, ModelSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, ModelSpec, PredictionSpec, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.exporting import Exporter
@@ -53,6 +62,7 @@ class WorkerConfig:
     training: TrainingSpec
     output: str = ""  # spec.output: where this worker writes an export it is handed ("": none)
     job_name: str = ""  # the job's name, for job.json
+    prediction: PredictionSpec = PredictionSpec()  # spec.prediction: what prediction tasks read and use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output", default="", help="the job's output (spec.output): where exports are written")
     parser.add_argument("--job_name", default="", help="the job's name (written into an export's job.json)")
-    add_data_flags(parser, require_training=True)
+    add_data_flags(parser)
     add_training_flags(parser)
+    add_prediction_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -83,6 +94,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     addrs = tuple(a.strip() for a in args.ps_addrs.split(",") if a.strip())
     if not addrs:
         raise SystemExit("error: --ps_addrs: no address")
+    prediction = prediction_from_args(args)
+    if not args.training_data and not prediction.standalone:
+        raise SystemExit("error: --training_data: required (unless --prediction_model and --prediction_data are given)")
+    if prediction.enabled and not args.output:
+        raise SystemExit("error: --prediction_data: needs --output (the predictions go to <output>/predictions/)")
     return WorkerConfig(
         worker_id=args.worker_id,
         ps_addrs=addrs,
@@ -95,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         training=training_from_args(args),
         output=args.output,
         job_name=args.job_name,
+        prediction=prediction,
     )
 
 
@@ -126,18 +143,22 @@ def _run(config: WorkerConfig) -> int:
     from elasticps.worker.model_loading import Metadata, ModelError, load_model_module
     from prometheus_client import REGISTRY, start_http_server
 
+    from elasticps.storage import OutputError, check_output
     from elasticps.worker.metrics import WorkerMetrics
-    from elasticps.worker.training import Worker
+    from elasticps.worker.predicting import PredictionWriter
+    from elasticps.worker.training import Prediction, Worker
 
     name = f"worker-{config.worker_id}"
     try:
         keras_trainer.configure_threads(config.num_threads)
         module = load_model_module(config.model_def)
         data, options = config.data, ReaderOptions.of(config.data)
-        training = open_reader(data.reader, data.training, options)
+        training = open_reader(data.reader, data.training, options) if data.training else None
         validation = open_reader(data.reader, data.validation, options) if data.validation else None
+        spec = config.prediction
+        to_predict = open_reader(data.reader, spec.data, options) if spec.enabled else None
         # A reader of tabular data that knows its columns names them (ElasticDL's metadata).
-        columns = getattr(training, "column_names", None)
+        columns = getattr(training if training is not None else to_predict, "column_names", None)
         trainer = keras_trainer.KerasTrainer(
             module,
             config.model_params,
@@ -147,7 +168,11 @@ def _run(config: WorkerConfig) -> int:
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
         )
         trainer.optimizer_config(config.training.learning_rate)
-    except (ModelError, DataError, OptimizerError) as err:
+        if spec.standalone:
+            trainer.load_exported(spec.model)
+        if config.output:
+            check_output(config.output)  # a path under a file, an unknown scheme: not at the end
+    except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     ps = PSClient(config.ps_addrs, worker=name)
@@ -157,8 +182,22 @@ def _run(config: WorkerConfig) -> int:
         start_http_server(config.metrics_port, registry=REGISTRY)
     health_server = _serve_health(config.health_port) if config.health_port else None
     mode = TrainingMode.of(config.training)
+    prediction = (
+        None
+        if to_predict is None
+        else Prediction(to_predict, PredictionWriter(config.output), standalone=spec.standalone)
+    )
     worker = Worker(
-        config.training, mode, trainer, ps, coordinator, training, validation, metrics=metrics, exporter=_exporter(config)
+        config.training,
+        mode,
+        trainer,
+        ps,
+        coordinator,
+        training,
+        validation,
+        metrics=metrics,
+        exporter=_exporter(config),
+        prediction=prediction,
     )
     try:
         worker.run()
@@ -176,7 +215,7 @@ def _run(config: WorkerConfig) -> int:
 
 def _exporter(config: WorkerConfig) -> Exporter | None:
     """Where an export task's model goes, and the job.json it carries (None: the job has no output)."""
-    if not config.output:
+    if not config.output or config.prediction.standalone:
         return None
     model = ModelSpec(model_def=config.model_def, params=dict(config.model_params))
     name = config.job_name or "trainingjob"

@@ -17,6 +17,16 @@ An export task (a job with ``spec.output``): the worker pulls until every shard 
 and the exporter (``exporting.py``) put it, with ``job.json`` and ``metrics.json``, in the output.
 A worker killed while exporting leaves the task to the coordinator's timeout, and another worker
 writes it again from the start.
+
+A prediction task (``spec.prediction``): after training, the worker pulls the task's version as for
+the final export (once: the model no longer moves, later pulls bring nothing), has the trainer
+run it over the task's records and the writer (``predicting.py``) put one JSON line per record in
+the task's file. A job that predicts with an exported model (:attr:`Prediction.standalone`) never
+talks to the PS: the trainer loaded that model (``worker/main.py``) and the loop only predicts.
+writes it again from the start. An export the output refuses (writing the files raises: a missing
+bucket, a path under a file, no credentials) is no reason to exit: the worker reports it failed
+with ``export_failed`` and the error, and asks for its next task; the coordinator hands it out a
+bounded number of times, then fails the job with that error (``coordinator/tasks.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -38,12 +49,27 @@ from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
+from elasticps.worker.predicting import PredictionWriter
 from elasticps.worker.steps import step_for
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a worker of a predicting job needs: the prediction data, where its files go, and
+    whether the model came from an export (no training, no PS) rather than from the PS."""
+
+    data: Reader
+    writer: PredictionWriter
+    standalone: bool = False
 
 
 class Stopped(Exception):
     """The worker was asked to stop (SIGTERM); raised from the signal handler ``worker/main.py``
     installs, wherever the loop is."""
+
+
+class ExportNotWritten(Exception):
+    """Writing an export's files failed: reported, not raised out of the loop (the process is fine)."""
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +94,22 @@ class Worker:
         trainer: Trainer,
         ps: PSClientLike,
         coordinator: CoordinatorLike,
-        training_data: Reader,
+        training_data: Reader | None,
         validation_data: Reader | None,
         heartbeat_s: float = 5.0,
         metrics: WorkerMetrics | None = None,
         exporter: Exporter | None = None,
+        prediction: Prediction | None = None,
     ) -> None:
+        if training_data is None and (prediction is None or not prediction.standalone):
+            raise ValueError("a worker without training data only predicts, with an exported model")
         self._trainer = trainer
         self._coordinator = coordinator
         self._training_data = training_data
         self._validation_data = validation_data
         self._heartbeat_s = heartbeat_s
         self._exporter = exporter
+        self._prediction = prediction
         self._stop = threading.Event()
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
@@ -91,8 +121,9 @@ class Worker:
         beat = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         beat.start()
         try:
-            self._trainer.build(*self._training_data.read(0, 1))
-            self._model.initialise()
+            if self._training_data is not None:
+                self._trainer.build(*self._training_data.read(0, 1))
+                self._model.initialise()
             while True:
                 task = self._coordinator.get_task()
                 if task.type == pb.TASK_TYPE_FINISHED:
@@ -123,9 +154,17 @@ class Worker:
                 self._evaluate(task, result)
             elif task.type == pb.TASK_TYPE_EXPORT:
                 self._export(task, result)
+            elif task.type == pb.TASK_TYPE_PREDICTION:
+                self._predict(task, result)
             else:
                 self._train(task, result)
             result.success = True
+        except ExportNotWritten as failed:
+            cause = failed.__cause__ or failed
+            log.error("could not write export task %d: %s", task.id, cause)
+            result.success = False
+            result.export_failed = True
+            result.error = f"{type(cause).__name__}: {cause}"
         except Exception as err:
             result.success = False
             result.error = f"{type(err).__name__}: {err}"
@@ -138,6 +177,8 @@ class Worker:
 
     # ---- training ----------------------------------------------------------------------------
     def _train(self, task: pb.Task, result: pb.TaskResult) -> None:
+        if self._training_data is None:
+            raise RuntimeError("a training task, but this worker has no training data")
         features, labels = self._training_data.read(task.start, task.end)
         loss_sum = 0.0
         rejected_before = self.counters.rejected
@@ -174,7 +215,26 @@ class Worker:
             log.warning("exporting without the job's metrics (the coordinator did not answer): %s", err)
             status = None
         metrics = metrics_document(status, version, task.final, shard_versions=self._model.versions)
-        written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        try:
+            written = self._exporter.write(self._trainer.export, version, task.final, metrics)
+        except Stopped:
+            raise
+        except Exception as err:
+            raise ExportNotWritten(str(err)) from err
         log.info("exported model version %d to %s", version, written)
         result.model_version = version
 
+    # ---- prediction --------------------------------------------------------------------------
+    def _predict(self, task: pb.Task, result: pb.TaskResult) -> None:
+        prediction = self._prediction
+        if prediction is None:
+            raise RuntimeError("a prediction task, but this worker has no --prediction_data")
+        if not prediction.standalone:
+            version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=True)
+            if version != task.model_version:
+                raise RuntimeError(f"asked to predict with version {task.model_version}, but the PS shards hold {version}")
+        features, labels = prediction.data.read(task.start, task.end)
+        outputs = self._trainer.predict(features, labels)
+        written = prediction.writer.write(task.start, task.end, outputs, labels)
+        log.info("predicted records %d-%d into %s", task.start, task.end, written)
+        result.records = task.end - task.start

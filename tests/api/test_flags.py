@@ -256,9 +256,9 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
 # ---- data flags ---------------------------------------------------------------------------------------
 
 
-def parse_data(*argv: str, require_training: bool = True) -> DataSpec:
+def parse_data(*argv: str) -> DataSpec:
     parser = argparse.ArgumentParser(prog="elasticps worker")
-    add_data_flags(parser, require_training=require_training)
+    add_data_flags(parser)
     return data_from_args(parser.parse_args(list(argv)))
 
 
@@ -293,7 +293,6 @@ def test_data_flags_keep_their_elasticdl_names() -> None:
         (["--training_data=/t", "--data_reader=pkg.mod"], "or a plug-in class as package.module:ClassName"),
         (["--training_data=/t", "--delimiter=;;"], "argument --delimiter: must be one character"),
         (["--training_data=/t", "--header=maybe"], "argument --header: expected true or false"),
-        ([], "the following arguments are required: --training_data"),
     ],
 )
 def test_bad_data_flags_are_refused_naming_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -303,8 +302,9 @@ def test_bad_data_flags_are_refused_naming_the_flag(argv: list[str], message: st
     assert message in capsys.readouterr().err
 
 
-def test_a_ps_needs_no_training_data_flag() -> None:
-    assert parse_data(require_training=False).training == ""
+def test_the_training_data_flag_may_be_left_out() -> None:
+    # A job that predicts with an exported model has none; the worker and PS 0 check (worker/main.py).
+    assert parse_data().training == ""
 
 
 def test_replica_command_lines_carry_the_jobs_data_settings() -> None:

@@ -259,7 +259,7 @@ ERRORS: dict[str, tuple[str, Any, str]] = {
     "missing modelDef": ("spec.model.modelDef", DELETE, "spec.model.modelDef: required"),
     "blank modelDef": ("spec.model.modelDef", "  ", "spec.model.modelDef: must not be empty"),
     "missing model": ("spec.model", DELETE, "spec.model: required"),
-    "missing training data": ("spec.data.training", DELETE, "spec.data.training: required"),
+    "missing training data": ("spec.data.training", DELETE, "spec.data.training: must not be empty"),
     "blank training data": ("spec.data.training", "", "spec.data.training: must not be empty"),
     "missing spec": ("spec", DELETE, "spec: required"),
     "spec not a mapping": ("spec", "x", "spec: must be a mapping"),

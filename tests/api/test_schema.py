@@ -232,7 +232,7 @@ def test_required_fields_are_the_ones_without_defaults() -> None:
     spec = spec_schema()
     assert spec["required"] == ["model", "data"]
     assert spec["properties"]["model"]["required"] == ["modelDef"]
-    assert spec["properties"]["data"]["required"] == ["training"]
+    assert "required" not in spec["properties"]["data"]  # no training data: a job that only predicts
     assert crd_schema.openapi_schema()["required"] == ["spec"]
 
 
@@ -339,8 +339,6 @@ AGREEMENT = [
     ("spec.data.header", False),
     ("spec.data.labelColumn", "label"),
     ("spec.data.featureColumns", "a,b"),
-    ("spec.data.training", ""),
-    ("spec.data.training", "  "),
     ("spec.model.modelDef", " "),
     ("spec.model.params", {"hidden": [64, 32]}),
     ("spec.model.params", "x"),
@@ -397,6 +395,10 @@ def test_what_the_schema_accepts_parse_job_accepts() -> None:
     "path,value,rules",
     [
         ("spec.ps.replicas", 0, crd_schema.SPEC_RULES),
+        ("spec.data.training", "", crd_schema.SPEC_RULES),
+        ("spec.prediction", {"model": "/m"}, crd_schema.SPEC_RULES),
+        ("spec.prediction", {"data": "/p.npz"}, crd_schema.SPEC_RULES),
+        ("spec.prediction", {"data": "/p.npz", "model": "/m"}, crd_schema.SPEC_RULES),
         ("spec.training", {"lrStalenessModulation": True}, crd_schema.TRAINING_RULES),
         ("spec.training", {"useLocking": True}, crd_schema.TRAINING_RULES),
         ("spec.training", {"getModelFrequency": 4}, crd_schema.TRAINING_RULES),

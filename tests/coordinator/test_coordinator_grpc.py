@@ -167,3 +167,30 @@ def test_get_task_without_a_worker_name_is_invalid_argument(make_coordinator: Ca
     with pytest.raises(grpc.RpcError) as raised:
         c.client("").get_task()
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_export_refused_every_attempt_is_the_jobs_export_error(grpc_servers: Callable[..., int]) -> None:
+    settings = QueueSettings(num_records=10, records_per_task=10, num_epochs=1, export=True, export_attempts=2)
+    servicer = CoordinatorServicer(settings, version_fn=lambda: 1, output="s3://nope/models/tj",
+                                   checkpoint_dir="/ckpt", checkpoint_steps=5)  # fmt: skip
+    address = f"127.0.0.1:{grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))}"
+    worker = CoordinatorClient(address, worker="w1", deadline_s=30.0, timeout_s=30.0)
+    try:
+        task = worker.get_task()
+        worker.report(pb.TaskResult(task_id=task.id, success=True, records=10))
+        for attempt in (1, 2):
+            export = worker.get_task()
+            assert export.type == pb.TASK_TYPE_EXPORT and export.final
+            assert worker.status().export_error == ""
+            error = f"OSError: Bucket 'nope' not found\n(attempt {attempt})"
+            worker.report(pb.TaskResult(task_id=export.id, success=False, export_failed=True, error=error))
+        status = worker.status()
+        assert status.export_error == (
+            "could not write the final model (version 1) to s3://nope/models/tj: 2 attempts failed, the last with "
+            "OSError: Bucket 'nope' not found (attempt 2). The PS checkpoints in /ckpt are kept: once the output "
+            "works, `elasticps export /ckpt --job JOB.yaml --out s3://nope/models/tj` writes the newest version "
+            "every shard checkpointed."
+        )
+        assert not status.finished and worker.get_task().type == pb.TASK_TYPE_WAIT
+    finally:
+        worker.close()

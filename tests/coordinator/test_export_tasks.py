@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks import ExportFailure, Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
 
 
 class Clock:
@@ -106,6 +106,48 @@ def test_failed_export_is_requeued_and_a_restarted_worker_loses_it() -> None:
     last = q.get("w2", 4)
     assert isinstance(last, Task) and last.id == export.id
     assert q.report("w2", last.id, True, model_version=4) and q.finished
+
+
+def test_an_export_the_output_refuses_every_attempt_fails_the_job() -> None:
+    q, _ = queue(export_attempts=3)
+    train_all(q)
+    export = q.get("w0", 4, settled=4)
+    assert isinstance(export, Task)
+    assert q.report("w0", export.id, False, export_failed=True, error="OSError: no bucket 1")
+    again = q.get("w1", 4)
+    assert isinstance(again, Task) and again.id == export.id  # retried, on any worker
+    q.report("w1", again.id, False, error="Stopped: stopped by signal SIGTERM")  # the worker's fault: not counted
+    again = q.get("w0", 4)
+    assert isinstance(again, Task) and again.id == export.id
+    q.report("w0", again.id, False, export_failed=True, error="OSError: no bucket 2")
+    assert q.progress().export_failure is None
+    again = q.get("w0", 4)
+    assert isinstance(again, Task) and again.id == export.id
+    q.report("w0", again.id, False, export_failed=True, error="OSError: no bucket 3")
+    assert q.progress().export_failure == ExportFailure(version=4, final=True, attempts=3, error="OSError: no bucket 3")
+    assert q.get("w1", 4, settled=4) is Wait.WAIT  # nothing more is handed out: the job fails
+    assert not q.finished
+
+
+def test_a_periodic_export_refused_every_attempt_fails_the_job_too() -> None:
+    q, _ = queue(num_records=100, export_steps=5, export_attempts=2)
+    first = q.get("w0", 0)
+    assert isinstance(first, Task)
+    q.report("w0", first.id, True)
+    for attempt in (1, 2):
+        export = q.get("w0", 6)
+        assert isinstance(export, Task) and export.kind is TaskKind.EXPORT and not export.final
+        q.report("w0", export.id, False, export_failed=True, error=f"PermissionError: {attempt}")
+    assert q.progress().export_failure == ExportFailure(version=6, final=False, attempts=2, error="PermissionError: 2")
+    assert q.get("w0", 7) is Wait.WAIT
+
+
+def test_export_failed_on_a_training_task_counts_nothing() -> None:
+    q, _ = queue(export_attempts=1)
+    task = q.get("w0", 0)
+    assert isinstance(task, Task) and task.kind is TaskKind.TRAINING
+    q.report("w0", task.id, False, export_failed=True, error="x")
+    assert q.progress().export_failure is None
 
 
 def test_periodic_exports_every_k_versions_one_at_a_time() -> None:

@@ -182,7 +182,7 @@ def test_a_worker_killed_while_exporting_leaves_the_export_to_another(
     result = json.loads(result_file.read_text())
     assert result["tasks_requeued"] >= 1  # the killed worker's export went back to the queue
     assert result["export_path"] == str(out)
-    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model"]
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
     assert json.loads((out / "metrics.json").read_text())["model_version"] == result["model_version"]
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("slow-worker-*.log"))
     assert logs.count("exported model version") == 1, logs  # one worker finished it: not the one killed

@@ -172,6 +172,8 @@ def test_coordinator_reply_with_shards_live_workers_and_rounds() -> None:
     assert (older.export_path, older.export_version, older.export_final) == ("", -1, False)
     assert (older.shard_versions, older.live_workers, older.grads_to_wait, older.shard_problem) == ((), 0, 0, "")
     assert older.version == 9
+    assert older.export_error == ""
+    assert job_progress(pb.JobStatus(export_error=" could not write \n")).export_error == "could not write"
 
 
 

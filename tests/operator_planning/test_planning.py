@@ -135,6 +135,9 @@ def condition(status: dict[str, Any], kind: str) -> tuple[str, str] | None:
 
 FINISHED = JobProgress(finished=True, model_version=500, progress=1.0, epoch=1, metrics={"accuracy": 0.97})
 TRAINING = JobProgress(finished=False, model_version=120, progress=0.45, epoch=0, metrics={"loss": 0.3})
+# A coordinator that gave up on the final export (its output refused it every attempt).
+EXPORT_FAILED = JobProgress(finished=False, model_version=500, progress=1.0, epoch=1,
+                            export_error="could not write the final model to s3://nope/m: 3 attempts failed.")
 # A coordinator that reports its shards, its live workers and its sync rounds.
 SHARDED = JobProgress(finished=False, model_version=121, progress=0.45, shard_versions=(121, 120), live_workers=2,
                       grads_to_wait=2)
@@ -275,6 +278,13 @@ def _check_clamped_message(actions: list[Action], status: dict[str, Any]) -> Non
     [c] = [c for c in status["conditions"] if c["type"] == "GradsToWaitClamped"]
     assert c["message"] == "gradsToWait 4 is above the 2 live workers: rounds average 2 gradients"
     assert status["gradsToWait"] == 2
+
+
+def _check_export_failed(actions: list[Action], status: dict[str, Any]) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert c["message"] == "TrainingJob ns/tj: could not write the final model to s3://nope/m: 3 attempts failed."
+    [event] = [a for a in actions if isinstance(a, Event)]
+    assert (event.type, event.message) == ("Warning", c["message"])
 
 
 def _with_condition(kind: str, value: str, reason: str) -> dict[str, Any]:
@@ -423,6 +433,13 @@ CASES = [
     Case("activeDeadlineSeconds passed: Failed, running pods stopped", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 3700)}, phase="Failed", conditions={"Failed": ("True", "DeadlineExceeded")},
          deletes=ALL, events=["DeadlineExceeded"]),
+    # a failed export
+    Case("the coordinator gave up on an export: Failed, ExportFailed, running pods stopped", up(), coordinator=EXPORT_FAILED,
+         phase="Failed", conditions={"Failed": ("True", "ExportFailed"), "Running": ("False", "ExportFailed")},
+         deletes=ALL, events=["ExportFailed"], check=_check_export_failed),
+    Case("failed on an export, a worker failing too: ExportFailed, no restart", [pod("ps", 0), pod("worker", 0), _failed(1, 1)],
+         coordinator=EXPORT_FAILED, phase="Failed", conditions={"Failed": ("True", "ExportFailed")}, restarts=0,
+         deletes=["tj-ps-0", "tj-worker-0"], events=["ExportFailed"]),
     Case("activeDeadlineSeconds not yet: a recheck when due", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 600)}, phase="Running", recheck=3000.0),
     # suspend
@@ -576,7 +593,7 @@ def test_table_covers_every_rule_of_the_issue() -> None:
     reasons = {r for c in CASES for r in c.events or []} | {v[1] for c in CASES for v in c.conditions.values()}
     for reason in ("Created", "TrainingJobRunning", "Restarting", "BackoffLimitExceeded", "ReplicaFailed", "Succeeded",
                    "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "InvalidSpec",
-                   "ShardsDisagree", "ShardsAgree", "GradsToWaitClamped", "GradsToWaitMet"):
+                   "ShardsDisagree", "ShardsAgree", "GradsToWaitClamped", "GradsToWaitMet", "ExportFailed"):
         assert reason in reasons, reason
 
 

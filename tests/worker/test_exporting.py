@@ -69,7 +69,32 @@ def test_a_final_export_of_a_version_the_shards_do_not_hold_fails(tmp_path: Path
         rig.worker.run()
     [report] = rig.coordinator.reports
     assert not report.success and "version 5" in report.error  # back to the queue at once
+    assert not report.export_failed  # the PS, not the output: no attempt counted
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_refuses_the_export_is_reported_and_the_worker_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "model"  # a path under a regular file: refused even to root
+    rig = make_worker(TrainingMode(), [export_task(1, 0), training_task(2, 0, 8)], exporter=exporter(out))
+    rig.worker.run()  # no exception: the process does not exit for it
+    failed, trained = rig.coordinator.reports
+    assert (failed.task_id, failed.success, failed.export_failed) == (1, False, True)
+    assert failed.error.startswith(("NotADirectoryError: ", "FileExistsError: ")) and "file" in failed.error
+    assert (trained.task_id, trained.success, trained.export_failed) == (2, True, False)  # the next task ran
+
+
+def test_a_model_that_cannot_be_saved_counts_as_a_failed_export(tmp_path: Path) -> None:
+    trainer = FakeTrainer()
+
+    def broken(directory: Path) -> None:
+        raise TypeError("cannot serialize layer SlowToSave")
+
+    trainer.export = broken  # type: ignore[method-assign]
+    rig = make_worker(TrainingMode(), [export_task(1, 0)], trainer=trainer, exporter=exporter(tmp_path / "out"))
+    rig.worker.run()
+    [report] = rig.coordinator.reports
+    assert (report.success, report.export_failed, report.error) == (False, True, "TypeError: cannot serialize layer SlowToSave")
 
 
 def test_an_export_task_without_an_output_fails() -> None:

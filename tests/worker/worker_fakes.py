@@ -35,7 +35,7 @@ from elasticps.worker.exporting import Exporter
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
-from elasticps.worker.training import Worker
+from elasticps.worker.training import Prediction, Worker
 from prometheus_client import CollectorRegistry
 
 WORKER = "worker-0"
@@ -355,6 +355,10 @@ def export_task(task_id: int, version: int, final: bool = True) -> pb.Task:
     return pb.Task(id=task_id, type=pb.TASK_TYPE_EXPORT, model_version=version, final=final)
 
 
+def prediction_task(task_id: int, start: int, end: int, version: int = 0) -> pb.Task:
+    return pb.Task(id=task_id, type=pb.TASK_TYPE_PREDICTION, start=start, end=end, model_version=version)
+
+
 def evaluation_task(task_id: int, start: int, end: int) -> pb.Task:
     return pb.Task(id=task_id, type=pb.TASK_TYPE_EVALUATION, start=start, end=end)
 
@@ -430,6 +434,14 @@ class FakeTrainer:
         (directory / "saved_model").mkdir()
         (directory / "saved_model" / "saved_model.pb").write_text("fake")
 
+    def predict(self, features: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """Two "logits" per record: its number, and the model's first ``dense/bias`` value (so a
+        test sees which weights predicted)."""
+        if self.events is not None:
+            self.events.append(("predict", int(features[0, 0])))
+        mark = np.full(len(features), self.variables["dense/bias"][0])
+        return np.stack([features[:, 0], mark], axis=1)
+
     def evaluate(self, features: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         self.evaluated.append(self.weights())
         self.evaluated_state.append(self.state())
@@ -476,6 +488,8 @@ def make_worker(
     validation: bool = True,
     learning_rate: float = 0.1,
     exporter: Exporter | None = None,
+    prediction: Prediction | None = None,
+    training: bool = True,
 ) -> Rig:
     ps = ps or FakePS(mode.rule)
     trainer = trainer or FakeTrainer()
@@ -489,11 +503,12 @@ def make_worker(
         trainer,
         ps,
         coordinator,
-        ArrayReader(records),
+        ArrayReader(records) if training else None,
         ArrayReader(records) if validation else None,
         heartbeat_s=0.01,
         metrics=WorkerMetrics(registry, WORKER),
         exporter=exporter,
+        prediction=prediction,
     )
     return Rig(ps, coordinator, trainer, registry, worker)
 
