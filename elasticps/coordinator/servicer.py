@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from pathlib import Path
 
 import grpc
@@ -40,12 +40,18 @@ from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Rounds
 from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
-from elasticps.coordinator.tasks import Finished, Progress, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator import requests
+from elasticps.coordinator.tasks import (
+    Finished, Progress, QueueSettings, ReportError, Task, TaskKind, TaskQueue, Wait,
+)  # fmt: skip
 from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.rpc import edges
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 _KINDS = {
     TaskKind.TRAINING: pb.TASK_TYPE_TRAINING,
@@ -114,8 +120,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is still asking the PS shards what they hold")
 
     def GetTask(self, request: pb.GetTaskRequest, context: grpc.ServicerContext) -> pb.Task:
-        if not request.worker:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "GetTask: worker is required")
+        _checked(requests.check_get_task, request, context)
         self._require_ready(context)
         with self._lock:
             awaiting_settled = self._queue.awaiting_settled
@@ -138,22 +143,25 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Task(type=pb.TASK_TYPE_WAIT)
 
     def ReportTask(self, request: pb.TaskResult, context: grpc.ServicerContext) -> pb.Ack:
-        if not all(math.isfinite(v) for v in request.metric_sums.values()) or request.records < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ReportTask: metrics must be finite")
+        _checked(requests.check_report, request, context)
         self._require_ready(context)
         with self._lock:
             before = self._queue.progress()
-            self._queue.report(
-                request.worker,
-                request.task_id,
-                request.success,
-                loss_sum=request.loss_sum,
-                metric_sums=dict(request.metric_sums),
-                rejected=request.rejected,
-                model_version=request.model_version,
-                export_failed=request.export_failed,
-                error=request.error,
-            )
+            try:
+                self._queue.report(
+                    request.worker,
+                    request.task_id,
+                    request.success,
+                    loss_sum=request.loss_sum,
+                    metric_sums=dict(request.metric_sums),
+                    rejected=request.rejected,
+                    model_version=request.model_version,
+                    export_failed=request.export_failed,
+                    error=requests.error_text(request.error),
+                    records=request.records,
+                )
+            except ReportError as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReportTask: {err}")
             self._write_journal()
             after = self._queue.progress()
         if request.export_failed:
@@ -188,6 +196,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             log.error("cannot write the coordinator journal %s: %s", self._journal, err)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.Ack:
+        _checked(requests.check_heartbeat, request, context)
         with self._lock:
             if request.leaving:
                 self._queue.leave(request.worker)
@@ -202,12 +211,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def JoinRound(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
         if self._rounds is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
-        if not request.worker:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRound: worker is required")
+        _checked(requests.check_join, request, context)
         self._require_ready(context)
         rounds = self._rounds
         worker, version = request.worker, request.version
-        give_up_at = time.monotonic() + min(max(0, request.wait_ms), MAX_JOIN_WAIT_MS) / 1000
+        give_up_at = time.monotonic() + min(request.wait_ms, MAX_JOIN_WAIT_MS) / 1000
         with self._rounds_changed:
             while True:
                 try:
@@ -457,3 +465,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._output, failure.version, failure.final, failure.attempts, failure.error,
             self._checkpoint_dir, self._checkpoint_steps,
         )  # fmt: skip
+
+
+def _checked(check: Callable[[R], None], request: R, context: grpc.ServicerContext) -> None:
+    try:
+        check(request)
+    except requests.RequestError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+
+def add_to_server(servicer: CoordinatorServicer, server: grpc.Server) -> None:
+    """Registers the service, every method unary: a request that does not parse is answered
+    INVALID_ARGUMENT and logged as one rate-limited line (``rpc/edges.py``)."""
+    service = pb.DESCRIPTOR.services_by_name["Coordinator"]
+    handlers = {}
+    for method in service.methods:
+        request_type = getattr(pb, method.input_type.name)
+        reply_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = edges.unary_unary(
+            getattr(servicer, method.name), method.name, request_type.FromString, reply_type.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -51,6 +51,17 @@ class TaskKind(str, Enum):
     PREDICTION = "prediction"
 
 
+MAX_COUNT = (1 << 63) - 1  # counters saturate here: they travel as int64 in the job's status
+
+
+def _saturated(value: int) -> int:
+    return max(0, min(MAX_COUNT, value))
+
+
+class ReportError(ValueError):
+    """A report that contradicts its task (its record count); nothing was changed."""
+
+
 @dataclass(frozen=True)
 class Task:
     id: int
@@ -248,15 +259,21 @@ class TaskQueue:
         model_version: int = 0,
         export_failed: bool = False,
         error: str = "",
+        records: int | None = None,
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
         ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
-        that the output refused (``error`` says how), counted towards ``export_attempts``."""
+        that the output refused (``error`` says how), counted towards ``export_attempts``.
+        ``records``: what the worker says the task held, 0 (not said) or the task's own count;
+        anything else raises :class:`ReportError` and changes nothing. ``rejected`` is added to a
+        counter that saturates at :data:`MAX_COUNT`."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
         if doing is None or doing.worker != worker:
             return False
-        self.gradients_rejected += rejected
+        if records is not None and records not in (0, doing.task.records):
+            raise ReportError(f"records {records} != task {task_id}'s {doing.task.records}")
+        self.gradients_rejected = _saturated(self.gradients_rejected + rejected)
         if not success:
             if export_failed and doing.task.kind is TaskKind.EXPORT:
                 self._count_export_failure(doing.task, error)
@@ -395,8 +412,8 @@ class TaskQueue:
         self._metrics_version = int(state["metrics_version"])
         self._last_eval_trigger = int(state["last_eval_trigger"])
         self._final_eval_done = bool(state["final_eval_done"])
-        self.tasks_requeued = int(state["tasks_requeued"])
-        self.gradients_rejected = int(state["gradients_rejected"])
+        self.tasks_requeued = _saturated(int(state["tasks_requeued"]))
+        self.gradients_rejected = _saturated(int(state["gradients_rejected"]))
         # Ledgers saved before exports existed lack these keys: nothing was exported then.
         self._last_export_trigger = int(state.get("last_export_trigger", 0))
         self._final_export_done = bool(state.get("final_export_done", False)) or not (self._s.export and self._s.trains)
@@ -538,7 +555,7 @@ class TaskQueue:
             TaskKind.PREDICTION: self._predict_todo,
         }
         queues[doing.task.kind].insert(0, doing.task)
-        self.tasks_requeued += 1
+        self.tasks_requeued = _saturated(self.tasks_requeued + 1)
 
     def _requeue_silent(self, now: float) -> None:
         for task_id, doing in list(self._doing.items()):

@@ -34,11 +34,11 @@ from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.curves import open_curves
 from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, ReaderOptions, open_reader
 from elasticps.files import write_atomically
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
@@ -242,7 +242,7 @@ def run(config: PSConfig) -> int:
             output=config.output,
             curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
         )
-        pb_grpc.add_CoordinatorServicer_to_server(coordinator, server)
+        add_coordinator(coordinator, server)
         coordinator.start()
     health_servicer = add_health(server)
     port = bind(server, config.host, config.port)

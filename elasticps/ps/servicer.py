@@ -29,7 +29,7 @@ from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.store import GradientError, ParameterStore, RoundError, UninitializedError
-from elasticps.rpc import frames
+from elasticps.rpc import edges, frames
 
 log = logging.getLogger(__name__)
 
@@ -158,31 +158,23 @@ class ParameterServerServicer:
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
     """Registers the service; frame streams travel as bytes (parsed by ``frames``), the small
-    messages through protobuf."""
+    messages through protobuf (a request that does not parse: INVALID_ARGUMENT, ``rpc/edges.py``)."""
     handlers = {
         "PushModel": grpc.stream_unary_rpc_method_handler(
             servicer.PushModel, request_deserializer=None, response_serializer=pb.ModelHead.SerializeToString
         ),
-        "PullDense": grpc.unary_stream_rpc_method_handler(
-            servicer.PullDense, request_deserializer=pb.PullRequest.FromString, response_serializer=None
-        ),
+        "PullDense": edges.unary_stream(servicer.PullDense, "PullDense", pb.PullRequest.FromString, None),
         "PushGradients": grpc.stream_unary_rpc_method_handler(
             servicer.PushGradients, request_deserializer=None, response_serializer=pb.PushReply.SerializeToString
         ),
-        "CommitRound": grpc.unary_unary_rpc_method_handler(
-            servicer.CommitRound,
-            request_deserializer=pb.CommitRequest.FromString,
-            response_serializer=pb.CommitReply.SerializeToString,
+        "CommitRound": edges.unary_unary(
+            servicer.CommitRound, "CommitRound", pb.CommitRequest.FromString, pb.CommitReply.SerializeToString
         ),
-        "DescribeShard": grpc.unary_unary_rpc_method_handler(
-            servicer.DescribeShard,
-            request_deserializer=pb.DescribeRequest.FromString,
-            response_serializer=pb.ShardState.SerializeToString,
+        "DescribeShard": edges.unary_unary(
+            servicer.DescribeShard, "DescribeShard", pb.DescribeRequest.FromString, pb.ShardState.SerializeToString
         ),
-        "RestoreShard": grpc.unary_unary_rpc_method_handler(
-            servicer.RestoreShard,
-            request_deserializer=pb.RestoreRequest.FromString,
-            response_serializer=pb.ShardState.SerializeToString,
+        "RestoreShard": edges.unary_unary(
+            servicer.RestoreShard, "RestoreShard", pb.RestoreRequest.FromString, pb.ShardState.SerializeToString
         ),
     }
     declared = set(frames.PS_SERVICE.methods_by_name)

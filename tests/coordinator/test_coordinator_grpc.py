@@ -10,9 +10,9 @@ import pytest
 
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 
 
 class Clock:
@@ -28,7 +28,7 @@ class Coordinator:
         self.version = 0
         self.clock = Clock()
         servicer = CoordinatorServicer(settings, version_fn=lambda: self.version, clock=self.clock)
-        self.address = f"127.0.0.1:{start(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))}"
+        self.address = f"127.0.0.1:{start(lambda s: add_coordinator(servicer, s))}"
         self.clients: list[CoordinatorClient] = []
 
     def client(self, worker: str) -> CoordinatorClient:
@@ -173,7 +173,7 @@ def test_an_export_refused_every_attempt_is_the_jobs_export_error(grpc_servers: 
     settings = QueueSettings(num_records=10, records_per_task=10, num_epochs=1, export=True, export_attempts=2)
     servicer = CoordinatorServicer(settings, version_fn=lambda: 1, output="s3://nope/models/tj",
                                    checkpoint_dir="/ckpt", checkpoint_steps=5)  # fmt: skip
-    address = f"127.0.0.1:{grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))}"
+    address = f"127.0.0.1:{grpc_servers(lambda s: add_coordinator(servicer, s))}"
     worker = CoordinatorClient(address, worker="w1", deadline_s=30.0, timeout_s=30.0)
     try:
         task = worker.get_task()

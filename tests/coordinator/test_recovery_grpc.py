@@ -15,10 +15,10 @@ from elasticps.coordinator.client import CoordinatorClient
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.main import LocalShard
 from elasticps.ps.store import ParameterStore, StoreSettings
 
@@ -61,7 +61,7 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
         journals=journals,
         checkpoint_steps=STEPS,
     )
-    port = grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))
+    port = grpc_servers(lambda s: add_coordinator(servicer, s))
     worker = CoordinatorClient(f"127.0.0.1:{port}", worker="w", deadline_s=20.0, timeout_s=20.0)
     try:
         servicer.start()

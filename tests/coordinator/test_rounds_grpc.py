@@ -20,10 +20,10 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
+from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -107,7 +107,7 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
         servicer = CoordinatorServicer(
             settings, version_fn=lambda: stores[0].version, clock=clock, rounds=rounds, shards=shards
         )
-        port = grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))
+        port = grpc_servers(lambda s: add_coordinator(servicer, s))
         job = SyncJob(stores, addresses, f"127.0.0.1:{port}", servicer, rounds, logs, [servicer.stop, shards.close])
         setup = job.ps_client("setup")
         assert setup.push_model(MODEL, SGD) == [0, 0]
@@ -264,7 +264,7 @@ def test_a_round_a_shard_cannot_take_is_aborted_and_its_members_refused(make_job
 
 def test_join_round_of_an_async_job_is_failed_precondition(grpc_servers: Callable[..., int]) -> None:
     servicer = CoordinatorServicer(QueueSettings(num_records=4, records_per_task=4, num_epochs=1), version_fn=lambda: 0)
-    port = grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))
+    port = grpc_servers(lambda s: add_coordinator(servicer, s))
     client = CoordinatorClient(f"127.0.0.1:{port}", worker="w0", deadline_s=5.0, timeout_s=5.0)
     try:
         with pytest.raises(grpc.RpcError) as raised:
@@ -372,7 +372,7 @@ def test_the_status_names_a_shard_that_restarted_and_lost_its_model(grpc_servers
         rounds=Rounds(grads_to_wait=1),
         shards=shards,
     )
-    port = grpc_servers(lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s))
+    port = grpc_servers(lambda s: add_coordinator(servicer, s))
     client = CoordinatorClient(f"127.0.0.1:{port}", worker="observer", deadline_s=5.0, timeout_s=5.0)
     try:
         recover(servicer)
