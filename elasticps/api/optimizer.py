@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["HYPER_PARAMETERS", "OptimizerConfig", "OptimizerError", "normalized"]
+__all__ = ["HYPER_PARAMETERS", "MAX_LEARNING_RATE", "OptimizerConfig", "OptimizerError", "normalized"]
 
 
 class OptimizerError(ValueError):
@@ -48,8 +48,13 @@ class Param:
     rule: str
 
 
-def _positive(default: float) -> Param:
-    return Param(default, lambda v: v > 0.0, "must be > 0")
+# The largest learning rate a job or a push may carry: far above any that trains, low enough that
+# a hostile or mistaken push cannot throw the weights to 1e30 in one step (finite, but ruined).
+MAX_LEARNING_RATE = 1e4
+
+
+def _learning_rate(default: float) -> Param:
+    return Param(default, lambda v: 0.0 < v <= MAX_LEARNING_RATE, f"must be in (0, {MAX_LEARNING_RATE:g}]")
 
 
 def _non_negative(default: float) -> Param:
@@ -72,21 +77,21 @@ def _boolean(default: float) -> Param:
 
 # Every optimizer the PS implements, with Keras's defaults.
 HYPER_PARAMETERS: Mapping[str, Mapping[str, Param]] = {
-    "sgd": {"learning_rate": _positive(0.01), "momentum": _momentum(0.0), "nesterov": _boolean(0.0)},
+    "sgd": {"learning_rate": _learning_rate(0.01), "momentum": _momentum(0.0), "nesterov": _boolean(0.0)},
     "adam": {
-        "learning_rate": _positive(0.001),
+        "learning_rate": _learning_rate(0.001),
         "beta_1": _decay(0.9),
         "beta_2": _decay(0.999),
         "epsilon": _non_negative(1e-7),
         "amsgrad": _boolean(0.0),
     },
     "adagrad": {
-        "learning_rate": _positive(0.001),
+        "learning_rate": _learning_rate(0.001),
         "initial_accumulator_value": _non_negative(0.1),
         "epsilon": _non_negative(1e-7),
     },
     "rmsprop": {
-        "learning_rate": _positive(0.001),
+        "learning_rate": _learning_rate(0.001),
         "rho": _decay(0.9),
         "momentum": _momentum(0.0),
         "epsilon": _non_negative(1e-7),

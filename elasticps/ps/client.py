@@ -64,6 +64,10 @@ class Pulled:
     state: dict[str, np.ndarray] = field(default_factory=dict)  # the same shards' state tensors
 
 
+class ModelMismatch(RuntimeError):
+    """A shard holds another model than the one offered (other variables, shapes or dtypes)."""
+
+
 @dataclass(frozen=True)
 class Pushed:
     accepted: list[bool]  # per shard
@@ -138,9 +142,15 @@ class PSClient:
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard])
 
-            reply: pb.ModelHead = self._call(
-                lambda: self._stubs[shard].PushModel(stream(), timeout=self._timeout_s), "PushModel"
-            )
+            try:
+                reply: pb.ModelHead = self._call(
+                    lambda: self._stubs[shard].PushModel(stream(), timeout=self._timeout_s), "PushModel"
+                )
+            except grpc.RpcError as err:
+                # PushModel's FAILED_PRECONDITION: the shard holds another model (not "no model").
+                if isinstance(err, grpc.Call) and err.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                    raise ModelMismatch(f"PS shard {shard}: {err.details()}") from err
+                raise
             return reply.version
 
         return self._fan_out(push)

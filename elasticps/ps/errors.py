@@ -1,7 +1,8 @@
 """What the parameter store refuses, as exceptions the servicer turns into gRPC status codes.
 
 Raised by the tables (``tables.py``) and the store (``store.py``); mapped by ``servicer.py``:
-:class:`GradientError` is INVALID_ARGUMENT, :class:`UninitializedError` FAILED_PRECONDITION.
+:class:`GradientError` is INVALID_ARGUMENT, :class:`UninitializedError` and :class:`ModelMismatch`
+FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -13,3 +14,7 @@ class GradientError(ValueError):
 
 class UninitializedError(RuntimeError):
     """The shard holds no model yet: a worker must push one first."""
+
+
+class ModelMismatch(RuntimeError):
+    """A PushModel whose variables or state differ from the model the shard holds; nothing was changed."""

@@ -16,7 +16,7 @@ from typing import Any
 from elasticps.ps.errors import GradientError
 from elasticps.ps.optimizers import Optimizer
 from elasticps.ps.state_table import STATE, StateTable
-from elasticps.ps.tables import DENSE, Accumulator, DenseTable, Table
+from elasticps.ps.tables import DENSE, Accumulator, DenseTable, Staged, Table
 
 # One push's gradients: table name -> that table's gradient (its own type; see tables.py).
 Update = Mapping[str, Any]
@@ -37,6 +37,19 @@ class Model:
         for table in self.tables.values():
             table.register(optimizer)
 
+    @property
+    def empty(self) -> bool:
+        """No variable and no state: the sharder put none of the model on this shard."""
+        return not self.dense.variables and not self.state.values
+
+    def difference(self, variables: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+        """How a pushed model (arrays by name) differs from this one ("" when it does not):
+        names, shapes and dtypes of the variables and of the state tensors."""
+        found = _difference("variable", self.dense.variables, variables)
+        if found or self.state.adopts_new:  # a table that adopts state takes what workers push
+            return found
+        return _difference("state tensor", self.state.values, state)
+
     def check(self, update: Update) -> None:
         """Raises GradientError, changing nothing, unless every table accepts its gradient."""
         for name, gradient in update.items():
@@ -46,8 +59,49 @@ class Model:
             table.check(gradient)
 
     def apply(self, update: Update, lr: float, *, locking: bool = False) -> None:
-        for name, gradient in update.items():
-            self.tables[name].apply(gradient, self.optimizer, lr, locking=locking)
+        """Applies every table's gradient, or none: GradientError (nothing changed) when any
+        table's new values would not be finite."""
+        self.commit(self.stage(update, lr, locking=locking))
+
+    def stage(self, update: Update, lr: float, *, locking: bool = False) -> list[Staged]:
+        """Every table's update computed aside (see ``tables.py``); GradientError, nothing held,
+        when any would not be finite. Commit the list with :meth:`commit` or :meth:`discard` it."""
+        staged: list[Staged] = []
+        try:
+            for name, gradient in update.items():
+                staged.append(self.tables[name].stage(gradient, self.optimizer, lr, locking=locking))
+        except BaseException:
+            self.discard(staged)
+            raise
+        return staged
+
+    @staticmethod
+    def commit(staged: list[Staged]) -> None:
+        for update in staged:
+            update.commit()
+
+    @staticmethod
+    def discard(staged: list[Staged]) -> None:
+        for update in staged:
+            update.discard()
 
     def accumulators(self) -> dict[str, Accumulator[Any]]:
         return {name: table.accumulator() for name, table in self.tables.items()}
+
+
+def _difference(what: str, held: Mapping[str, Any], pushed: Mapping[str, Any]) -> str:
+    missing, extra = sorted(set(held) - set(pushed)), sorted(set(pushed) - set(held))
+    if missing:
+        return f"the pushed model lacks {what} {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+    if extra:
+        return f"the pushed model has {what} {extra[0]!r}, which this shard does not hold" + (
+            f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        )
+    for name, value in held.items():
+        other = pushed[name]
+        if value.shape != other.shape or value.dtype != other.dtype:
+            return (
+                f"{what} {name!r} is {other.dtype}{list(other.shape)} in the pushed model, "
+                f"{value.dtype}{list(value.shape)} on this shard"
+            )
+    return ""

@@ -21,6 +21,13 @@ Two deliberate departures from Keras, both needed by an asynchronous PS:
   PS scales it per push (staleness), and storing-then-mutating a shared value
   would race between concurrent pushes.
 
+Checked updates (what the PS uses): :meth:`Optimizer.stage` computes a variable's new value and
+new slots into a :class:`Scratch` (allocated once, reused push after push), says whether all of
+them are finite, and changes nothing; :meth:`Optimizer.commit` then copies them in and counts the
+step. So a caller can check every variable of a push before it changes any (``tables.py``), and a
+finite gradient that would overflow a variable or a slot (3e38 at learning rate 10) is refused
+instead of leaving Inf or NaN behind. :meth:`Optimizer.apply` updates in place, unchecked (tests).
+
 Thread safety: all per-variable state (slots and step count) is created by
 :meth:`Optimizer.register` before training starts and is afterwards only
 touched through that variable's name, so applies to *different* variables may
@@ -58,6 +65,29 @@ class _VariableState:
         self.dtype = dtype
         self.slots = slots
         self.step = 0
+
+
+class Scratch:
+    """Room for one update of every registered variable: its new value and slots. Made by
+    :meth:`Optimizer.new_scratch`; one update at a time uses it (the caller keeps a pool)."""
+
+    __slots__ = ("params", "vars")
+
+    def __init__(self, params: dict[str, Array], variables: dict[str, _VariableState]) -> None:
+        self.params = params
+        self.vars = variables
+
+
+def finite(array: Array) -> bool:
+    """No NaN or infinity in ``array``."""
+    # Fast path, one pass and no temporary bool array: a NaN or infinity anywhere makes the sum
+    # non-finite. A non-finite sum may also come from large finite values overflowing, so only
+    # then the exact (element-wise) check decides.
+    wide = np.float32 if array.dtype == np.float16 else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if math.isfinite(float(np.sum(array, dtype=wide))):
+            return True
+    return bool(np.isfinite(array).all())
 
 
 class Optimizer(abc.ABC):
@@ -109,6 +139,13 @@ class Optimizer(abc.ABC):
         ``grad`` is cast to the variable's dtype, as Keras does; it is never
         modified.  Increments the variable's step count.
         """
+        var = self._checked(name, param, grad, lr)
+        if grad.dtype != var.dtype:
+            grad = grad.astype(var.dtype)
+        var.step += 1
+        self._run(var, param, grad, lr)
+
+    def _checked(self, name: str, param: Array, grad: Array, lr: float) -> _VariableState:
         var = self._vars.get(name)
         if var is None:
             raise OptimizerError(f"variable {name!r} was never registered with the optimizer")
@@ -122,9 +159,10 @@ class Optimizer(abc.ABC):
             )
         if not (math.isfinite(lr) and lr >= 0.0):
             raise OptimizerError(f"variable {name!r}: learning rate {lr!r} must be finite and >= 0")
-        if grad.dtype != var.dtype:
-            grad = grad.astype(var.dtype)
-        var.step += 1
+        return var
+
+    def _run(self, var: _VariableState, param: Array, grad: Array, lr: float) -> None:
+        """One update of ``param`` and ``var``'s slots, in place, at step ``var.step``."""
         if param.ndim == 0:
             # numpy ufuncs return scalars, not arrays, for 0-d inputs, and the updates write into
             # temporaries with out=: update 1-element views of the same memory instead (a 0-d
@@ -135,6 +173,38 @@ class Optimizer(abc.ABC):
             return
         # Keras casts the learning rate to the variable's dtype before use.
         self._update(var, param, grad, var.dtype.type(lr))
+
+    def new_scratch(self) -> Scratch:
+        """Room for one checked update of every variable registered now (see :meth:`stage`)."""
+        params = {name: np.empty(var.shape, var.dtype) for name, var in self._vars.items()}
+        rooms = {
+            name: _VariableState(var.shape, var.dtype, {slot: np.empty_like(a) for slot, a in var.slots.items()})
+            for name, var in self._vars.items()
+        }
+        return Scratch(params, rooms)
+
+    def stage(self, name: str, param: Array, grad: Array, lr: float, scratch: Scratch) -> bool:
+        """Computes variable ``name``'s update into ``scratch``, changing nothing; True when the
+        new value and every new slot are finite (then :meth:`commit` may copy them in)."""
+        var = self._checked(name, param, grad, lr)
+        if grad.dtype != var.dtype:
+            grad = grad.astype(var.dtype)
+        room, new = scratch.vars[name], scratch.params[name]
+        np.copyto(new, param)
+        for slot, arr in var.slots.items():
+            np.copyto(room.slots[slot], arr)
+        room.step = var.step + 1
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            self._run(room, new, grad, lr)
+        return finite(new) and all(finite(arr) for arr in room.slots.values())
+
+    def commit(self, name: str, param: Array, scratch: Scratch) -> None:
+        """Copies what :meth:`stage` computed for ``name`` into ``param`` and the slots."""
+        var, room = self._vars[name], scratch.vars[name]
+        np.copyto(param, scratch.params[name])
+        for slot, arr in var.slots.items():
+            np.copyto(arr, room.slots[slot])
+        var.step = room.step
 
     def state(self) -> dict[str, Array]:
         """Copies of every slot (``slot/<slot>/<var>``) and step count (``step/<var>``, int64 0-d).

@@ -33,10 +33,11 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from elasticps.api.modes import UpdateRule
+from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model, Update
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.staleness import LearningRate, StalenessAware, as_given, staleness
-from elasticps.ps.tables import Accumulator
+from elasticps.ps.tables import Accumulator, Staged
 from elasticps.ps.versions import ModelVersion
 
 
@@ -63,6 +64,21 @@ class Gradient:
 class CommitOutcome:
     version: int  # the store's version after the commit
     applied: tuple[str, ...]  # the minibatches averaged by this commit (empty: already applied)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A sync round's update computed by a dry run, kept for the commit that follows it."""
+
+    round: int
+    members: list[Gradient]
+    staged: list[Staged]
+
+    def computes(self, round_: int, members: list[Gradient]) -> bool:
+        """Whether this is the update of exactly these gradients (not a member's newer one)."""
+        return self.round == round_ and len(members) == len(self.members) and all(
+            a is b for a, b in zip(members, self.members)
+        )
 
 
 class RoundError(Exception):
@@ -104,10 +120,17 @@ class RoundAveraging(Rule):
         self._lock = threading.Lock()  # updates and reads
         self._staged: dict[str, Gradient] = {}  # at most one per worker: its newest
         self._sums: dict[str, Accumulator[Any]] = {}
+        self._prepared: _Prepared | None = None  # the round the last dry run computed
 
     def reset(self, model: Model) -> None:
+        self._drop_prepared()
         self._staged = {}
         self._sums = model.accumulators()
+
+    def _drop_prepared(self) -> None:
+        if self._prepared is not None:
+            Model.discard(self._prepared.staged)
+            self._prepared = None
 
     def guard(self) -> AbstractContextManager[object]:
         return self._lock
@@ -135,20 +158,36 @@ class RoundAveraging(Rule):
             if not workers:
                 raise RoundError(f"round {round_} names no gradient")
             members = self._members(round_, workers)
+            prepared, self._prepared = self._prepared, None
+            if prepared is not None and not prepared.computes(round_, members):
+                Model.discard(prepared.staged)
+                prepared = None
+            if prepared is None:
+                prepared = _Prepared(round_, members, self._stage(model, round_, members))
             if dry_run:
+                self._prepared = prepared  # the commit that follows copies it in
                 return CommitOutcome(version.value, ())
-            for gradient in members:
-                for name, part in gradient.update.items():
-                    self._sums[name].add(part)
-            base_lr = members[0].base_lr
-            for name, summed in self._sums.items():
-                model.tables[name].apply(summed.averaged(len(members)), model.optimizer, base_lr)
-                summed.clear()
+            Model.commit(prepared.staged)
             for worker in workers:
                 del self._staged[worker]
             self._forget_older_than(round_ + 1)
             version.advance()  # under the lock: a checkpoint it starts copies this version
             return CommitOutcome(version.value, tuple(g.minibatch for g in members))
+
+    def _stage(self, model: Model, round_: int, members: list[Gradient]) -> list[Staged]:
+        """The round's update: the members' gradients averaged per table, computed aside and
+        checked (RoundError when any new value would be NaN or infinite)."""
+        try:
+            for gradient in members:
+                for name, part in gradient.update.items():
+                    self._sums[name].add(part)
+            averaged = {name: summed.averaged(len(members)) for name, summed in self._sums.items()}
+            return model.stage(averaged, members[0].base_lr)
+        except GradientError as err:
+            raise RoundError(f"round {round_}: {err}") from err
+        finally:
+            for summed in self._sums.values():
+                summed.clear()
 
     def _members(self, round_: int, workers: Sequence[str]) -> list[Gradient]:
         if len(set(workers)) != len(workers):

@@ -1,7 +1,10 @@
 """The ParameterServer gRPC service: a translator between frame streams and the parameter store.
 
 Called by gRPC's thread pool, many calls at once. Store exceptions become status codes:
-a malformed stream or a bad tensor is INVALID_ARGUMENT, an empty shard FAILED_PRECONDITION.
+a malformed stream, a bad tensor or head field, or a push whose update would make the model NaN
+or infinite is INVALID_ARGUMENT; an empty shard, or a PushModel of another model than the one the
+shard holds, FAILED_PRECONDITION. A request message that does not parse is INVALID_ARGUMENT too,
+logged as one rate-limited line (``rpc/edges.py``).
 
 Tensor streams reach this servicer as serialized ``Frame`` bytes (``add_to_server`` registers the
 service's methods, by their names in the .proto, with an identity deserializer): ``frames.decode``
@@ -28,7 +31,7 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.ps.checkpoint import CheckpointError
-from elasticps.ps.store import GradientError, ParameterStore, RoundError, UninitializedError
+from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import edges, frames
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ class ParameterServerServicer:
             self._store.initialize(decoded.tensors, config, head.version, head.incarnation, decoded.state)
         except (GradientError, OptimizerError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except ModelMismatch as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
 
     def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:

@@ -146,6 +146,12 @@ class StateTable:
             if not finite(value):
                 raise GradientError(f"state {name!r} holds NaN or infinity")
 
+    def stage(
+        self, values: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
+    ) -> _StateUpdate:
+        """The values, checked before (:meth:`check`; a mean of finite values is finite): nothing to compute."""
+        return _StateUpdate(self, values)
+
     def apply(self, values: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
         """Sets each given tensor to its value (checked before); ``optimizer`` and ``lr`` are unused."""
         with self._lock:
@@ -165,3 +171,15 @@ class StateTable:
     def snapshot(self) -> dict[str, Array]:
         with self._lock:
             return {f"{self.PREFIX}{name}": value.copy() for name, value in self._values.items()}
+
+
+class _StateUpdate:
+    def __init__(self, table: StateTable, values: Mapping[str, Array]) -> None:
+        self._table = table
+        self._values = values
+
+    def commit(self) -> None:
+        self._table.apply(self._values, optimizer=None, lr=0.0)  # type: ignore[arg-type]
+
+    def discard(self) -> None:
+        pass

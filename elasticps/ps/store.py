@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticps.api.optimizer import OptimizerConfig
+from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.checkpointing import Checkpointing, capture
-from elasticps.ps.errors import GradientError, UninitializedError
+from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
@@ -46,6 +46,7 @@ from elasticps.ps.versions import ModelVersion
 __all__ = [
     "CommitOutcome",
     "GradientError",
+    "ModelMismatch",
     "ParameterStore",
     "PushOutcome",
     "RoundError",
@@ -72,6 +73,27 @@ def _disjoint(variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarra
     both = sorted(set(variables) & set(state))
     if both:
         raise GradientError(f"{both[0]!r} is both a variable and a state tensor")
+
+
+MAX_NAME = 1024  # characters of a push's worker and minibatch names
+
+
+def _check_head(version: int, learning_rate: float, worker: str, minibatch: str) -> None:
+    """A push's head, checked before anything changes (GradientError names the field)."""
+    if version < 0:
+        # Sync refuses it as too new for any round; async would count its staleness from a
+        # version no model had: refused in every mode.
+        raise GradientError(f"PushHead.version must be >= 0, got {version}")
+    if not (math.isfinite(learning_rate) and 0 <= learning_rate <= MAX_LEARNING_RATE):
+        # Refused here, before anything changes: the optimizer would raise in the middle of an
+        # update (sync: after the gradient was summed), leaving the accumulator corrupted.
+        raise GradientError(
+            f"PushHead.learning_rate: learning rate {learning_rate!r} must be finite, >= 0 and <= {MAX_LEARNING_RATE:g} (0: the PS's)"
+        )
+    if len(worker) > MAX_NAME:
+        raise GradientError(f"PushHead.worker is {len(worker)} characters long, at most {MAX_NAME}")
+    if len(minibatch) > MAX_NAME:
+        raise GradientError(f"PushHead.minibatch is {len(minibatch)} characters long, at most {MAX_NAME}")
 
 
 class ParameterStore:
@@ -124,11 +146,16 @@ class ParameterStore:
         incarnation: int = 0,
         state: Mapping[str, np.ndarray] = _NOTHING,
     ) -> bool:
-        """Takes the first model pushed to this shard; returns False (and changes nothing) later.
+        """Takes the first model pushed to this shard; later returns False and changes nothing when
+        the same model (names, shapes, dtypes) is pushed again (a worker restarts, a shard is
+        repaired), and raises :class:`ModelMismatch` when another one is.
 
         ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
         its model (restarted without a checkpoint) pushes its copy at the version the others hold.
-        ``state``: the model's non-trainable state tensors that this shard holds (finite floats)."""
+        ``state``: the model's non-trainable state tensors that this shard holds (finite floats).
+        An *empty* model (no variable, no state: the sharder put none of the model here) is held
+        until a non-empty one is pushed, which replaces it at the shard's version and incarnation:
+        an empty push can never take the place of a model's variables."""
         if version < 0:
             raise GradientError(f"a model's version must be >= 0, got {version}")
         _disjoint(tensors, state)
@@ -136,8 +163,14 @@ class ParameterStore:
         held_state = StateTable.create(state, self.settings.shard)
         built = make_optimizer(optimizer)
         with self._installing:
-            if self._model is not None:
+            held = self._model
+            if held is not None and not (held.empty and (tensors or state)):
+                difference = held.difference(tensors, state)
+                if difference:
+                    raise ModelMismatch(f"PS shard {self.settings.shard} holds another model: {difference}")
                 return False
+            if held is not None:
+                version, incarnation = self._version.value, self.incarnation
             self._install(Model(dense, built, state=held_state), version, incarnation)
         log.info(
             "shard %d initialised at version %d: %d variables, %d state tensors, %s",
@@ -192,15 +225,12 @@ class ParameterStore:
 
         Gradients of another incarnation (computed before a rollback) are refused, changing nothing."""
         model = self._require_model()
+        _check_head(version, learning_rate, worker, minibatch)
         if incarnation != self.incarnation:
             return PushOutcome(False, self._version.value, 0, 0.0)
         _disjoint(gradients, state)
         update = {DENSE: gradients, STATE: state} if state else {DENSE: gradients}
         model.check(update)
-        if not (math.isfinite(learning_rate) and learning_rate >= 0):
-            # Refused here, before anything changes: the optimizer would raise in the middle of an
-            # update (sync: after the gradient was summed), leaving the accumulator corrupted.
-            raise GradientError(f"learning rate {learning_rate!r} must be finite and >= 0 (0: the PS's)")
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
         return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch))
 

@@ -14,6 +14,14 @@ optimizer call (``Optimizer.apply_rows``), all without touching the dense path. 
 non-trainable state is such a table (``state_table.py``): its "gradient" is a worker's current
 values, applied by assignment, averaged per sync round.
 
+An update is applied in two steps, so a push is refused as a whole or applied as a whole:
+:meth:`Table.stage` computes the table's new values aside and raises GradientError, changing
+nothing, when any would be NaN or infinite (a finite gradient can overflow a variable or an
+optimizer slot); the :class:`Staged` update it returns is then committed (copied in) or discarded.
+The dense table computes into a :class:`~elasticps.ps.optimizers.Scratch` from a small pool
+(:data:`APPLY_ROOMS` at most, made on first use and reused push after push): that many updates
+are computed at once, the others wait for a room, so the memory this takes is bounded.
+
 All tables of a shard share its one optimizer, whose state is keyed by name: a table other than the
 dense one names its optimizer state after itself (e.g. ``<table>/<id>``) and its checkpoint keys
 after itself too, so neither collides with a dense variable.
@@ -30,13 +38,26 @@ import numpy as np
 import numpy.typing as npt
 
 from elasticps.ps.errors import GradientError
-from elasticps.ps.optimizers import Optimizer
+from elasticps.ps.optimizers import Optimizer, Scratch, finite
+
+__all__ = ["DENSE", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
 
 Array = npt.NDArray[Any]
 G = TypeVar("G")
 
 DENSE = "dense"  # the dense table's name in the store
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
+
+
+APPLY_ROOMS = 4  # dense updates computed at once on a shard: each holds a copy of the variables and slots
+
+
+class Staged(Protocol):
+    """A table's update, computed and checked, not applied yet: commit it or discard it (once)."""
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
 
 
 class Accumulator(Protocol[G]):
@@ -62,8 +83,13 @@ class Table(Protocol[G]):
         """Raises GradientError when the gradient cannot be applied; never changes anything."""
         ...
 
+    def stage(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> Staged:
+        """The update, computed aside; GradientError (nothing held, nothing changed) when any new
+        value would not be finite. ``locking``: one writer per parameter from now to the commit."""
+        ...
+
     def apply(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
-        """Updates the parameters in place; ``locking``: one writer per parameter at a time."""
+        """:meth:`stage`, then commit."""
         ...
 
     def accumulator(self) -> Accumulator[G]: ...
@@ -107,6 +133,8 @@ class DenseTable:
         self._variables = variables
         self._locks = {name: threading.Lock() for name in variables}
         self._shard = shard  # named in error messages
+        self._spare: list[Scratch] = []  # rooms not in use (list.pop and append are atomic)
+        self._rooms = threading.BoundedSemaphore(APPLY_ROOMS)
 
     @classmethod
     def create(cls, tensors: Mapping[str, Array], shard: int = 0) -> DenseTable:
@@ -154,13 +182,37 @@ class DenseTable:
             if not finite(value):
                 raise GradientError(f"gradient {name!r} holds NaN or infinity")
 
+    def stage(
+        self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
+    ) -> _DenseUpdate:
+        self._rooms.acquire()
+        try:
+            scratch = self._spare.pop()
+        except IndexError:
+            scratch = optimizer.new_scratch()
+        # Locks in name order, whatever order the push came in: two pushes never wait on each other.
+        locks = [self._locks[name] for name in sorted(gradient)] if locking else []
+        update = _DenseUpdate(self, optimizer, scratch, list(gradient), locks)
+        for lock in locks:
+            lock.acquire()
+        try:
+            for name, value in gradient.items():
+                if not optimizer.stage(name, self._variables[name], value, lr, scratch):
+                    raise GradientError(
+                        f"gradient {name!r} at learning rate {lr:g} would make variable {name!r} or its "
+                        "optimizer state NaN or infinite"
+                    )
+        except BaseException:
+            update.discard()
+            raise
+        return update
+
     def apply(self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
-        for name, value in gradient.items():
-            if locking:
-                with self._locks[name]:
-                    optimizer.apply(name, self._variables[name], value, lr)
-            else:
-                optimizer.apply(name, self._variables[name], value, lr)
+        self.stage(gradient, optimizer, lr, locking=locking).commit()
+
+    def _give_back(self, scratch: Scratch) -> None:
+        self._spare.append(scratch)
+        self._rooms.release()
 
     def accumulator(self) -> DenseSum:
         return DenseSum(self._variables)
@@ -169,12 +221,33 @@ class DenseTable:
         return {f"{self.PREFIX}{name}": value.copy() for name, value in self._variables.items()}
 
 
-def finite(array: Array) -> bool:
-    # Fast path, one pass and no temporary bool array: a NaN or infinity anywhere makes the sum
-    # non-finite. A non-finite sum may also come from large finite values overflowing, so only
-    # then the exact (element-wise) check decides.
-    wide = np.float32 if array.dtype == np.float16 else None
-    with np.errstate(over="ignore", invalid="ignore"):
-        if math.isfinite(float(np.sum(array, dtype=wide))):
-            return True
-    return bool(np.isfinite(array).all())
+
+
+class _DenseUpdate:
+    """A dense update computed into a scratch room (see :meth:`DenseTable.stage`)."""
+
+    def __init__(
+        self, table: DenseTable, optimizer: Optimizer, scratch: Scratch, names: list[str], locks: list[threading.Lock]
+    ) -> None:
+        self._table = table
+        self._optimizer = optimizer
+        self._scratch: Scratch | None = scratch
+        self._names = names
+        self._locks = locks
+
+    def commit(self) -> None:
+        scratch = self._scratch
+        if scratch is None:
+            raise RuntimeError("this update was committed or discarded already")
+        variables = self._table.variables
+        for name in self._names:
+            self._optimizer.commit(name, variables[name], scratch)
+        self.discard()
+
+    def discard(self) -> None:
+        scratch, self._scratch = self._scratch, None
+        if scratch is None:
+            return
+        for lock in self._locks:
+            lock.release()
+        self._table._give_back(scratch)

@@ -92,7 +92,7 @@ def refusing(behaviour: Callable[[Any, grpc.ServicerContext], R], method: str) -
 def unary_unary(
     behaviour: Callable[[Any, grpc.ServicerContext], Any], method: str, parse: Callable[[bytes], Any],
     serialize: Callable[[Any], bytes] | None,
-) -> grpc.RpcMethodHandler:  # fmt: skip
+) -> grpc.RpcMethodHandler[Any, Any]:  # fmt: skip
     return grpc.unary_unary_rpc_method_handler(
         refusing(behaviour, method), request_deserializer=lenient(parse, method), response_serializer=serialize
     )
@@ -101,7 +101,7 @@ def unary_unary(
 def unary_stream(
     behaviour: Callable[[Any, grpc.ServicerContext], Any], method: str, parse: Callable[[bytes], Any],
     serialize: Callable[[Any], bytes] | None,
-) -> grpc.RpcMethodHandler:  # fmt: skip
+) -> grpc.RpcMethodHandler[Any, Any]:  # fmt: skip
     return grpc.unary_stream_rpc_method_handler(
         refusing(behaviour, method), request_deserializer=lenient(parse, method), response_serializer=serialize
     )
