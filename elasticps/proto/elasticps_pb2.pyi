@@ -8,7 +8,9 @@ stream holds a head (what the stream is about) and the metadata of every tensor 
 shape); the raw little-endian bytes of all tensors, concatenated in metadata order, follow in the
 `payload` of that and the next Frames, in chunks of a few MB (see elasticps/rpc/frames.py).
 Errors are gRPC status codes (INVALID_ARGUMENT for a bad tensor, FAILED_PRECONDITION for an
-uninitialised PS, ...), never strings in a reply.
+uninitialised PS, ...), never strings in a reply. Every field is checked at the servicer's edge:
+a request that does not parse, or a field out of its range, is INVALID_ARGUMENT with a message
+naming the field, and changes nothing (the ranges are written beside each field).
 
 Regenerate the Python code with `make proto`; never edit the generated files.
 """
@@ -222,13 +224,24 @@ class PushHead(_message.Message):
     MINIBATCH_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
+    """at most 1024 characters"""
     version: _builtins.int
-    """the model version the gradients were computed on"""
+    """The model version the gradients were computed on: >= 0 in every mode (a negative one is
+    INVALID_ARGUMENT; sync would refuse it as too new for any round, async would count its
+    staleness from a version no model had).
+    """
     learning_rate: _builtins.float
-    """0: the PS's configured learning rate"""
+    """0: the PS's configured learning rate; otherwise finite and at most 1e4 (MAX_LEARNING_RATE,
+    also the bound of OptimizerConfig's learning_rate). A push whose update would leave any
+    variable or optimizer slot NaN or infinite (a finite gradient of 3e38 at learning rate 10) is
+    refused as a whole, nothing applied: async, the push is INVALID_ARGUMENT; sync, it is staged
+    and the round's dry run (CommitRequest.dry_run) computes the update and is refused
+    (FAILED_PRECONDITION) on that shard, so the coordinator aborts the round on every shard.
+    """
     minibatch: _builtins.str
     """Sync: names the minibatch ("worker/session/sequence") in the shard's round audit log; a retrained
     minibatch keeps its name, so a minibatch applied twice would show there.
+    at most 1024 characters
     """
     incarnation: _builtins.int
     """of the model the gradients were computed on (see ModelHead)"""
@@ -391,8 +404,10 @@ class CommitRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     dry_run: _builtins.bool
-    """Check only: the shard is at `round` and holds every named gradient. The coordinator asks every
-    shard first, so a round is applied by all shards or by none.
+    """Check only: the shard is at `round` and holds every named gradient, and the averaged update
+    leaves every variable and optimizer slot finite (it is computed here and kept for the commit
+    that follows). The coordinator asks every shard first, so a round is applied by all shards or
+    by none.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -510,6 +525,8 @@ Global___RestoreRequest: _TypeAlias = RestoreRequest  # noqa: Y015
 
 @_typing.final
 class GetTaskRequest(_message.Message):
+    """Coordinator requests: `worker` is required, at most 256 characters, in every one."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_FIELD_NUMBER: _builtins.int
@@ -610,19 +627,24 @@ class TaskResult(_message.Message):
     task_id: _builtins.int
     success: _builtins.bool
     error: _builtins.str
+    """kept, cut to 4096 characters"""
     records: _builtins.int
-    """prediction: the lines written"""
+    """The task's records (end - start), or 0; any other value is INVALID_ARGUMENT."""
     loss_sum: _builtins.float
-    """training: sum of per-minibatch mean loss x minibatch size"""
+    """Sums, finite with |value| <= 1e200 each (so no total overflows):
+    training: sum of per-minibatch mean loss x minibatch size
+    """
     rejected: _builtins.int
-    """training: gradients the PS rejected (retrained minibatches)"""
+    """Training: gradients the PS rejected (retrained minibatches), 0 to 2^31 per report; the job's
+    total saturates at 2^63 - 1.
+    """
     model_version: _builtins.int
-    """export: the version written"""
+    """export: the version written (>= 0)"""
     export_failed: _builtins.bool
     """export: writing the files failed (not the worker): counts"""
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """evaluation: sum of metric x records"""
+        """evaluation: sum of metric x records; <= 64 named metrics"""
 
     def __init__(
         self,
@@ -697,9 +719,9 @@ class JoinRequest(_message.Message):
     WAIT_MS_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
-    """the model version the gradient was computed on"""
+    """the model version the gradient was computed on (>= 0)"""
     wait_ms: _builtins.int
-    """how long an admitted worker's call may wait for the round to commit"""
+    """how long an admitted worker's call may wait for the round to commit (>= 0; capped at 10 s)"""
     def __init__(
         self,
         *,

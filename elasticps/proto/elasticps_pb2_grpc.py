@@ -70,7 +70,10 @@ class ParameterServerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PushModel(self, request_iterator, context):
-        """The first worker initialises an empty PS; later calls change nothing and say so.
+        """The first worker initialises an empty PS; later calls of the same model (names, shapes and
+        dtypes of the variables and state) change nothing and say so (initialized, the version); a
+        model that differs is FAILED_PRECONDITION naming the difference. A model with no variable and
+        no state (a shard the sharder left empty) is held until a non-empty one replaces it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -8,7 +8,9 @@ stream holds a head (what the stream is about) and the metadata of every tensor 
 shape); the raw little-endian bytes of all tensors, concatenated in metadata order, follow in the
 `payload` of that and the next Frames, in chunks of a few MB (see elasticps/rpc/frames.py).
 Errors are gRPC status codes (INVALID_ARGUMENT for a bad tensor, FAILED_PRECONDITION for an
-uninitialised PS, ...), never strings in a reply.
+uninitialised PS, ...), never strings in a reply. Every field is checked at the servicer's edge:
+a request that does not parse, or a field out of its range, is INVALID_ARGUMENT with a message
+naming the field, and changes nothing (the ranges are written beside each field).
 
 Regenerate the Python code with `make proto`; never edit the generated files.
 """
@@ -42,7 +44,11 @@ class ParameterServerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ParameterServerAsyncStub: ...
     PushModel: _grpc.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.ModelHead]
-    """The first worker initialises an empty PS; later calls change nothing and say so."""
+    """The first worker initialises an empty PS; later calls of the same model (names, shapes and
+    dtypes of the variables and state) change nothing and say so (initialized, the version); a
+    model that differs is FAILED_PRECONDITION naming the difference. A model with no variable and
+    no state (a shard the sharder left empty) is held until a non-empty one replaces it.
+    """
     PullDense: _grpc.UnaryStreamMultiCallable[_elasticps_pb2.PullRequest, _elasticps_pb2.Frame]
     PushGradients: _grpc.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]
     CommitRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]
@@ -53,7 +59,11 @@ class ParameterServerStub:
 class ParameterServerAsyncStub(ParameterServerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     PushModel: _aio.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.ModelHead]  # type: ignore[assignment]
-    """The first worker initialises an empty PS; later calls change nothing and say so."""
+    """The first worker initialises an empty PS; later calls of the same model (names, shapes and
+    dtypes of the variables and state) change nothing and say so (initialized, the version); a
+    model that differs is FAILED_PRECONDITION naming the difference. A model with no variable and
+    no state (a shard the sharder left empty) is held until a non-empty one replaces it.
+    """
     PullDense: _aio.UnaryStreamMultiCallable[_elasticps_pb2.PullRequest, _elasticps_pb2.Frame]  # type: ignore[assignment]
     PushGradients: _aio.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PushReply]  # type: ignore[assignment]
     CommitRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]  # type: ignore[assignment]
@@ -67,7 +77,11 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_elasticps_pb2.Frame],
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.ModelHead, _abc.Awaitable[_elasticps_pb2.ModelHead]]:
-        """The first worker initialises an empty PS; later calls change nothing and say so."""
+        """The first worker initialises an empty PS; later calls of the same model (names, shapes and
+        dtypes of the variables and state) change nothing and say so (initialized, the version); a
+        model that differs is FAILED_PRECONDITION naming the difference. A model with no variable and
+        no state (a shard the sharder left empty) is held until a non-empty one replaces it.
+        """
 
     @_abc_1.abstractmethod
     def PullDense(

@@ -11,10 +11,15 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   coordinator commits the round (:meth:`Rule.commit`) naming exactly which workers' gradients it
   counts. Every shard gets the same commit, so every shard averages the same minibatches, each once,
   and all shards move to the same version together (``coordinator/rounds.py`` decides rounds).
-  Updates and reads hold one lock, so a pull never sees half an update.
+  The coordinator's dry run computes the round's update aside and checks it is finite (a sum of
+  finite gradients can overflow); a non-finite one is refused there (RoundError), so the round is
+  aborted on every shard before any applied it, and its members train again. The commit that
+  follows copies the computed update in (it recomputes only if a member's gradient was replaced
+  in between). Updates and reads hold one lock, so a pull never sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
-  versions. Its learning rate per push comes from a :class:`~elasticps.ps.staleness.LearningRate`,
+  versions. A push whose update would leave a variable or slot NaN or infinite is refused whole
+  (``tables.py`` computes it aside first). Its learning rate per push comes from a :class:`~elasticps.ps.staleness.LearningRate`,
   wrapped in :class:`~elasticps.ps.staleness.StalenessAware` for ``lrStalenessModulation``.
 
 Adding a mode: a member of ``api.modes.UpdateRule``, a :class:`Rule` subclass here, an entry in
