@@ -32,7 +32,8 @@ def test_numpy_and_bool_values_are_numbers() -> None:
         (OptimizerConfig("sgd", {"beta_1": 0.9}), "unknown hyper-parameter 'beta_1'"),
         (OptimizerConfig("sgd", {"learning_rate": math.nan}), "must be a finite number"),
         (OptimizerConfig("sgd", {"learning_rate": "0.1"}), "must be a finite number"),  # type: ignore[dict-item]
-        (OptimizerConfig("sgd", {"learning_rate": 0.0}), "must be > 0"),
+        (OptimizerConfig("sgd", {"learning_rate": 0.0}), r"must be in \(0, 10000\]"),
+        (OptimizerConfig("sgd", {"learning_rate": 1e30}), r"must be in \(0, 10000\]"),
         (OptimizerConfig("adam", {"beta_2": 1.0}), r"must be in \[0, 1\)"),
         (OptimizerConfig("sgd", {"nesterov": 0.5}), "must be 0.0"),
     ],

@@ -18,7 +18,7 @@ import pytest
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
-from elasticps.ps.client import PSClient, Pulled, ShardsUninitialized
+from elasticps.ps.client import ModelMismatch, PSClient, Pulled, ShardsUninitialized
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -146,6 +146,17 @@ def test_second_push_model_keeps_the_first(make_cluster: Callable[..., Cluster])
     other = {n: v + 1 for n, v in model().items()}
     assert c.client.push_model(other, OptimizerConfig("adam", {})) == [1, 1]
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
+
+
+def test_push_model_of_another_model_is_a_model_mismatch_naming_the_difference(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    c = make_cluster()
+    c.client.push_model(model(), SGD)
+    reshaped = {n: v.reshape(-1) for n, v in model().items()}
+    with pytest.raises(ModelMismatch, match="in the pushed model"):
+        c.client.push_model(reshaped, SGD)
+    assert_tensors(c.client.pull([-1, -1]).tensors, model())
 
 
 def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]) -> None:
