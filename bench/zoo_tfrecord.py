@@ -20,7 +20,12 @@ Needs MNIST as TFRecord files (``make mnist-tfrecord``). Runs ``examples/mnist-t
   version as ``--updates`` and 2 x 64 records a minibatch (a sync round averages both workers').
 
 Each kind runs ``--repeats`` times (the jobs interleaved): one run's final accuracy varies by about
-a point. Writes ``bench/results/zoo_tfrecord.json`` and the "Measured" section of ``docs/model-zoo.md``.
+a point. Every model (each job's export, each one-process model) is also evaluated with its
+BatchNorm statistics recalibrated on 10,000 training records (``bench.one_process``): the moving
+statistics lag behind the weights by a different amount at each version, which swings one
+evaluation by up to 2 points in one process as in a job, while the recalibrated accuracy measures
+the weights. The report gives each kind's mean with a 95% confidence interval (Student's t over the
+runs) and the differences of the means with Welch's interval, both ways. Writes ``bench/results/zoo_tfrecord.json`` and the "Measured" section of ``docs/model-zoo.md``.
 """
 
 from __future__ import annotations
@@ -175,6 +180,7 @@ def kill(work: Path, checkpoint_steps: int, moment: int) -> dict[str, Any]:
         )
     resumed = RESUMED.findall((run_dir / f"{name}-ps-{KILLED}.log").read_text())
     result = finish(process, work, "kill")
+    exported = work / result["export_path"] if result.get("export_path") else None
     return {
         "killed_shard": KILLED,
         "killed_at_version": max(before.versions),
@@ -187,7 +193,23 @@ def kill(work: Path, checkpoint_steps: int, moment: int) -> dict[str, Any]:
         "bn_ok": bool(checks) and all(c["equal_to_checkpoint"] and c["not_initial"] for c in checks)
         and after.versions == [version] * shards,
         **summary(result),
+        "export_path": str(exported) if exported else None,
     }
+
+
+def recalibrated(work: Path, run: dict[str, Any], what: str) -> dict[str, Any]:
+    """``run`` with ``metrics_recalibrated``: its exported model with BatchNorm statistics estimated
+    anew from training records (``bench.one_process --exported``)."""
+    if not run.get("export_path"):
+        return run
+    result_file = work / f"recalibrated-{what}.json"
+    command = [
+        sys.executable, "-m", "bench.one_process", "--model_def", "elasticps.zoo.mnist_functional",
+        "--exported", run["export_path"], "--minibatch", "128", "--result_file", str(result_file),
+    ]  # fmt: skip
+    subprocess.run(command, cwd=REPO, env=env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = json.loads(result_file.read_text())
+    return {**run, "metrics_recalibrated": result.get("metrics_recalibrated")}
 
 
 def one_process(work: Path, updates: int, minibatch: int, seed: int) -> dict[str, Any]:
@@ -202,8 +224,64 @@ def one_process(work: Path, updates: int, minibatch: int, seed: int) -> dict[str
     return result
 
 
-def accuracies(runs: list[dict[str, Any]]) -> list[float]:
-    return [float(run["metrics"]["accuracy"]) for run in runs]
+def accuracies(runs: list[dict[str, Any]], metrics: str = "metrics") -> list[float]:
+    return [float(run[metrics]["accuracy"]) for run in runs if run.get(metrics)]
+
+
+# Student's t, two-sided 95%, by degrees of freedom (1-30; beyond, 1.96 is close enough).
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+
+
+def t95(df: float) -> float:
+    return T95[min(len(T95), max(1, int(df))) - 1] if df < 31 else 1.96
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    """Mean and its 95% confidence half-width, in points (None with fewer than 2 runs)."""
+    n = len(values)
+    if n < 2:
+        return {"n": n, "mean": round(100 * mean(values), 2) if values else None, "half_width": None}
+    sd = float(np.std(values, ddof=1))
+    return {"n": n, "mean": round(100 * mean(values), 2), "half_width": round(100 * t95(n - 1) * sd / n**0.5, 2)}
+
+
+def difference(a: list[float], b: list[float]) -> dict[str, Any]:
+    """mean(a) - mean(b) in points, with Welch's 95% confidence half-width."""
+    if len(a) < 2 or len(b) < 2:
+        return {"difference": points(mean(a), mean(b)) if a and b else None, "half_width": None}
+    va, vb = float(np.var(a, ddof=1)) / len(a), float(np.var(b, ddof=1)) / len(b)
+    se = (va + vb) ** 0.5
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if se > 0 else len(a) + len(b) - 2
+    return {"difference": points(mean(a), mean(b)), "half_width": round(100 * t95(df) * se, 2)}
+
+
+def comparisons(plain: list[dict[str, Any]], killed: list[dict[str, Any]], alone: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per kind of evaluation (as trained; BatchNorm recalibrated): each kind's mean with its 95%
+    interval, and both differences of means with theirs."""
+    out: dict[str, Any] = {}
+    for metrics in ("metrics", "metrics_recalibrated"):
+        a, k, o = accuracies(plain, metrics), accuracies(killed, metrics), accuracies(alone, metrics)
+        out[metrics] = {
+            "no_kill": interval(a),
+            "kill": interval(k),
+            "one_process": interval(o),
+            "no_kill_minus_one_process": difference(a, o),
+            "kill_minus_no_kill": difference(k, a),
+        }
+    return out
+
+
+def settles(d: dict[str, Any]) -> str:
+    """Whether a difference with its interval settles "within 1 point" either way."""
+    if d["half_width"] is None:
+        return "one run: no interval"
+    low, high = d["difference"] - d["half_width"], d["difference"] + d["half_width"]
+    if -1 <= low and high <= 1:
+        return "within 1 point"
+    if high < -1 or low > 1:
+        return "NOT within 1 point"
+    return "not settled by these runs"
 
 
 def mean(values: list[float]) -> float:
@@ -235,23 +313,27 @@ def report(results: dict[str, Any]) -> str:
         f"{alone[0]['updates']} updates of {alone[0]['minibatch']} records (the jobs' final",
         "version without a kill, 2 workers x 64 records).",
         "",
-        "| run | test accuracy | loss | final model version | records per epoch | replicas replaced | rolled back to | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | test accuracy | BatchNorm recalibrated | loss | final model version | records per epoch | replicas replaced | rolled back to | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def again(run: dict[str, Any]) -> str:
+        return f"{run['metrics_recalibrated']['accuracy']:.4f}" if run.get("metrics_recalibrated") else "-"
+
     for i, run in enumerate(plain, 1):
         lines.append(
-            f"| job {i}, no kill | {run['metrics']['accuracy']:.4f} | {run['metrics']['loss']:.4f} | {run['model_version']} "
+            f"| job {i}, no kill | {run['metrics']['accuracy']:.4f} | {again(run)} | {run['metrics']['loss']:.4f} | {run['model_version']} "
             f"| {run['epoch_records']} | {run['restarts']} | - | {run['elapsed_s']:.0f} |"
         )
     for i, run in enumerate(killed, 1):
         lines.append(
-            f"| job {i}, PS 1 killed at version {run['killed_at_version']} | {run['metrics']['accuracy']:.4f} "
+            f"| job {i}, PS 1 killed at version {run['killed_at_version']} | {run['metrics']['accuracy']:.4f} | {again(run)} "
             f"| {run['metrics']['loss']:.4f} | {run['model_version']} | {run['epoch_records']} | {run['restarts']} "
             f"| {run['rolled_back_to']} | {run['elapsed_s']:.0f} |"
         )
     for run in alone:
         lines.append(
-            f"| one process, seed {run['seed']} | {run['metrics']['accuracy']:.4f} | {run['metrics']['loss']:.4f} "
+            f"| one process, seed {run['seed']} | {run['metrics']['accuracy']:.4f} | {again(run)} | {run['metrics']['loss']:.4f} "
             f"| {run['updates']} updates | - | - | - | {run['train_seconds']:.0f} (training) |"
         )
     lines += [
@@ -267,6 +349,24 @@ def report(results: dict[str, Any]) -> str:
         f"({within(d['kill_minus_no_kill'])}); run by run against the mean without the kill: "
         + ", ".join(f"{x:+.2f}" for x in d["each_kill_minus_no_kill"])
         + f". Final accuracies of jobs without a kill alone span {d['spread_no_kill']:.2f} points.",
+    ]
+    for metrics, what in (("metrics", "as trained"), ("metrics_recalibrated", "BatchNorm recalibrated")):
+        c = results.get("comparisons", {}).get(metrics)
+        if not c or c["no_kill"]["half_width"] is None:
+            continue
+        kinds = ", ".join(
+            f"{label} {c[key]['mean']:.2f} +- {c[key]['half_width']:.2f}"
+            for key, label in (("no_kill", "without the kill"), ("kill", "with it"), ("one_process", "one process"))
+            if c[key]["half_width"] is not None
+        )
+        lines.append(
+            f"- Test accuracy {what}, means in points with 95% intervals: {kinds}. Jobs without the kill minus one "
+            f"process {c['no_kill_minus_one_process']['difference']:+.2f} +- {c['no_kill_minus_one_process']['half_width']:.2f} "
+            f"({settles(c['no_kill_minus_one_process'])}); with the kill minus without "
+            f"{c['kill_minus_no_kill']['difference']:+.2f} +- {c['kill_minus_no_kill']['half_width']:.2f} "
+            f"({settles(c['kill_minus_no_kill'])})."
+        )
+    lines += [
         "- Each rollback (every shard and the task ledger back to one checkpointed version): "
         + "; ".join(
             f"killed at {k['killed_at_version']}, rolled back to {k['rolled_back_to']} (killed shard resumed at "
@@ -335,12 +435,13 @@ def main() -> None:
     killed: list[dict[str, Any]] = []
     for i in range(args.repeats):
         print(f"run {i + 1}: the example, no kill ...", flush=True)
-        plain.append(no_kill(args.work / f"no-kill-{i}", args.checkpoint_steps))
+        plain.append(recalibrated(args.work, no_kill(args.work / f"no-kill-{i}", args.checkpoint_steps), f"no-kill-{i}"))
         print(plain[-1], flush=True)
         fraction = rng.uniform(0.4, 0.6)
         moment = int(fraction * plain[0]["model_version"])
         print(f"run {i + 1}: the example, PS {KILLED} killed at version {moment} ...", flush=True)
-        killed.append({"kill_fraction": round(fraction, 3), **kill(args.work / f"kill-{i}", args.checkpoint_steps, moment)})
+        killed_run = kill(args.work / f"kill-{i}", args.checkpoint_steps, moment)
+        killed.append({"kill_fraction": round(fraction, 3), **recalibrated(args.work, killed_run, f"kill-{i}")})
         print(killed[-1], flush=True)
     updates = plain[0]["model_version"]
     alone = []
@@ -363,6 +464,7 @@ def main() -> None:
             "each_kill_minus_no_kill": [points(a, means["no_kill"]) for a in accuracies(killed)],
             "spread_no_kill": points(max(accuracies(plain)), min(accuracies(plain))),
         },
+        "comparisons": comparisons(plain, killed, alone),
         "bn_ok": all(run["bn_ok"] for run in killed),
         "no_kill": plain,
         "kill": killed,

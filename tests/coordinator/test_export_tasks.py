@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import json
 
-from elasticps.coordinator.tasks import ExportFailure, Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from queue_kit import Clock, make_queue
+
+from elasticps.coordinator.tasks import ExportFailure, Finished, Task, TaskKind, TaskQueue, Wait
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+DEFAULTS: dict[str, object] = {"num_records": 40, "records_per_task": 10, "num_epochs": 1, "export": True}
 
 
 def queue(**settings: object) -> tuple[TaskQueue, Clock]:
-    clock = Clock()
-    base: dict[str, object] = {"num_records": 40, "records_per_task": 10, "num_epochs": 1, "export": True}
-    base.update(settings)
-    return TaskQueue(QueueSettings(**base), clock), clock  # type: ignore[arg-type]
+    return make_queue(DEFAULTS, **settings)
 
 
 def train_all(q: TaskQueue, worker: str = "w0", version: int = 4) -> None:

@@ -8,24 +8,18 @@ import json
 
 import pytest
 
-from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from queue_kit import Clock, make_queue
+
+from elasticps.coordinator.tasks import Finished, Task, TaskKind, TaskQueue, Wait
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+DEFAULTS: dict[str, object] = {
+    "num_records": 40, "records_per_task": 10, "num_epochs": 1, "export": True, "prediction_records": 25,
+}
 
 
 def queue(**settings: object) -> tuple[TaskQueue, Clock]:
-    clock = Clock()
-    base: dict[str, object] = {
-        "num_records": 40, "records_per_task": 10, "num_epochs": 1, "export": True, "prediction_records": 25,
-    }
-    base.update(settings)
-    return TaskQueue(QueueSettings(**base), clock), clock  # type: ignore[arg-type]
+    return make_queue(DEFAULTS, **settings)
 
 
 def take(q: TaskQueue, kind: TaskKind, worker: str = "w0", version: int = 4, settled: int | None = 4) -> Task:

@@ -7,22 +7,16 @@ from collections import defaultdict
 
 import pytest
 
+from queue_kit import Clock, make_queue
+
 from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+DEFAULTS: dict[str, object] = {"num_records": 100, "records_per_task": 10, "num_epochs": 1}
 
 
 def queue(**settings: object) -> tuple[TaskQueue, Clock]:
-    clock = Clock()
-    base: dict[str, object] = {"num_records": 100, "records_per_task": 10, "num_epochs": 1}
-    base.update(settings)
-    return TaskQueue(QueueSettings(**base), clock), clock  # type: ignore[arg-type]
+    return make_queue(DEFAULTS, **settings)
 
 
 def get_task(q: TaskQueue, worker: str, version: int = 0) -> Task:

@@ -77,3 +77,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalar curves (tag -> [(model version, value)]) of the one TensorBoard event file in
+    ``folder``, as TensorFlow's own reader reads them."""
+    import tensorflow as tf
+
+    files = sorted(folder.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for event in tf.compat.v1.train.summary_iterator(str(files[0])):
+        for value in event.summary.value:
+            if not value.HasField("histo"):
+                curves.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return curves

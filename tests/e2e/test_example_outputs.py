@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from local_jobs import REPO, elasticps
+from local_jobs import REPO, elasticps, read_curves
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +37,6 @@ model = keras.models.load_model(folder + "/model.keras")
 predicted = np.argmax(model.predict(images, batch_size=1000, verbose=0), axis=-1)
 print(json.dumps({"accuracy": float(np.mean(predicted == labels.numpy())), "records": int(len(y))}))
 """
-
-
-def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    tf = pytest.importorskip("tensorflow")
-    files = sorted(folder.glob("events.out.tfevents.*"))
-    assert len(files) == 1, files
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for event in tf.compat.v1.train.summary_iterator(str(files[0])):
-        for value in event.summary.value:
-            if not value.HasField("histo"):
-                curves.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return curves
 
 
 @pytest.mark.skipif(not (MNIST / "train-images-idx3-ubyte.gz").exists(), reason=f"no MNIST in {MNIST}")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from local_jobs import REPO, elasticps, job_document, wait_for, write_job
+from local_jobs import REPO, elasticps, job_document, read_curves, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -81,19 +81,6 @@ def run_job(tmp_path: Path, document: dict[str, object], timeout: float = 300) -
     stdout, stderr = process.communicate(timeout=timeout)
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
     return process.returncode, stdout, stderr, result
-
-
-def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """The scalar curves of the job's event file, as TensorFlow's own reader reads them."""
-    tf = pytest.importorskip("tensorflow")
-    files = sorted(folder.glob("events.out.tfevents.*"))
-    assert len(files) == 1, files
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for event in tf.compat.v1.train.summary_iterator(str(files[0])):
-        for value in event.summary.value:
-            if not value.HasField("histo"):
-                curves.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return curves
 
 
 def reload(folder: Path, validation: Path) -> dict[str, Any]:
