@@ -26,7 +26,17 @@ new slots into a :class:`Scratch` (allocated once, reused push after push), says
 them are finite, and changes nothing; :meth:`Optimizer.commit` then copies them in and counts the
 step. So a caller can check every variable of a push before it changes any (``tables.py``), and a
 finite gradient that would overflow a variable or a slot (3e38 at learning rate 10) is refused
-instead of leaving Inf or NaN behind. :meth:`Optimizer.apply` updates in place, unchecked (tests).
+instead of leaving Inf or NaN behind. :meth:`Optimizer.apply` updates in place, unchecked.
+
+Copying aside costs a push two to three times main's time, so the PS first tries to prove the
+update finite from reads alone (:meth:`Optimizer.proves_finite`): an upper bound of every
+magnitude involved (the gradient, the variable, each slot: one ``dot(x, x)`` pass each, see
+:func:`magnitude`) is pushed through the optimizer's formulas in float64, with the divisions
+bounded by epsilon, and when every intermediate and new value stays below the dtype's largest
+value by a factor 2**10 (rounding and up to :data:`~elasticps.ps.tables.APPLY_ROOMS` overlapping
+unlocked updates fit in that margin) the update is applied in place, exactly as :meth:`apply`
+does. Only a push the bound cannot prove (huge values, float16, epsilon 0, centered RMSprop, a
+slot loaded negative from a checkpoint) takes the scratch path, which decides exactly.
 
 Thread safety: all per-variable state (slots and step count) is created by
 :meth:`Optimizer.register` before training starts and is afterwards only
@@ -58,13 +68,17 @@ _STEP_PREFIX = "step/"
 class _VariableState:
     """One variable's optimizer state; touched only by applies to that variable."""
 
-    __slots__ = ("shape", "dtype", "slots", "step")
+    __slots__ = ("shape", "dtype", "slots", "step", "signs_known")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any], slots: dict[str, Array]) -> None:
         self.shape = shape
         self.dtype = dtype
         self.slots = slots
         self.step = 0
+        # The slots that must never be negative (Optimizer._NON_NEGATIVE, under a square root) are
+        # known not to be: true from register (they start at 0 or a value >= 0) and the updates
+        # keep it; a checkpoint's values are checked when loaded (load_state).
+        self.signs_known = True
 
 
 class Scratch:
@@ -78,16 +92,53 @@ class Scratch:
         self.vars = variables
 
 
+_BLAS = {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def _squares(array: Array) -> float | None:
+    """``dot(x, x)`` over ``array`` (one BLAS pass, no temporary), or None where BLAS does not
+    serve it (another dtype, a non-contiguous array: reshaping would copy)."""
+    if array.dtype not in _BLAS or not array.flags.c_contiguous:
+        return None
+    flat = array.reshape(-1)
+    return float(np.dot(flat, flat))
+
+
 def finite(array: Array) -> bool:
     """No NaN or infinity in ``array``."""
     # Fast path, one pass and no temporary bool array: a NaN or infinity anywhere makes the sum
-    # non-finite. A non-finite sum may also come from large finite values overflowing, so only
-    # then the exact (element-wise) check decides.
-    wide = np.float32 if array.dtype == np.float16 else None
+    # (of squares, where BLAS serves it) non-finite. A non-finite sum may also come from large
+    # finite values overflowing, so only then the exact (element-wise) check decides.
     with np.errstate(over="ignore", invalid="ignore"):
-        if math.isfinite(float(np.sum(array, dtype=wide))):
+        squares = _squares(array)
+        if squares is None:
+            wide = np.float32 if array.dtype == np.float16 else None
+            squares = float(np.sum(array, dtype=wide))
+        if math.isfinite(squares):
             return True
     return bool(np.isfinite(array).all())
+
+
+def magnitude(array: Array) -> float:
+    """An upper bound of ``max |x|`` over ``array``, from reads only; NaN or infinity when
+    ``array`` holds one, or (float32, float64) when its values are too large to bound this way.
+
+    ``sqrt(dot(x, x))`` where BLAS serves it: for non-negative terms each rounded addition is at
+    least its larger operand, whatever the order, so the computed sum is at least the largest
+    square, itself at least ``max(x)**2 * (1 - eps)``; the factor below covers that rounding.
+    Otherwise the exact ``max(|max|, |min|)``."""
+    if array.size == 0:
+        return 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = _squares(array)
+        if squares is not None:
+            return math.sqrt(squares) * (1.0 + 2.0**-20) if squares >= 0 else math.nan
+        return max(abs(float(array.max())), abs(float(array.min())))
+
+
+def _within(limit: float, *values: float) -> bool:
+    """Every value <= limit (NaN never is)."""
+    return all(value <= limit for value in values)
 
 
 class Optimizer(abc.ABC):
@@ -100,6 +151,13 @@ class Optimizer(abc.ABC):
 
     # Hyper-parameters with Keras's defaults; filled in by each subclass.
     PARAMS: ClassVar[Mapping[str, Param]]
+    # Slots under a square root: proves_finite needs them >= 0 (see _VariableState.signs_known).
+    _NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    # Whether proves_finite holds only when updates of a variable never overlap (the caller then
+    # serialises them, whatever use_locking says): Adam's second moment is updated as
+    # v + (g^2 - v) * (1 - beta_2), reading v twice, and two overlapping unlocked updates can
+    # leave it negative (then sqrt gives NaN).
+    serialises: ClassVar[bool] = False
 
     config: OptimizerConfig
     learning_rate: float
@@ -173,6 +231,27 @@ class Optimizer(abc.ABC):
             return
         # Keras casts the learning rate to the variable's dtype before use.
         self._update(var, param, grad, var.dtype.type(lr))
+
+    def proves_finite(self, name: str, param: Array, grad: Array, lr: float) -> bool:
+        """True when bounds read from ``param``, ``grad`` and the slots prove that :meth:`apply`
+        would leave the variable and every slot finite (see the module's docstring); False when
+        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing."""
+        var = self._checked(name, param, grad, lr)
+        if not var.signs_known:
+            return False
+        limit = float(np.finfo(var.dtype).max) * 2.0**-10
+        bound = magnitude(grad)
+        if not _within(limit, bound):  # also a gradient that does not fit the variable's dtype
+            return False
+        slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
+        return self._proves(var, limit, magnitude(param), bound, lr, slots)
+
+    def _proves(
+        self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
+    ) -> bool:
+        """Whether an update with these bounds of ``|param|``, ``|grad|`` and each slot keeps
+        every intermediate and new value <= ``limit``; False unless a subclass proves it."""
+        return False
 
     def new_scratch(self) -> Scratch:
         """Room for one checked update of every variable registered now (see :meth:`stage`)."""
@@ -255,6 +334,7 @@ class Optimizer(abc.ABC):
             for slot, arr in var.slots.items():
                 np.copyto(arr, arrays[f"{_SLOT_PREFIX}{slot}/{name}"], casting="same_kind")
             var.step = steps[name]
+            var.signs_known = all(bool((var.slots[slot] >= 0).all()) for slot in self._NON_NEGATIVE if slot in var.slots)
 
     @staticmethod
     def _lookup(arrays: Mapping[str, Array], key: str) -> Array:
@@ -293,9 +373,22 @@ class _SGD(Optimizer):
         else:
             np.add(param, m, out=param)
 
+    def _proves(
+        self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
+    ) -> bool:
+        scaled = grad * lr
+        if "momentum" not in slots:
+            return _within(limit, scaled, param + scaled)
+        momentum = self.config.params["momentum"]  # in [0, 1]
+        m = slots["momentum"] * momentum + scaled
+        step = m * momentum + scaled if self._flag("nesterov") else m
+        return _within(limit, slots["momentum"], scaled, m, step, param + step)
+
 
 class _Adam(Optimizer):
     PARAMS = HYPER_PARAMETERS["adam"]
+    _NON_NEGATIVE = ("v", "v_hat")
+    serialises = True
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("m", "v", "v_hat") if self._flag("amsgrad") else ("m", "v")
@@ -333,9 +426,29 @@ class _Adam(Optimizer):
         np.divide(step, tmp, out=step)
         np.subtract(param, step, out=param)
 
+    def _proves(
+        self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
+    ) -> bool:
+        p = self.config.params
+        f, tiny = var.dtype.type, float(np.finfo(var.dtype).eps)
+        # alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) <= lr / (1 - beta_1) for any t >= 1
+        # (so whatever step a racing update reached), with room for the dtype's rounding.
+        beta_1, epsilon = float(f(p["beta_1"])), float(f(p["epsilon"]))
+        if not (1.0 - beta_1 > 8 * tiny and epsilon > 0.0):
+            return False
+        alpha = lr * 1.01 / (1.0 - beta_1 - 4 * tiny)
+        m, v = slots["m"], slots["v"]
+        new_m = m + (grad + m) * (1.0 - p["beta_1"])
+        new_v = v + (grad * grad + v) * (1.0 - p["beta_2"])  # >= 0: v >= 0 and 1 - beta_2 in (0, 1]
+        if "v_hat" in slots:
+            new_v = max(slots["v_hat"], new_v)
+        step = new_m * alpha / epsilon  # the denominator sqrt(v) + epsilon is >= epsilon
+        return _within(limit, grad * grad, grad + m, grad * grad + v, new_m, new_v, new_m * alpha, step, param + step)
+
 
 class _Adagrad(Optimizer):
     PARAMS = HYPER_PARAMETERS["adagrad"]
+    _NON_NEGATIVE = ("accumulator",)
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("accumulator",)
@@ -355,9 +468,21 @@ class _Adagrad(Optimizer):
         np.divide(step, tmp, out=step)
         np.subtract(param, step, out=param)
 
+    def _proves(
+        self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
+    ) -> bool:
+        epsilon = float(var.dtype.type(self.config.params["epsilon"]))
+        if not epsilon > 0.0:
+            return False
+        # acc >= 0 only grows, so sqrt(acc + epsilon) >= sqrt(epsilon) (1.01: its rounding).
+        acc = slots["accumulator"] + grad * grad
+        step = grad * lr * 1.01 / math.sqrt(epsilon)
+        return _within(limit, grad * grad, acc, acc + epsilon, grad * lr, step, param + step)
+
 
 class _RMSprop(Optimizer):
     PARAMS = HYPER_PARAMETERS["rmsprop"]
+    _NON_NEGATIVE = ("velocity",)
 
     def _slot_names(self) -> tuple[str, ...]:
         names = ["velocity"]
@@ -401,6 +526,24 @@ class _RMSprop(Optimizer):
             np.add(mom, increment, out=mom)
             increment = mom
         np.subtract(param, increment, out=param)
+
+    def _proves(
+        self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
+    ) -> bool:
+        p = self.config.params
+        epsilon = float(var.dtype.type(p["epsilon"]))
+        if self._flag("centered") or not epsilon > 0.0:
+            # Centered: sqrt(velocity - average^2 + epsilon), whose sign no bound gives cheaply.
+            return False
+        # velocity = rho * velocity + (1 - rho) * g^2 stays >= 0, so the denominator
+        # sqrt(velocity + epsilon) is >= sqrt(epsilon) (1.01: its rounding).
+        velocity = slots["velocity"] * p["rho"] + grad * grad * (1.0 - p["rho"])
+        increment = grad * lr * 1.01 / math.sqrt(epsilon)
+        values = [grad * grad, velocity, velocity + epsilon, grad * lr, increment]
+        if "momentum" in slots:
+            increment = slots["momentum"] * p["momentum"] + increment
+            values += [slots["momentum"], increment]
+        return _within(limit, *values, param + increment)
 
 
 _OPTIMIZERS: dict[str, type[Optimizer]] = {

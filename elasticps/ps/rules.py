@@ -14,8 +14,9 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   The coordinator's dry run computes the round's update aside and checks it is finite (a sum of
   finite gradients can overflow); a non-finite one is refused there (RoundError), so the round is
   aborted on every shard before any applied it, and its members train again. The commit that
-  follows copies the computed update in (it recomputes only if a member's gradient was replaced
-  in between). Updates and reads hold one lock, so a pull never sees half an update.
+  follows applies it: in place from the averaged sums, kept until then, when bounds proved it
+  finite (the common case), else by copying the computed update in (it recomputes only if a
+  member's gradient was replaced in between). Updates and reads hold one lock, so a pull never sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
   versions. A push whose update would leave a variable or slot NaN or infinite is refused whole
@@ -133,9 +134,22 @@ class RoundAveraging(Rule):
         self._sums = model.accumulators()
 
     def _drop_prepared(self) -> None:
-        if self._prepared is not None:
-            Model.discard(self._prepared.staged)
-            self._prepared = None
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            self._finish(prepared, commit=False)
+
+    def _finish(self, prepared: _Prepared, *, commit: bool) -> None:
+        """Commits or discards a prepared update, then clears the sums: an update proven finite
+        by bounds is applied in place at the commit, from the averaged sums, which must be kept
+        until then."""
+        try:
+            if commit:
+                Model.commit(prepared.staged)
+            else:
+                Model.discard(prepared.staged)
+        finally:
+            for summed in self._sums.values():
+                summed.clear()
 
     def guard(self) -> AbstractContextManager[object]:
         return self._lock
@@ -165,14 +179,14 @@ class RoundAveraging(Rule):
             members = self._members(round_, workers)
             prepared, self._prepared = self._prepared, None
             if prepared is not None and not prepared.computes(round_, members):
-                Model.discard(prepared.staged)
+                self._finish(prepared, commit=False)
                 prepared = None
             if prepared is None:
                 prepared = _Prepared(round_, members, self._stage(model, round_, members))
             if dry_run:
                 self._prepared = prepared  # the commit that follows copies it in
                 return CommitOutcome(version.value, ())
-            Model.commit(prepared.staged)
+            self._finish(prepared, commit=True)
             for worker in workers:
                 del self._staged[worker]
             self._forget_older_than(round_ + 1)
@@ -181,18 +195,20 @@ class RoundAveraging(Rule):
 
     def _stage(self, model: Model, round_: int, members: list[Gradient]) -> list[Staged]:
         """The round's update: the members' gradients averaged per table, computed aside and
-        checked (RoundError when any new value would be NaN or infinite)."""
+        checked (RoundError when any new value would be NaN or infinite). The sums stay as they
+        are until the prepared update is finished (:meth:`_finish`), cleared at once on error."""
         try:
             for gradient in members:
                 for name, part in gradient.update.items():
                     self._sums[name].add(part)
             averaged = {name: summed.averaged(len(members)) for name, summed in self._sums.items()}
             return model.stage(averaged, members[0].base_lr)
-        except GradientError as err:
-            raise RoundError(f"round {round_}: {err}") from err
-        finally:
+        except BaseException as err:
             for summed in self._sums.values():
                 summed.clear()
+            if isinstance(err, GradientError):
+                raise RoundError(f"round {round_}: {err}") from err
+            raise
 
     def _members(self, round_: int, workers: Sequence[str]) -> list[Gradient]:
         if len(set(workers)) != len(workers):

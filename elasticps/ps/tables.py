@@ -17,10 +17,15 @@ values, applied by assignment, averaged per sync round.
 An update is applied in two steps, so a push is refused as a whole or applied as a whole:
 :meth:`Table.stage` computes the table's new values aside and raises GradientError, changing
 nothing, when any would be NaN or infinite (a finite gradient can overflow a variable or an
-optimizer slot); the :class:`Staged` update it returns is then committed (copied in) or discarded.
-The dense table computes into a :class:`~elasticps.ps.optimizers.Scratch` from a small pool
-(:data:`APPLY_ROOMS` at most, made on first use and reused push after push): that many updates
-are computed at once, the others wait for a room, so the memory this takes is bounded.
+optimizer slot); the :class:`Staged` update it returns is then committed or discarded.
+The dense table first asks the optimizer to prove the update finite from bounds read off the
+gradient, variables and slots (``Optimizer.proves_finite``, a few read-only passes): the common
+case, then committed in place exactly as main's unchecked apply. Only when the bounds cannot prove
+it does it compute the update into a :class:`~elasticps.ps.optimizers.Scratch` from a small pool
+(made on first use and reused push after push), check it exactly and copy it in on commit. At most
+:data:`APPLY_ROOMS` dense updates run at once either way (the others wait), so the scratch memory
+is bounded, and so is how many unlocked updates can overlap (the proof's margin counts on it); an
+unlocked update that takes the exact path takes every room, so it never overlaps an in-place one.
 
 All tables of a shard share its one optimizer, whose state is keyed by name: a table other than the
 dense one names its optimizer state after itself (e.g. ``<table>/<id>``) and its checkpoint keys
@@ -84,8 +89,8 @@ class Table(Protocol[G]):
         ...
 
     def stage(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> Staged:
-        """The update, computed aside; GradientError (nothing held, nothing changed) when any new
-        value would not be finite. ``locking``: one writer per parameter from now to the commit."""
+        """The update, checked (proven finite, or computed aside); GradientError (nothing held,
+        nothing changed) when any new value would not be finite. ``locking``: one writer per parameter from now to the commit."""
         ...
 
     def apply(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
@@ -135,6 +140,7 @@ class DenseTable:
         self._shard = shard  # named in error messages
         self._spare: list[Scratch] = []  # rooms not in use (list.pop and append are atomic)
         self._rooms = threading.BoundedSemaphore(APPLY_ROOMS)
+        self._gathering = threading.Lock()  # one unlocked exact update at a time takes every room
 
     @classmethod
     def create(cls, tensors: Mapping[str, Array], shard: int = 0) -> DenseTable:
@@ -185,19 +191,36 @@ class DenseTable:
     def stage(
         self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
     ) -> _DenseUpdate:
-        self._rooms.acquire()
-        try:
-            scratch = self._spare.pop()
-        except IndexError:
-            scratch = optimizer.new_scratch()
+        # One writer per variable from here to the commit with useLocking, and always for an
+        # optimizer whose finiteness proof needs it (Optimizer.serialises: Adam).
+        exclusive = locking or optimizer.serialises
         # Locks in name order, whatever order the push came in: two pushes never wait on each other.
-        locks = [self._locks[name] for name in sorted(gradient)] if locking else []
-        update = _DenseUpdate(self, optimizer, scratch, list(gradient), locks)
+        locks = [self._locks[name] for name in sorted(gradient)] if exclusive else []
+        self._rooms.acquire()
+        update = _DenseUpdate(self, optimizer, gradient, lr, locks)
         for lock in locks:
             lock.acquire()
         try:
+            variables = self._variables
+            if all(optimizer.proves_finite(name, variables[name], value, lr) for name, value in gradient.items()):
+                return update  # the common case: the commit updates in place, as Optimizer.apply
+            if not exclusive:
+                # Unlocked (Hogwild), an exact update would copy in values the bounds of an
+                # overlapping in-place one never saw (up to the dtype's largest): it takes every
+                # room instead, so it runs alone. It holds no variable lock, so waiting is safe.
+                self._rooms.release()
+                update.rooms = 0
+                with self._gathering:
+                    for _ in range(APPLY_ROOMS):
+                        self._rooms.acquire()
+                        update.rooms += 1
+            try:
+                scratch = self._spare.pop()
+            except IndexError:
+                scratch = optimizer.new_scratch()
+            update.scratch = scratch
             for name, value in gradient.items():
-                if not optimizer.stage(name, self._variables[name], value, lr, scratch):
+                if not optimizer.stage(name, variables[name], value, lr, scratch):
                     raise GradientError(
                         f"gradient {name!r} at learning rate {lr:g} would make variable {name!r} or its "
                         "optimizer state NaN or infinite"
@@ -210,9 +233,11 @@ class DenseTable:
     def apply(self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
         self.stage(gradient, optimizer, lr, locking=locking).commit()
 
-    def _give_back(self, scratch: Scratch) -> None:
-        self._spare.append(scratch)
-        self._rooms.release()
+    def _give_back(self, scratch: Scratch | None, rooms: int) -> None:
+        if scratch is not None:
+            self._spare.append(scratch)
+        for _ in range(rooms):
+            self._rooms.release()
 
     def accumulator(self) -> DenseSum:
         return DenseSum(self._variables)
@@ -221,33 +246,46 @@ class DenseTable:
         return {f"{self.PREFIX}{name}": value.copy() for name, value in self._variables.items()}
 
 
-
-
 class _DenseUpdate:
-    """A dense update computed into a scratch room (see :meth:`DenseTable.stage`)."""
+    """A dense update, checked (see :meth:`DenseTable.stage`): proven finite by bounds, to be
+    applied in place (``scratch`` None), or computed into a scratch room, to be copied in."""
 
     def __init__(
-        self, table: DenseTable, optimizer: Optimizer, scratch: Scratch, names: list[str], locks: list[threading.Lock]
+        self,
+        table: DenseTable,
+        optimizer: Optimizer,
+        gradient: Mapping[str, Array],
+        lr: float,
+        locks: list[threading.Lock],
     ) -> None:
         self._table = table
         self._optimizer = optimizer
-        self._scratch: Scratch | None = scratch
-        self._names = names
+        self._gradient = gradient
+        self._lr = lr
         self._locks = locks
+        self.scratch: Scratch | None = None
+        self.rooms = 1  # of DenseTable._rooms, held until finished
+        self._open = True
 
     def commit(self) -> None:
-        scratch = self._scratch
-        if scratch is None:
+        if not self._open:
             raise RuntimeError("this update was committed or discarded already")
-        variables = self._table.variables
-        for name in self._names:
-            self._optimizer.commit(name, variables[name], scratch)
-        self.discard()
+        variables, optimizer, scratch = self._table.variables, self._optimizer, self.scratch
+        try:
+            if scratch is None:
+                for name, value in self._gradient.items():
+                    optimizer.apply(name, variables[name], value, self._lr)
+            else:
+                for name in self._gradient:
+                    optimizer.commit(name, variables[name], scratch)
+        finally:
+            self.discard()
 
     def discard(self) -> None:
-        scratch, self._scratch = self._scratch, None
-        if scratch is None:
+        if not self._open:
             return
+        self._open = False
         for lock in self._locks:
             lock.release()
-        self._table._give_back(scratch)
+        scratch, self.scratch = self.scratch, None
+        self._table._give_back(scratch, self.rooms)

@@ -1,0 +1,235 @@
+"""The cheap path of a checked update (issue 13's cost): ``Optimizer.proves_finite`` proves from
+bounds that an update stays finite, the dense table then applies it in place, bit for bit as the
+unchecked ``Optimizer.apply``, with no scratch copy; whatever the bounds cannot prove takes the
+exact scratch path. The proof must be sound: whenever it says finite, the in-place update is."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.errors import GradientError
+from elasticps.ps.model import Model
+from elasticps.ps.optimizers import magnitude, make_optimizer
+from elasticps.ps.rules import Gradient, RoundAveraging
+from elasticps.ps.tables import DENSE, DenseSum, DenseTable
+from elasticps.ps.versions import ModelVersion
+
+CONFIGS: dict[str, OptimizerConfig] = {
+    "sgd": OptimizerConfig("sgd", {"learning_rate": 0.1}),
+    "momentum": OptimizerConfig("sgd", {"learning_rate": 0.1, "momentum": 0.9}),
+    "nesterov": OptimizerConfig("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": 1.0}),
+    "adam": OptimizerConfig("adam", {"learning_rate": 0.01}),
+    "amsgrad": OptimizerConfig("adam", {"learning_rate": 0.01, "amsgrad": 1.0}),
+    "adagrad": OptimizerConfig("adagrad", {"learning_rate": 0.1}),
+    "rmsprop": OptimizerConfig("rmsprop", {"learning_rate": 0.01}),
+    "rmsprop-momentum": OptimizerConfig("rmsprop", {"learning_rate": 0.01, "momentum": 0.5}),
+    "rmsprop-centered": OptimizerConfig("rmsprop", {"learning_rate": 0.01, "centered": 1.0}),
+}
+PROVABLE = [name for name in CONFIGS if name != "rmsprop-centered"]
+
+
+def _model(config: OptimizerConfig, dtype: Any = np.float32, seed: int = 0) -> Model:
+    rng = np.random.default_rng(seed)
+    tensors = {
+        "kernel": rng.normal(size=(16, 8)).astype(dtype),
+        "bias": rng.normal(size=(8,)).astype(dtype),
+        "scale": np.array(1.5, dtype=dtype),
+    }
+    return Model(DenseTable.create(tensors), make_optimizer(config))
+
+
+def _gradient(model: Model, seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        name: (rng.normal(size=value.shape) * scale).astype(value.dtype)
+        for name, value in model.dense.variables.items()
+    }
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_checked_update_is_bit_for_bit_the_unchecked_one(case: str, dtype: Any) -> None:
+    checked, plain = _model(CONFIGS[case], dtype), _model(CONFIGS[case], dtype)
+    for step in range(12):
+        gradient = _gradient(checked, seed=step)
+        checked.apply({DENSE: gradient}, lr=0.05)
+        for name, value in gradient.items():
+            plain.optimizer.apply(name, plain.dense.variables[name], value, 0.05)
+    for name, value in plain.dense.variables.items():
+        assert checked.dense.variables[name].tobytes() == value.tobytes(), name
+    theirs = plain.optimizer.state()
+    for key, value in checked.optimizer.state().items():
+        assert value.tobytes() == theirs[key].tobytes(), key
+
+
+@pytest.mark.parametrize("case", PROVABLE)
+def test_an_ordinary_update_is_proven_and_applied_in_place_without_scratch(case: str) -> None:
+    model = _model(CONFIGS[case])
+    for step in range(3):
+        gradient = _gradient(model, seed=step)
+        for name, value in gradient.items():
+            assert model.optimizer.proves_finite(name, model.dense.variables[name], value, 0.05), name
+        model.apply({DENSE: gradient}, lr=0.05)
+    assert model.dense._spare == []  # no scratch room was ever made
+
+
+def test_centered_rmsprop_takes_the_exact_path() -> None:
+    model = _model(CONFIGS["rmsprop-centered"])
+    gradient = _gradient(model, seed=0)
+    assert not model.optimizer.proves_finite("kernel", model.dense.variables["kernel"], gradient["kernel"], 0.05)
+    model.apply({DENSE: gradient}, lr=0.05)
+    assert len(model.dense._spare) == 1
+
+
+@pytest.mark.parametrize("case", PROVABLE)
+def test_a_finite_update_the_bounds_cannot_prove_is_applied_exactly(case: str) -> None:
+    # Variables near float32's largest value: no bound proves the update, the scratch path finds
+    # it finite and applies it, bit for bit as the unchecked update.
+    checked, plain = _model(CONFIGS[case]), _model(CONFIGS[case])
+    for model in (checked, plain):
+        model.dense.variables["kernel"][0, 0] = 3e37
+    gradient = _gradient(checked, seed=3, scale=1e-3)
+    assert not checked.optimizer.proves_finite("kernel", checked.dense.variables["kernel"], gradient["kernel"], 0.05)
+    checked.apply({DENSE: gradient}, lr=0.05)
+    assert len(checked.dense._spare) == 1
+    for name, value in gradient.items():
+        plain.optimizer.apply(name, plain.dense.variables[name], value, 0.05)
+    for name, value in plain.dense.variables.items():
+        assert checked.dense.variables[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_proof_is_sound_over_extreme_magnitudes(case: str, dtype: Any) -> None:
+    """Random variables, slots, gradients and learning rates spanning the dtype's range: whenever
+    the proof says finite, the unchecked in-place update leaves everything finite."""
+    rng = np.random.default_rng(hash((case, np.dtype(dtype).name)) % 2**32)
+    top = float(np.log10(np.finfo(dtype).max))
+    proven = 0
+    for trial in range(600):
+        model = _model(CONFIGS[case], dtype, seed=trial)
+        optimizer, param = model.optimizer, model.dense.variables["kernel"]
+
+        def scaled(shape: tuple[int, ...], positive: bool = False) -> np.ndarray:
+            # One magnitude per array (so that some draws are small enough to be proven), its
+            # values spread over eight decades below it, up to the dtype's largest value.
+            level = rng.uniform(-6, top + 0.3)
+            with np.errstate(over="ignore"):
+                values = 10.0 ** (level - rng.uniform(0, 8, size=shape))
+            values = np.minimum(values, float(np.finfo(dtype).max)).astype(dtype)
+            return values if positive else values * rng.choice([-1, 1], size=shape).astype(dtype)
+
+        param[...] = scaled(param.shape)
+        for slot, arr in optimizer._vars["kernel"].slots.items():
+            arr[...] = scaled(arr.shape, positive=slot in type(optimizer)._NON_NEGATIVE)
+        optimizer._vars["kernel"].step = int(rng.integers(0, 5))
+        grad = scaled(param.shape)
+        lr = float(10 ** rng.uniform(-6, 4))
+        if not optimizer.proves_finite("kernel", param, grad, lr):
+            continue
+        proven += 1
+        with np.errstate(all="ignore"):
+            optimizer.apply("kernel", param, grad, lr)
+        assert np.isfinite(param).all(), (trial, lr)
+        for slot, arr in optimizer._vars["kernel"].slots.items():
+            assert np.isfinite(arr).all(), (trial, slot)
+    if case != "rmsprop-centered" and dtype is not np.float16:
+        assert proven > 10  # the proof is not vacuous
+
+
+def test_a_slot_loaded_negative_is_never_proven() -> None:
+    model = _model(CONFIGS["adam"])
+    state = model.optimizer.state()
+    state["slot/v/kernel"] = np.full((16, 8), -1.0, np.float32)
+    model.optimizer.load_state(state)
+    gradient = _gradient(model, seed=0)
+    assert not model.optimizer.proves_finite("kernel", model.dense.variables["kernel"], gradient["kernel"], 0.01)
+    assert model.optimizer.proves_finite("bias", model.dense.variables["bias"], gradient["bias"], 0.01)
+    before = {name: value.copy() for name, value in model.dense.variables.items()}
+    with pytest.raises(GradientError, match="kernel"):  # sqrt(-1): the exact path refuses it
+        model.apply({DENSE: gradient}, lr=0.01)
+    for name, value in before.items():
+        np.testing.assert_array_equal(model.dense.variables[name], value)
+    state["slot/v/kernel"] = np.zeros((16, 8), np.float32)
+    model.optimizer.load_state(state)
+    assert model.optimizer.proves_finite("kernel", model.dense.variables["kernel"], gradient["kernel"], 0.01)
+
+
+def test_adam_updates_of_a_variable_never_overlap_even_without_use_locking() -> None:
+    model = _model(CONFIGS["adam"])
+    staged = model.dense.stage(_gradient(model, seed=0), model.optimizer, 0.01, locking=False)
+    got: list[bool] = []
+    other = threading.Thread(target=lambda: got.append(model.dense._locks["kernel"].acquire(timeout=0.2)))
+    other.start()
+    other.join()
+    assert got == [False]  # held from the proof to the commit
+    staged.commit()
+    assert model.dense._locks["kernel"].acquire(timeout=1)
+    model.dense._locks["kernel"].release()
+    # SGD needs no such thing: use_locking alone decides.
+    sgd = _model(CONFIGS["momentum"])
+    staged = sgd.dense.stage(_gradient(sgd, seed=0), sgd.optimizer, 0.01, locking=False)
+    assert not sgd.dense._locks["kernel"].locked()
+    staged.commit()
+
+
+@pytest.mark.parametrize("case", ["momentum", "adam"])
+def test_a_sync_round_proven_at_the_dry_run_applies_the_average_at_the_commit(case: str) -> None:
+    model, plain = _model(CONFIGS[case]), _model(CONFIGS[case])
+    rule, version = RoundAveraging(), ModelVersion()
+    rule.reset(model)
+    one, two = _gradient(model, seed=1), _gradient(model, seed=2)
+    rule.push(model, version, Gradient({DENSE: one}, 0, 0.05, "a", "a0"))
+    rule.push(model, version, Gradient({DENSE: two}, 0, 0.05, "b", "b0"))
+    rule.commit(model, version, 0, ["a", "b"], dry_run=True)
+    assert model.dense._spare == []  # proven: nothing computed aside
+    outcome = rule.commit(model, version, 0, ["a", "b"])
+    assert outcome.applied == ("a0", "b0")
+    sums = {name: np.zeros_like(value) for name, value in one.items()}
+    for name in sums:
+        np.add(sums[name], one[name], out=sums[name])
+        np.add(sums[name], two[name], out=sums[name])
+        np.multiply(sums[name], 1.0 / 2, out=sums[name])
+        plain.optimizer.apply(name, plain.dense.variables[name], sums[name], 0.05)
+    for name, value in plain.dense.variables.items():
+        assert model.dense.variables[name].tobytes() == value.tobytes(), name
+    # The sums were cleared for the next round.
+    sums_kept = rule._sums[DENSE]
+    assert isinstance(sums_kept, DenseSum)
+    assert all(not total.any() for total in sums_kept._sums.values())
+
+
+def test_magnitude_bounds_the_largest_value() -> None:
+    rng = np.random.default_rng(0)
+    for dtype in (np.float16, np.float32, np.float64):
+        for _ in range(50):
+            values = (rng.normal(size=1000) * 10 ** rng.uniform(-5, 3)).astype(dtype)
+            assert magnitude(values) >= float(np.abs(values).max())
+        assert magnitude(np.zeros(0, dtype)) == 0.0
+        assert not magnitude(np.array([1.0, np.nan], dtype)) <= 1e300
+        assert not magnitude(np.array([1.0, np.inf], dtype)) <= 1e300
+    assert magnitude(np.ones((4, 4), np.float32)[:, ::2]) == 1.0  # not contiguous: exact max
+
+
+def test_an_unlocked_exact_update_runs_alone() -> None:
+    from elasticps.ps.tables import APPLY_ROOMS
+
+    model = _model(CONFIGS["momentum"])
+    model.dense.variables["kernel"][0, 0] = 3e37  # no bound proves it: the exact path
+    staged = model.dense.stage(_gradient(model, seed=0), model.optimizer, 0.01, locking=False)
+    assert not model.dense._rooms.acquire(blocking=False)  # it holds every room
+    staged.commit()
+    for _ in range(APPLY_ROOMS):  # all given back
+        assert model.dense._rooms.acquire(blocking=False)
+    for _ in range(APPLY_ROOMS):
+        model.dense._rooms.release()
+    # A proven one holds one room, and so does a locked exact one.
+    staged = model.dense.stage(_gradient(model, seed=1), model.optimizer, 0.01, locking=True)
+    assert model.dense._rooms.acquire(blocking=False)
+    model.dense._rooms.release()
+    staged.discard()
