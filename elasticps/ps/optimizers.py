@@ -334,7 +334,9 @@ class Optimizer(abc.ABC):
             for slot, arr in var.slots.items():
                 np.copyto(arr, arrays[f"{_SLOT_PREFIX}{slot}/{name}"], casting="same_kind")
             var.step = steps[name]
-            var.signs_known = all(bool((var.slots[slot] >= 0).all()) for slot in self._NON_NEGATIVE if slot in var.slots)
+            var.signs_known = all(
+                bool((var.slots[slot] >= 0).all()) for slot in self._NON_NEGATIVE if slot in var.slots
+            )
 
     @staticmethod
     def _lookup(arrays: Mapping[str, Array], key: str) -> Array:

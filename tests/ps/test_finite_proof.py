@@ -233,3 +233,44 @@ def test_an_unlocked_exact_update_runs_alone() -> None:
     assert model.dense._rooms.acquire(blocking=False)
     model.dense._rooms.release()
     staged.discard()
+
+
+@pytest.mark.parametrize("case", ["momentum", "adam", "rmsprop-centered"])
+@pytest.mark.parametrize("locking", [False, True])
+def test_concurrent_pushes_mixing_both_paths_neither_deadlock_nor_leave_non_finite_values(
+    case: str, locking: bool
+) -> None:
+    from elasticps.ps.tables import APPLY_ROOMS
+
+    model = _model(CONFIGS[case])
+    failures: list[BaseException] = []
+
+    def pusher(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for step in range(40):
+            # Now and then a gradient the bounds cannot prove (the exact path), at times one whose
+            # update overflows (refused).
+            scale = float(rng.choice([1e-3, 1e-3, 1e-3, 1e33, 1e36]))
+            try:
+                gradient = _gradient(model, seed=seed * 100 + step, scale=scale)
+                model.apply({DENSE: gradient}, 1e4 if scale > 1 else 0.01, locking=locking)
+            except GradientError:
+                pass
+            except BaseException as err:  # pragma: no cover - reported below
+                failures.append(err)
+
+    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "deadlock"
+    assert failures == []
+    for name, value in model.dense.variables.items():
+        assert np.isfinite(value).all(), name
+    for key, value in model.optimizer.state().items():
+        assert np.isfinite(value).all(), key
+    for _ in range(APPLY_ROOMS):  # every room given back
+        assert model.dense._rooms.acquire(blocking=False)
+    assert not any(lock.locked() for lock in model.dense._locks.values())
+    assert model.dense._spare  # the exact path ran too
