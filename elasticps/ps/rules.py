@@ -16,7 +16,8 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   aborted on every shard before any applied it, and its members train again. The commit that
   follows applies it: in place from the averaged sums, kept until then, when bounds proved it
   finite (the common case), else by copying the computed update in (it recomputes only if a
-  member's gradient was replaced in between). Updates and reads hold one lock, so a pull never sees half an update.
+  member's gradient was replaced in between). Updates and reads hold one lock, so a pull never
+  sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
   versions. A push whose update would leave a variable or slot NaN or infinite is refused whole

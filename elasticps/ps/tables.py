@@ -90,7 +90,8 @@ class Table(Protocol[G]):
 
     def stage(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> Staged:
         """The update, checked (proven finite, or computed aside); GradientError (nothing held,
-        nothing changed) when any new value would not be finite. ``locking``: one writer per parameter from now to the commit."""
+        nothing changed) when any new value would not be finite. ``locking``: one writer per
+        parameter from now to the commit."""
         ...
 
     def apply(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
