@@ -232,15 +232,16 @@ class Optimizer(abc.ABC):
         # Keras casts the learning rate to the variable's dtype before use.
         self._update(var, param, grad, var.dtype.type(lr))
 
-    def proves_finite(self, name: str, param: Array, grad: Array, lr: float) -> bool:
+    def proves_finite(self, name: str, param: Array, grad: Array, lr: float, grad_bound: float | None = None) -> bool:
         """True when bounds read from ``param``, ``grad`` and the slots prove that :meth:`apply`
         would leave the variable and every slot finite (see the module's docstring); False when
-        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing."""
+        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing.
+        ``grad_bound``: :func:`magnitude` of ``grad`` when the caller measured it already."""
         var = self._checked(name, param, grad, lr)
         if not var.signs_known:
             return False
         limit = float(np.finfo(var.dtype).max) * 2.0**-10
-        bound = magnitude(grad)
+        bound = magnitude(grad) if grad_bound is None else grad_bound
         if not _within(limit, bound):  # also a gradient that does not fit the variable's dtype
             return False
         slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -43,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from elasticps.ps.errors import GradientError
-from elasticps.ps.optimizers import Optimizer, Scratch, finite
+from elasticps.ps.optimizers import Optimizer, Scratch, finite, magnitude
 
 __all__ = ["DENSE", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
 
@@ -142,6 +143,7 @@ class DenseTable:
         self._spare: list[Scratch] = []  # rooms not in use (list.pop and append are atomic)
         self._rooms = threading.BoundedSemaphore(APPLY_ROOMS)
         self._gathering = threading.Lock()  # one unlocked exact update at a time takes every room
+        self._checked = threading.local()  # .bounds: what this thread's last check measured
 
     @classmethod
     def create(cls, tensors: Mapping[str, Array], shard: int = 0) -> DenseTable:
@@ -178,6 +180,7 @@ class DenseTable:
         missing = sorted(set(self._variables) - set(gradient))
         if missing:
             raise GradientError(f"no gradient for variable {missing[0]!r}")
+        self._checked.bounds = bounds = {}
         for name, value in gradient.items():
             variable = self._variables[name]
             if value.shape != variable.shape:
@@ -186,8 +189,19 @@ class DenseTable:
                 )
             if value.dtype != variable.dtype:
                 raise GradientError(f"gradient {name!r}: dtype {value.dtype} != {variable.dtype}")
-            if not finite(value):
+            # One pass gives both the check and the bound of |gradient| that the proof of the
+            # update needs: kept for this thread's next stage of these very arrays (a push's).
+            bound = magnitude(value)
+            if not math.isfinite(bound) and not finite(value):
                 raise GradientError(f"gradient {name!r} holds NaN or infinity")
+            if isinstance(value, np.ndarray):
+                bounds[name] = (weakref.ref(value), bound)
+
+    def _bound(self, name: str, value: Array) -> float | None:
+        """The bound of ``|value|`` measured by this thread's last :meth:`check`, if of ``value``
+        (gradients are never written to: pushed arrays, read-only)."""
+        ref, bound = self._checked.__dict__.get("bounds", {}).get(name, (None, None))
+        return bound if ref is not None and ref() is value else None
 
     def stage(
         self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
@@ -203,7 +217,12 @@ class DenseTable:
             lock.acquire()
         try:
             variables = self._variables
-            if all(optimizer.proves_finite(name, variables[name], value, lr) for name, value in gradient.items()):
+            bounds = {name: self._bound(name, value) for name, value in gradient.items()}
+            self._checked.bounds = {}  # used once
+            if all(
+                optimizer.proves_finite(name, variables[name], value, lr, bounds[name])
+                for name, value in gradient.items()
+            ):
                 return update  # the common case: the commit updates in place, as Optimizer.apply
             if not exclusive:
                 # Unlocked (Hogwild), an exact update would copy in values the bounds of an

@@ -46,7 +46,7 @@ def _model(config: OptimizerConfig, dtype: Any = np.float32, seed: int = 0) -> M
 def _gradient(model: Model, seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
-        name: (rng.normal(size=value.shape) * scale).astype(value.dtype)
+        name: np.asarray((rng.normal(size=value.shape) * scale).astype(value.dtype))
         for name, value in model.dense.variables.items()
     }
 
@@ -274,3 +274,19 @@ def test_concurrent_pushes_mixing_both_paths_neither_deadlock_nor_leave_non_fini
         assert model.dense._rooms.acquire(blocking=False)
     assert not any(lock.locked() for lock in model.dense._locks.values())
     assert model.dense._spare  # the exact path ran too
+
+
+def test_the_bound_a_check_measured_serves_only_the_same_arrays_once() -> None:
+    model = _model(CONFIGS["momentum"])
+    gradient = _gradient(model, seed=0)
+    model.dense.check(gradient)
+    assert model.dense._bound("kernel", gradient["kernel"]) == magnitude(gradient["kernel"])
+    assert model.dense._bound("kernel", gradient["kernel"].copy()) is None  # another array
+    model.dense.stage(gradient, model.optimizer, 0.01).commit()
+    assert model.dense._bound("kernel", gradient["kernel"]) is None  # used once
+    seen: list[float | None] = []
+    other = threading.Thread(target=lambda: seen.append(model.dense._bound("kernel", gradient["kernel"])))
+    model.dense.check(gradient)
+    other.start()
+    other.join()
+    assert seen == [None]  # another thread's check
