@@ -36,7 +36,10 @@ bounded by epsilon, and when every intermediate and new value stays below the dt
 value by a factor 2**10 (rounding and up to :data:`~elasticps.ps.tables.APPLY_ROOMS` overlapping
 unlocked updates fit in that margin) the update is applied in place, exactly as :meth:`apply`
 does. Only a push the bound cannot prove (huge values, float16, epsilon 0, centered RMSprop, a
-slot loaded negative from a checkpoint) takes the scratch path, which decides exactly.
+slot loaded negative from a checkpoint) takes the scratch path, which decides exactly. When the
+caller serialises a variable's updates (``tracked``), the bounds the proof computed for the new
+values are kept (:meth:`Optimizer.apply_proven`) and the next proof starts from them, measuring
+again only when they no longer prove it; any other write (apply, commit, load_state) drops them.
 
 Thread safety: all per-variable state (slots and step count) is created by
 :meth:`Optimizer.register` before training starts and is afterwards only
@@ -68,7 +71,7 @@ _STEP_PREFIX = "step/"
 class _VariableState:
     """One variable's optimizer state; touched only by applies to that variable."""
 
-    __slots__ = ("shape", "dtype", "slots", "step", "signs_known")
+    __slots__ = ("shape", "dtype", "slots", "step", "signs_known", "bounds", "pending")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any], slots: dict[str, Array]) -> None:
         self.shape = shape
@@ -79,6 +82,11 @@ class _VariableState:
         # known not to be: true from register (they start at 0 or a value >= 0) and the updates
         # keep it; a checkpoint's values are checked when loaded (load_state).
         self.signs_known = True
+        # Tracked bounds of |param| and |slot| (None: unknown, measure), kept only while every
+        # update of the variable is serialised (proves_finite's ``tracked``); ``pending``: the
+        # bounds after the update proven last, taken on by apply_proven.
+        self.bounds: _Bounds | None = None
+        self.pending: _Bounds | None = None
 
 
 class Scratch:
@@ -134,6 +142,14 @@ def magnitude(array: Array) -> float:
         if squares is not None:
             return math.sqrt(squares) * (1.0 + 2.0**-20) if squares >= 0 else math.nan
         return max(abs(float(array.max())), abs(float(array.min())))
+
+
+_Bounds = tuple[float, dict[str, float]]  # of |param| and of each |slot|
+
+
+def _proven(limit: float, values: list[float], new: _Bounds) -> _Bounds | None:
+    """``new`` when every value (intermediates and new bounds) is <= limit, else None."""
+    return new if _within(limit, *values, new[0], *new[1].values()) else None
 
 
 def _within(limit: float, *values: float) -> bool:
@@ -201,6 +217,7 @@ class Optimizer(abc.ABC):
         if grad.dtype != var.dtype:
             grad = grad.astype(var.dtype)
         var.step += 1
+        var.bounds = None  # unknown now (apply_proven sets them after)
         self._run(var, param, grad, lr)
 
     def _checked(self, name: str, param: Array, grad: Array, lr: float) -> _VariableState:
@@ -232,27 +249,57 @@ class Optimizer(abc.ABC):
         # Keras casts the learning rate to the variable's dtype before use.
         self._update(var, param, grad, var.dtype.type(lr))
 
-    def proves_finite(self, name: str, param: Array, grad: Array, lr: float, grad_bound: float | None = None) -> bool:
+    def proves_finite(
+        self,
+        name: str,
+        param: Array,
+        grad: Array,
+        lr: float,
+        grad_bound: float | None = None,
+        *,
+        tracked: bool = False,
+    ) -> bool:
         """True when bounds read from ``param``, ``grad`` and the slots prove that :meth:`apply`
         would leave the variable and every slot finite (see the module's docstring); False when
-        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing.
-        ``grad_bound``: :func:`magnitude` of ``grad`` when the caller measured it already."""
+        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing
+        but the pending bounds. ``grad_bound``: :func:`magnitude` of ``grad`` when the caller
+        measured it already. ``tracked``: the caller serialises every update of this variable
+        from this call to :meth:`apply_proven` (a lock), so the bounds the last proven update
+        left are used instead of measuring again (measured when they do not prove it)."""
         var = self._checked(name, param, grad, lr)
+        var.pending = None
         if not var.signs_known:
             return False
         limit = float(np.finfo(var.dtype).max) * 2.0**-10
         bound = magnitude(grad) if grad_bound is None else grad_bound
         if not _within(limit, bound):  # also a gradient that does not fit the variable's dtype
             return False
-        slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
-        return self._proves(var, limit, magnitude(param), bound, lr, slots)
+        new = None
+        if tracked and var.bounds is not None:
+            new = self._proves(var, limit, var.bounds[0], bound, lr, var.bounds[1])
+        if new is None:
+            slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
+            new = self._proves(var, limit, magnitude(param), bound, lr, slots)
+        if new is not None and tracked:
+            # Room for the rounding of each update, so that bounds carried push after push stay bounds.
+            grow = 1.0 + 8 * float(np.finfo(var.dtype).eps)
+            var.pending = (new[0] * grow, {slot: value * grow for slot, value in new[1].items()})
+        return new is not None
+
+    def apply_proven(self, name: str, param: Array, grad: Array, lr: float) -> None:
+        """:meth:`apply` after :meth:`proves_finite` said True, in the same serialised stretch;
+        the variable's tracked bounds become those it computed (None unless ``tracked``)."""
+        self.apply(name, param, grad, lr)
+        var = self._vars[name]
+        var.bounds, var.pending = var.pending, None
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
-    ) -> bool:
-        """Whether an update with these bounds of ``|param|``, ``|grad|`` and each slot keeps
-        every intermediate and new value <= ``limit``; False unless a subclass proves it."""
-        return False
+    ) -> _Bounds | None:
+        """The bounds of ``|param|`` and each slot after an update with these bounds of
+        ``|param|``, ``|grad|`` and each slot, when it keeps every intermediate and new value
+        <= ``limit``; None unless a subclass proves it."""
+        return None
 
     def new_scratch(self) -> Scratch:
         """Room for one checked update of every variable registered now (see :meth:`stage`)."""
@@ -285,6 +332,7 @@ class Optimizer(abc.ABC):
         for slot, arr in var.slots.items():
             np.copyto(arr, room.slots[slot])
         var.step = room.step
+        var.bounds = None
 
     def state(self) -> dict[str, Array]:
         """Copies of every slot (``slot/<slot>/<var>``) and step count (``step/<var>``, int64 0-d).
@@ -335,6 +383,7 @@ class Optimizer(abc.ABC):
             for slot, arr in var.slots.items():
                 np.copyto(arr, arrays[f"{_SLOT_PREFIX}{slot}/{name}"], casting="same_kind")
             var.step = steps[name]
+            var.bounds = None
             var.signs_known = all(
                 bool((var.slots[slot] >= 0).all()) for slot in self._NON_NEGATIVE if slot in var.slots
             )
@@ -378,14 +427,14 @@ class _SGD(Optimizer):
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
-    ) -> bool:
+    ) -> _Bounds | None:
         scaled = grad * lr
         if "momentum" not in slots:
-            return _within(limit, scaled, param + scaled)
+            return _proven(limit, [scaled], (param + scaled, {}))
         momentum = self.config.params["momentum"]  # in [0, 1]
         m = slots["momentum"] * momentum + scaled
         step = m * momentum + scaled if self._flag("nesterov") else m
-        return _within(limit, slots["momentum"], scaled, m, step, param + step)
+        return _proven(limit, [slots["momentum"], scaled, step], (param + step, {"momentum": m}))
 
 
 class _Adam(Optimizer):
@@ -431,22 +480,23 @@ class _Adam(Optimizer):
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
-    ) -> bool:
+    ) -> _Bounds | None:
         p = self.config.params
         f, tiny = var.dtype.type, float(np.finfo(var.dtype).eps)
         # alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) <= lr / (1 - beta_1) for any t >= 1
         # (so whatever step a racing update reached), with room for the dtype's rounding.
         beta_1, epsilon = float(f(p["beta_1"])), float(f(p["epsilon"]))
         if not (1.0 - beta_1 > 8 * tiny and epsilon > 0.0):
-            return False
+            return None
         alpha = lr * 1.01 / (1.0 - beta_1 - 4 * tiny)
         m, v = slots["m"], slots["v"]
         new_m = m + (grad + m) * (1.0 - p["beta_1"])
         new_v = v + (grad * grad + v) * (1.0 - p["beta_2"])  # >= 0: v >= 0 and 1 - beta_2 in (0, 1]
+        new = {"m": new_m, "v": new_v}
         if "v_hat" in slots:
-            new_v = max(slots["v_hat"], new_v)
+            new["v_hat"] = new_v = max(slots["v_hat"], new_v)
         step = new_m * alpha / epsilon  # the denominator sqrt(v) + epsilon is >= epsilon
-        return _within(limit, grad * grad, grad + m, grad * grad + v, new_m, new_v, new_m * alpha, step, param + step)
+        return _proven(limit, [grad * grad, grad + m, grad * grad + v, new_m * alpha, step], (param + step, new))
 
 
 class _Adagrad(Optimizer):
@@ -473,14 +523,14 @@ class _Adagrad(Optimizer):
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
-    ) -> bool:
+    ) -> _Bounds | None:
         epsilon = float(var.dtype.type(self.config.params["epsilon"]))
         if not epsilon > 0.0:
-            return False
+            return None
         # acc >= 0 only grows, so sqrt(acc + epsilon) >= sqrt(epsilon) (1.01: its rounding).
         acc = slots["accumulator"] + grad * grad
         step = grad * lr * 1.01 / math.sqrt(epsilon)
-        return _within(limit, grad * grad, acc, acc + epsilon, grad * lr, step, param + step)
+        return _proven(limit, [grad * grad, acc + epsilon, grad * lr, step], (param + step, {"accumulator": acc}))
 
 
 class _RMSprop(Optimizer):
@@ -532,21 +582,22 @@ class _RMSprop(Optimizer):
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]
-    ) -> bool:
+    ) -> _Bounds | None:
         p = self.config.params
         epsilon = float(var.dtype.type(p["epsilon"]))
         if self._flag("centered") or not epsilon > 0.0:
             # Centered: sqrt(velocity - average^2 + epsilon), whose sign no bound gives cheaply.
-            return False
+            return None
         # velocity = rho * velocity + (1 - rho) * g^2 stays >= 0, so the denominator
         # sqrt(velocity + epsilon) is >= sqrt(epsilon) (1.01: its rounding).
         velocity = slots["velocity"] * p["rho"] + grad * grad * (1.0 - p["rho"])
         increment = grad * lr * 1.01 / math.sqrt(epsilon)
-        values = [grad * grad, velocity, velocity + epsilon, grad * lr, increment]
+        values = [grad * grad, velocity + epsilon, grad * lr, increment]
+        new = {"velocity": velocity}
         if "momentum" in slots:
-            increment = slots["momentum"] * p["momentum"] + increment
-            values += [slots["momentum"], increment]
-        return _within(limit, *values, param + increment)
+            new["momentum"] = increment = slots["momentum"] * p["momentum"] + increment
+            values.append(slots["momentum"])
+        return _proven(limit, values, (param + increment, new))
 
 
 _OPTIMIZERS: dict[str, type[Optimizer]] = {

@@ -220,7 +220,7 @@ class DenseTable:
             bounds = {name: self._bound(name, value) for name, value in gradient.items()}
             self._checked.bounds = {}  # used once
             if all(
-                optimizer.proves_finite(name, variables[name], value, lr, bounds[name])
+                optimizer.proves_finite(name, variables[name], value, lr, bounds[name], tracked=exclusive)
                 for name, value in gradient.items()
             ):
                 return update  # the common case: the commit updates in place, as Optimizer.apply
@@ -294,7 +294,7 @@ class _DenseUpdate:
         try:
             if scratch is None:
                 for name, value in self._gradient.items():
-                    optimizer.apply(name, variables[name], value, self._lr)
+                    optimizer.apply_proven(name, variables[name], value, self._lr)
             else:
                 for name in self._gradient:
                     optimizer.commit(name, variables[name], scratch)

@@ -290,3 +290,31 @@ def test_the_bound_a_check_measured_serves_only_the_same_arrays_once() -> None:
     other.start()
     other.join()
     assert seen == [None]  # another thread's check
+
+
+@pytest.mark.parametrize("case", PROVABLE)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_tracked_bounds_stay_bounds_push_after_push(case: str, dtype: Any) -> None:
+    """Serialised updates (useLocking, Adam) carry the bounds the proof computed instead of
+    measuring again: they must stay above the true magnitudes, and measuring takes over when
+    they grow too loose to prove anything."""
+    model = _model(CONFIGS[case], dtype)
+    rng = np.random.default_rng(1)
+    measured = 0
+    for step in range(300):
+        scale = float(10 ** rng.uniform(-4, 0))
+        gradient = _gradient(model, seed=step, scale=scale)
+        try:
+            model.apply({DENSE: gradient}, lr=float(10 ** rng.uniform(-3, 0)), locking=True)
+        except GradientError:
+            continue
+        for name, value in model.dense.variables.items():
+            var = model.optimizer._vars[name]
+            if var.bounds is None:
+                measured += 1
+                continue
+            assert var.bounds[0] >= float(np.abs(value.astype(np.float64)).max()), (step, name)
+            for slot, arr in var.slots.items():
+                assert var.bounds[1][slot] >= float(np.abs(arr.astype(np.float64)).max()), (step, name, slot)
+    for value in model.dense.variables.values():
+        assert np.isfinite(value).all()
