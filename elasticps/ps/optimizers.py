@@ -36,10 +36,12 @@ bounded by epsilon, and when every intermediate and new value stays below the dt
 value by a factor 2**10 (rounding and up to :data:`~elasticps.ps.tables.APPLY_ROOMS` overlapping
 unlocked updates fit in that margin) the update is applied in place, exactly as :meth:`apply`
 does. Only a push the bound cannot prove (huge values, float16, epsilon 0, centered RMSprop, a
-slot loaded negative from a checkpoint) takes the scratch path, which decides exactly. When the
-caller serialises a variable's updates (``tracked``), the bounds the proof computed for the new
-values are kept (:meth:`Optimizer.apply_proven`) and the next proof starts from them, measuring
-again only when they no longer prove it; any other write (apply, commit, load_state) drops them.
+slot loaded negative from a checkpoint) takes the scratch path, which decides exactly. The bounds
+the proof computes for the new values are kept and the next proof starts from them, measuring
+again only when they no longer prove it, so a push costs one pass over its gradient (its check):
+serialised updates (``tracked``) take them on when applied (:meth:`Optimizer.apply_proven`),
+overlapping unlocked ones reserve them before (see :meth:`Optimizer.proves_finite`); any other
+write (apply, commit, load_state) drops them.
 
 Thread safety: all per-variable state (slots and step count) is created by
 :meth:`Optimizer.register` before training starts and is afterwards only
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import abc
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -71,7 +74,7 @@ _STEP_PREFIX = "step/"
 class _VariableState:
     """One variable's optimizer state; touched only by applies to that variable."""
 
-    __slots__ = ("shape", "dtype", "slots", "step", "signs_known", "bounds", "pending")
+    __slots__ = ("shape", "dtype", "slots", "step", "signs_known", "bounds", "pending", "reserving")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype[Any], slots: dict[str, Array]) -> None:
         self.shape = shape
@@ -87,6 +90,7 @@ class _VariableState:
         # bounds after the update proven last, taken on by apply_proven.
         self.bounds: _Bounds | None = None
         self.pending: _Bounds | None = None
+        self.reserving = threading.Lock()  # unlocked updates: guards reading and widening ``bounds``
 
 
 class Scratch:
@@ -150,6 +154,10 @@ _Bounds = tuple[float, dict[str, float]]  # of |param| and of each |slot|
 def _proven(limit: float, values: list[float], new: _Bounds) -> _Bounds | None:
     """``new`` when every value (intermediates and new bounds) is <= limit, else None."""
     return new if _within(limit, *values, new[0], *new[1].values()) else None
+
+
+def _scaled(bounds: _Bounds, factor: float) -> _Bounds:
+    return bounds[0] * factor, {slot: value * factor for slot, value in bounds[1].items()}
 
 
 def _within(limit: float, *values: float) -> bool:
@@ -259,39 +267,68 @@ class Optimizer(abc.ABC):
         *,
         tracked: bool = False,
     ) -> bool:
-        """True when bounds read from ``param``, ``grad`` and the slots prove that :meth:`apply`
-        would leave the variable and every slot finite (see the module's docstring); False when
-        they cannot (the update may still be finite: :meth:`stage` decides). Changes nothing
-        but the pending bounds. ``grad_bound``: :func:`magnitude` of ``grad`` when the caller
-        measured it already. ``tracked``: the caller serialises every update of this variable
-        from this call to :meth:`apply_proven` (a lock), so the bounds the last proven update
-        left are used instead of measuring again (measured when they do not prove it)."""
+        """True when bounds of ``param``, ``grad`` and the slots prove that :meth:`apply` would
+        leave the variable and every slot finite (see the module's docstring); False when they
+        cannot (the update may still be finite: :meth:`stage` decides). Changes no array.
+        ``grad_bound``: :func:`magnitude` of ``grad`` when the caller measured it already.
+
+        The bounds of the variable and its slots are carried from update to update and measured
+        only when unknown or too loose to prove this one. ``tracked``: the caller serialises every
+        update of this variable from this call to :meth:`apply_proven` (a lock), so the bounds
+        after this update are taken on when it is applied. Otherwise (unlocked updates that may
+        overlap) they are reserved at once under the variable's own small lock, and only widened
+        until the next measurement: an update overlapping this one starts from bounds that
+        already count this one, and one lost to a race (Hogwild) leaves values below them. What
+        the values can exceed them by is the few updates in flight (at most
+        :data:`~elasticps.ps.tables.APPLY_ROOMS`) while an update reads or a measurement is taken,
+        which the proof's margin covers; a measurement reads whatever earlier ones left."""
         var = self._checked(name, param, grad, lr)
-        var.pending = None
         if not var.signs_known:
             return False
         limit = float(np.finfo(var.dtype).max) * 2.0**-10
         bound = magnitude(grad) if grad_bound is None else grad_bound
         if not _within(limit, bound):  # also a gradient that does not fit the variable's dtype
             return False
-        new = None
-        if tracked and var.bounds is not None:
-            new = self._proves(var, limit, var.bounds[0], bound, lr, var.bounds[1])
-        if new is None:
-            slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
-            new = self._proves(var, limit, magnitude(param), bound, lr, slots)
-        if new is not None and tracked:
-            # Room for the rounding of each update, so that bounds carried push after push stay bounds.
-            grow = 1.0 + 8 * float(np.finfo(var.dtype).eps)
-            var.pending = (new[0] * grow, {slot: value * grow for slot, value in new[1].items()})
-        return new is not None
+        # Room for the rounding of each update, so that bounds carried push after push stay bounds.
+        grow = 1.0 + 8 * float(np.finfo(var.dtype).eps)
+        if tracked:
+            var.pending = None
+            new, _ = self._bounded(var, limit, param, bound, lr)
+            if new is not None:
+                var.pending = _scaled(new, grow)
+            return new is not None
+        with var.reserving:
+            known = var.bounds
+            new, measured = self._bounded(var, limit, param, bound, lr)
+            if new is None:
+                return False
+            new = _scaled(new, grow)
+            if known is not None and not measured:  # never narrowed: a decay lost to a race must not count
+                new = (max(new[0], known[0]), {slot: max(value, known[1][slot]) for slot, value in new[1].items()})
+            var.bounds = new
+        return True
 
-    def apply_proven(self, name: str, param: Array, grad: Array, lr: float) -> None:
-        """:meth:`apply` after :meth:`proves_finite` said True, in the same serialised stretch;
-        the variable's tracked bounds become those it computed (None unless ``tracked``)."""
-        self.apply(name, param, grad, lr)
-        var = self._vars[name]
-        var.bounds, var.pending = var.pending, None
+    def _bounded(
+        self, var: _VariableState, limit: float, param: Array, grad: float, lr: float
+    ) -> tuple[_Bounds | None, bool]:
+        """The proof from the carried bounds, or else from bounds measured now (then True)."""
+        if var.bounds is not None:
+            new = self._proves(var, limit, var.bounds[0], grad, lr, var.bounds[1])
+            if new is not None:
+                return new, False
+        slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
+        return self._proves(var, limit, magnitude(param), grad, lr, slots), True
+
+    def apply_proven(self, name: str, param: Array, grad: Array, lr: float, *, tracked: bool = False) -> None:
+        """:meth:`apply` after :meth:`proves_finite` said True (with the same ``tracked``);
+        tracked, the variable's bounds become those the proof computed."""
+        var = self._checked(name, param, grad, lr)
+        if grad.dtype != var.dtype:
+            grad = grad.astype(var.dtype)
+        var.step += 1
+        self._run(var, param, grad, lr)
+        if tracked:
+            var.bounds, var.pending = var.pending, None
 
     def _proves(
         self, var: _VariableState, limit: float, param: float, grad: float, lr: float, slots: Mapping[str, float]

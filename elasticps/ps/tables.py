@@ -283,6 +283,7 @@ class _DenseUpdate:
         self._gradient = gradient
         self._lr = lr
         self._locks = locks
+        self._tracked = bool(locks)
         self.scratch: Scratch | None = None
         self.rooms = 1  # of DenseTable._rooms, held until finished
         self._open = True
@@ -294,7 +295,7 @@ class _DenseUpdate:
         try:
             if scratch is None:
                 for name, value in self._gradient.items():
-                    optimizer.apply_proven(name, variables[name], value, self._lr)
+                    optimizer.apply_proven(name, variables[name], value, self._lr, tracked=self._tracked)
             else:
                 for name in self._gradient:
                     optimizer.commit(name, variables[name], scratch)

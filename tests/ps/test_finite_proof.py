@@ -292,12 +292,13 @@ def test_the_bound_a_check_measured_serves_only_the_same_arrays_once() -> None:
     assert seen == [None]  # another thread's check
 
 
+@pytest.mark.parametrize("locking", [True, False], ids=["locked", "unlocked"])
 @pytest.mark.parametrize("case", PROVABLE)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_tracked_bounds_stay_bounds_push_after_push(case: str, dtype: Any) -> None:
-    """Serialised updates (useLocking, Adam) carry the bounds the proof computed instead of
-    measuring again: they must stay above the true magnitudes, and measuring takes over when
-    they grow too loose to prove anything."""
+def test_carried_bounds_stay_bounds_push_after_push(case: str, dtype: Any, locking: bool) -> None:
+    """Updates carry the bounds the proof computed instead of measuring again (serialised ones
+    take them on when applied, unlocked ones reserve them): they must stay above the true
+    magnitudes, and measuring takes over when they grow too loose to prove anything."""
     model = _model(CONFIGS[case], dtype)
     rng = np.random.default_rng(1)
     measured = 0
@@ -305,7 +306,7 @@ def test_tracked_bounds_stay_bounds_push_after_push(case: str, dtype: Any) -> No
         scale = float(10 ** rng.uniform(-4, 0))
         gradient = _gradient(model, seed=step, scale=scale)
         try:
-            model.apply({DENSE: gradient}, lr=float(10 ** rng.uniform(-3, 0)), locking=True)
+            model.apply({DENSE: gradient}, lr=float(10 ** rng.uniform(-3, 0)), locking=locking)
         except GradientError:
             continue
         for name, value in model.dense.variables.items():
@@ -318,3 +319,43 @@ def test_tracked_bounds_stay_bounds_push_after_push(case: str, dtype: Any) -> No
                 assert var.bounds[1][slot] >= float(np.abs(arr.astype(np.float64)).max()), (step, name, slot)
     for value in model.dense.variables.values():
         assert np.isfinite(value).all()
+
+
+@pytest.mark.parametrize("case", ["sgd", "momentum", "adagrad", "rmsprop-momentum"])
+def test_unlocked_updates_overlapping_keep_the_reserved_bounds_above_the_values(case: str) -> None:
+    """Unlocked updates racing on one variable reserve their bounds before they write: once all
+    are done, every value and slot is below the bounds the variable carries, and no update had to
+    measure after the first (one pass per push: its gradient's)."""
+    model = _model(CONFIGS[case])
+    measured: list[int] = []
+    real = model.optimizer._bounded
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        new, was_measured = real(*args, **kwargs)
+        if was_measured:
+            measured.append(1)
+        return new, was_measured
+
+    model.optimizer._bounded = counting  # type: ignore[method-assign]
+    failures: list[BaseException] = []
+
+    def pusher(seed: int) -> None:
+        try:
+            for step in range(50):
+                model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=0.1)}, 0.05, locking=False)
+        except BaseException as err:  # pragma: no cover - reported below
+            failures.append(err)
+
+    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert len(measured) == len(model.dense.variables)  # each variable once, at its first push
+    for name, value in model.dense.variables.items():
+        var = model.optimizer._vars[name]
+        assert var.bounds is not None, name
+        assert var.bounds[0] >= float(np.abs(value.astype(np.float64)).max()), name
+        for slot, arr in var.slots.items():
+            assert var.bounds[1][slot] >= float(np.abs(arr.astype(np.float64)).max()), (name, slot)
