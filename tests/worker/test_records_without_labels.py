@@ -21,6 +21,15 @@ from prometheus_client import CollectorRegistry
 from worker_fakes import FakeCoordinator, FakePS, evaluation_task, training_task
 
 
+@pytest.fixture(autouse=True)
+def seeded() -> None:
+    """Weights, dropout and shuffling drawn the same way every run: the learning test's threshold
+    must not depend on luck."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+
+
 def images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Two classes anyone can tell apart: the top half lit (0) or the bottom half (1), plus noise."""
     rng = np.random.default_rng(seed)
