@@ -60,6 +60,7 @@ _KINDS = {
     TaskKind.PREDICTION: pb.TASK_TYPE_PREDICTION,
 }
 
+ASYNC_SETTLE_S = 3.0  # async: shard versions unmoved this long after training make the final model
 MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
 TICK_S = 0.5
 
@@ -83,6 +84,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
         self._clock = clock
+        self._unsettled: tuple[tuple[int, ...], float] | None = None  # async: shard versions apart, since
         self._curves = curves
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
@@ -409,15 +411,31 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return [-1 if view is None else view.version for view in self._shards.describe()]
 
     def _settled_version(self) -> int | None:
-        """The version every shard holds, of one incarnation; None while they disagree, hold no
-        model or do not answer (a final export waits for one consistent model)."""
+        """The version of the model a final export or the predictions take, asked once training is
+        done; None while there is none yet (shards that disagree, hold no model or do not answer).
+
+        Sync: the version every shard holds, of one incarnation (a round being committed shard
+        after shard is waited for). Async: a shard's version counts its own pushes, so the shards
+        of a finished job can stay apart for good (a worker killed between its pushes to two
+        shards); once their versions have not moved for :data:`ASYNC_SETTLE_S`, nothing more will
+        change the model, and it is named by the oldest shard's version."""
         if self._shards is None:
             return self._version_fn()
         views = self._shards.describe()
         known = [v for v in views if v is not None and v.initialized]
-        if len(known) != len(views) or len({(v.incarnation, v.version) for v in known}) != 1:
+        if len(known) != len(views) or len({v.incarnation for v in known}) != 1:
             return None
-        return known[0].version
+        versions = tuple(v.version for v in known)
+        if len(set(versions)) == 1:
+            return versions[0]
+        if self._rounds is not None:
+            return None
+        with self._lock:
+            now = self._clock()
+            if self._unsettled is None or self._unsettled[0] != versions:
+                self._unsettled = (versions, now)
+                return None
+            return min(versions) if now - self._unsettled[1] >= ASYNC_SETTLE_S else None
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         shard_versions = self._shard_versions()

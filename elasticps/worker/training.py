@@ -40,7 +40,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from elasticps.api.modes import TrainingMode
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.spec import TrainingSpec
 from elasticps.data.readers import Reader
 from elasticps.model_contract import Mode
@@ -115,6 +115,10 @@ class Worker:
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
         self._step = step_for(mode, self._model, coordinator)
+        # Sync shards meet at every round, so the final model is one version on every shard; async
+        # shards count their own pushes and may stay apart (the coordinator names such a model by
+        # the oldest shard's version, which a non-strict settled pull returns too).
+        self._sync = mode.rule is UpdateRule.SYNC
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -206,7 +210,7 @@ class Worker:
     def _export(self, task: pb.Task, result: pb.TaskResult) -> None:
         if self._exporter is None:
             raise ExportError("an export task, but this worker has no --output")
-        version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=task.final)
+        version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=task.final and self._sync)
         if task.final and version != task.model_version:
             raise ExportError(f"asked to export version {task.model_version}, but the PS shards hold {version}")
         try:
@@ -230,7 +234,7 @@ class Worker:
         if prediction is None:
             raise RuntimeError("a prediction task, but this worker has no --prediction_data")
         if not prediction.standalone:
-            version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=True)
+            version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=self._sync)
             if version != task.model_version:
                 raise RuntimeError(f"asked to predict with version {task.model_version}, but the PS shards hold {version}")
         features, labels = prediction.data.read(task.start, task.end)

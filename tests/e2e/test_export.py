@@ -173,3 +173,47 @@ def test_a_worker_killed_while_exporting_leaves_the_export_to_another(
     assert json.loads((out / "metrics.json").read_text())["model_version"] == result["model_version"]
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("slow-worker-*.log"))
     assert logs.count("exported model version") == 1, logs  # one worker finished it: not the one killed
+
+
+def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    """Async shards count their own pushes: one push that reached only shard 1 (as from a worker
+    killed between its pushes to the two shards) leaves their versions apart for good. The job
+    still ends, with the model exported under the oldest shard's version."""
+    from elasticps.ps.client import PSClient
+
+    out = tmp_path / "model"
+    document = job_document("apart", *data, useAsync=True)
+    document["spec"]["output"] = str(out)  # type: ignore[index]
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    run = tmp_path / "run"
+    process = elasticps("run", str(job), "--run_dir", str(run), "--result_file", str(result_file), cwd=tmp_path)
+    try:
+        port_file = run / "ps-1.port"
+        wait_for(lambda: port_file.exists() and port_file.read_text().strip(), timeout=120, what="PS 1 to serve")
+        shard = PSClient([f"127.0.0.1:{port_file.read_text().strip()}"], worker="one-shard-only")
+        try:
+            pulled = None
+
+            def trained() -> bool:
+                nonlocal pulled
+                pulled = shard.pull([-1])
+                return pulled.versions[0] > 0
+
+            wait_for(trained, timeout=120, what="shard 1 to take a push")
+            assert pulled is not None
+            zeros = {name: np.zeros_like(value) for name, value in pulled.tensors.items()}
+            assert shard.push_gradients(zeros, pulled.versions).accepted == [True]
+        finally:
+            shard.close()
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    result = json.loads(result_file.read_text())
+    versions = result["shard_versions"]
+    assert versions[1] == versions[0] + 1  # apart for good: nothing else pushes to one shard only
+    assert (result["export_path"], result["export_version"]) == (str(out), min(versions))
+    assert json.loads((out / "metrics.json").read_text())["shard_versions"] == versions
+    assert (out / "model.keras").exists()
