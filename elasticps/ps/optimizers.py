@@ -33,7 +33,7 @@ update finite from reads alone (:meth:`Optimizer.proves_finite`): an upper bound
 magnitude involved (the gradient, the variable, each slot: one ``dot(x, x)`` pass each, see
 :func:`magnitude`) is pushed through the optimizer's formulas in float64, with the divisions
 bounded by epsilon, and when every intermediate and new value stays below the dtype's largest
-value by a factor 2**10 (rounding and up to :data:`~elasticps.ps.tables.APPLY_ROOMS` overlapping
+value by a factor 2**10 (rounding and up to :data:`APPLY_ROOMS` overlapping
 unlocked updates fit in that margin) the update is applied in place, exactly as :meth:`apply`
 does. Only a push the bound cannot prove (huge values, float16, epsilon 0, centered RMSprop, a
 slot loaded negative from a checkpoint) takes the scratch path, which decides exactly. The bounds
@@ -103,6 +103,10 @@ class Scratch:
         self.params = params
         self.vars = variables
 
+
+# Dense updates computed at once on a shard (the dense table's rooms, ``tables.py``): each holds a
+# copy of the variables and slots, and no more unlocked updates than this overlap.
+APPLY_ROOMS = 4
 
 _BLAS = {np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -177,11 +181,11 @@ class Optimizer(abc.ABC):
     PARAMS: ClassVar[Mapping[str, Param]]
     # Slots under a square root: proves_finite needs them >= 0 (see _VariableState.signs_known).
     _NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
-    # Whether proves_finite holds only when updates of a variable never overlap (the caller then
-    # serialises them, whatever use_locking says): Adam's second moment is updated as
-    # v + (g^2 - v) * (1 - beta_2), reading v twice, and two overlapping unlocked updates can
-    # leave it negative (then sqrt gives NaN).
-    serialises: ClassVar[bool] = False
+    @property
+    def serialises(self) -> bool:
+        """Whether proves_finite holds only when updates of a variable never overlap: the caller
+        then serialises them, whatever use_locking says (Adam with a small ``beta_2``)."""
+        return False
 
     config: OptimizerConfig
     learning_rate: float
@@ -280,7 +284,7 @@ class Optimizer(abc.ABC):
         until the next measurement: an update overlapping this one starts from bounds that
         already count this one, and one lost to a race (Hogwild) leaves values below them. What
         the values can exceed them by is the few updates in flight (at most
-        :data:`~elasticps.ps.tables.APPLY_ROOMS`) while an update reads or a measurement is taken,
+        :data:`APPLY_ROOMS`) while an update reads or a measurement is taken,
         which the proof's margin covers; a measurement reads whatever earlier ones left."""
         var = self._checked(name, param, grad, lr)
         if not var.signs_known:
@@ -477,7 +481,17 @@ class _SGD(Optimizer):
 class _Adam(Optimizer):
     PARAMS = HYPER_PARAMETERS["adam"]
     _NON_NEGATIVE = ("v", "v_hat")
-    serialises = True
+
+    @property
+    def serialises(self) -> bool:
+        # The second moment is updated as v + (g^2 - v) * c, c = 1 - beta_2, reading v twice: an
+        # update overlapping between the reads can lower v in between, and the result can go
+        # negative (then sqrt gives NaN). Each such write is at least v_b - c * v_a; by induction
+        # over the at most APPLY_ROOMS updates in flight, every write stays >= q**j * v_a with
+        # q = 1 - 2c while q**APPLY_ROOMS >= 1/2: true for beta_2 >= 0.921 (Keras's 0.999 among
+        # them), so only a smaller beta_2 serialises.
+        c = 1.0 - float(self.config.params["beta_2"])
+        return not (1.0 - 2.0 * c) ** APPLY_ROOMS >= 0.5
 
     def _slot_names(self) -> tuple[str, ...]:
         return ("m", "v", "v_hat") if self._flag("amsgrad") else ("m", "v")

@@ -44,18 +44,15 @@ import numpy as np
 import numpy.typing as npt
 
 from elasticps.ps.errors import GradientError
-from elasticps.ps.optimizers import Optimizer, Scratch, finite, magnitude
+from elasticps.ps.optimizers import APPLY_ROOMS, Optimizer, Scratch, finite, magnitude
 
-__all__ = ["DENSE", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
+__all__ = ["APPLY_ROOMS", "DENSE", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
 
 Array = npt.NDArray[Any]
 G = TypeVar("G")
 
 DENSE = "dense"  # the dense table's name in the store
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
-
-
-APPLY_ROOMS = 4  # dense updates computed at once on a shard: each holds a copy of the variables and slots
 
 
 class Staged(Protocol):
@@ -207,7 +204,7 @@ class DenseTable:
         self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
     ) -> _DenseUpdate:
         # One writer per variable from here to the commit with useLocking, and always for an
-        # optimizer whose finiteness proof needs it (Optimizer.serialises: Adam).
+        # optimizer whose finiteness proof needs it (Optimizer.serialises: Adam with a small beta_2).
         exclusive = locking or optimizer.serialises
         # Locks in name order, whatever order the push came in: two pushes never wait on each other.
         locks = [self._locks[name] for name in sorted(gradient)] if exclusive else []

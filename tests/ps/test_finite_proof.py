@@ -160,8 +160,10 @@ def test_a_slot_loaded_negative_is_never_proven() -> None:
     assert model.optimizer.proves_finite("kernel", model.dense.variables["kernel"], gradient["kernel"], 0.01)
 
 
-def test_adam_updates_of_a_variable_never_overlap_even_without_use_locking() -> None:
-    model = _model(CONFIGS["adam"])
+def test_adam_with_a_small_beta_2_never_overlaps_updates_of_a_variable_even_without_use_locking() -> None:
+    assert not _model(CONFIGS["adam"]).optimizer.serialises  # Keras's beta_2 = 0.999 may overlap
+    model = _model(OptimizerConfig("adam", {"learning_rate": 0.01, "beta_2": 0.9}))
+    assert model.optimizer.serialises
     staged = model.dense.stage(_gradient(model, seed=0), model.optimizer, 0.01, locking=False)
     got: list[bool] = []
     other = threading.Thread(target=lambda: got.append(model.dense._locks["kernel"].acquire(timeout=0.2)))
@@ -359,3 +361,32 @@ def test_unlocked_updates_overlapping_keep_the_reserved_bounds_above_the_values(
         assert var.bounds[0] >= float(np.abs(value.astype(np.float64)).max()), name
         for slot, arr in var.slots.items():
             assert var.bounds[1][slot] >= float(np.abs(arr.astype(np.float64)).max()), (name, slot)
+
+
+@pytest.mark.parametrize("beta_2", [0.999, 0.93])
+def test_unlocked_adam_updates_overlapping_keep_the_second_moment_non_negative(beta_2: float) -> None:
+    """Adam with a beta_2 that lets updates of a variable overlap (see Optimizer.serialises):
+    many threads racing leave every second moment >= 0 and everything finite."""
+    model = _model(OptimizerConfig("adam", {"learning_rate": 0.01, "beta_2": beta_2}))
+    assert not model.optimizer.serialises
+    failures: list[BaseException] = []
+
+    def pusher(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for step in range(60):
+                scale = float(rng.choice([1e-3, 1.0, 30.0]))  # second moments swinging up and down
+                model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=scale)}, 0.01, locking=False)
+        except BaseException as err:  # pragma: no cover - reported below
+            failures.append(err)
+
+    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    for name in model.dense.variables:
+        assert (model.optimizer._vars[name].slots["v"] >= 0).all(), name
+    for key, value in model.optimizer.state().items():
+        assert np.isfinite(value).all(), key
