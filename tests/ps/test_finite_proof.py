@@ -51,6 +51,25 @@ def _gradient(model: Model, seed: int, scale: float = 1.0) -> dict[str, np.ndarr
     }
 
 
+def _race(pusher: Any, count: int) -> None:
+    """``pusher(seed)`` in ``count`` threads at once; re-raises the first failure; fails on a deadlock."""
+    failures: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        try:
+            pusher(seed)
+        except BaseException as err:  # pragma: no cover - reported below
+            failures.append(err)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "deadlock"
+    assert failures == []
+
+
 @pytest.mark.parametrize("case", list(CONFIGS))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_checked_update_is_bit_for_bit_the_unchecked_one(case: str, dtype: Any) -> None:
@@ -245,7 +264,6 @@ def test_concurrent_pushes_mixing_both_paths_neither_deadlock_nor_leave_non_fini
     from elasticps.ps.tables import APPLY_ROOMS
 
     model = _model(CONFIGS[case])
-    failures: list[BaseException] = []
 
     def pusher(seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -258,16 +276,8 @@ def test_concurrent_pushes_mixing_both_paths_neither_deadlock_nor_leave_non_fini
                 model.apply({DENSE: gradient}, 1e4 if scale > 1 else 0.01, locking=locking)
             except GradientError:
                 pass
-            except BaseException as err:  # pragma: no cover - reported below
-                failures.append(err)
 
-    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "deadlock"
-    assert failures == []
+    _race(pusher, 8)
     for name, value in model.dense.variables.items():
         assert np.isfinite(value).all(), name
     for key, value in model.optimizer.state().items():
@@ -339,21 +349,12 @@ def test_unlocked_updates_overlapping_keep_the_reserved_bounds_above_the_values(
         return new, was_measured
 
     model.optimizer._bounded = counting  # type: ignore[method-assign]
-    failures: list[BaseException] = []
 
     def pusher(seed: int) -> None:
-        try:
-            for step in range(50):
-                model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=0.1)}, 0.05, locking=False)
-        except BaseException as err:  # pragma: no cover - reported below
-            failures.append(err)
+        for step in range(50):
+            model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=0.1)}, 0.05, locking=False)
 
-    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert failures == []
+    _race(pusher, 6)
     assert len(measured) == len(model.dense.variables)  # each variable once, at its first push
     for name, value in model.dense.variables.items():
         var = model.optimizer._vars[name]
@@ -369,23 +370,14 @@ def test_unlocked_adam_updates_overlapping_keep_the_second_moment_non_negative(b
     many threads racing leave every second moment >= 0 and everything finite."""
     model = _model(OptimizerConfig("adam", {"learning_rate": 0.01, "beta_2": beta_2}))
     assert not model.optimizer.serialises
-    failures: list[BaseException] = []
 
     def pusher(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        try:
-            for step in range(60):
-                scale = float(rng.choice([1e-3, 1.0, 30.0]))  # second moments swinging up and down
-                model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=scale)}, 0.01, locking=False)
-        except BaseException as err:  # pragma: no cover - reported below
-            failures.append(err)
+        for step in range(60):
+            scale = float(rng.choice([1e-3, 1.0, 30.0]))  # second moments swinging up and down
+            model.apply({DENSE: _gradient(model, seed=seed * 100 + step, scale=scale)}, 0.01, locking=False)
 
-    threads = [threading.Thread(target=pusher, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert failures == []
+    _race(pusher, 6)
     for name in model.dense.variables:
         assert (model.optimizer._vars[name].slots["v"] >= 0).all(), name
     for key, value in model.optimizer.state().items():
