@@ -182,7 +182,8 @@ class Fleet:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            while thread.is_alive():  # in short waits: a SIGTERM that another thread took runs its handler here
+                thread.join(0.5)
         for close in self._closers:
             close()
 
@@ -211,6 +212,7 @@ class Fleet:
         with self._lock:
             errors = list(self.errors)
         return {
+            "t": time.time(),
             "name": self.config.name,
             "workers": self.config.workers,
             "elapsed_s": time.monotonic() - self.started,
