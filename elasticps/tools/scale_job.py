@@ -69,6 +69,10 @@ class Summary:
         """Call attempts that ended with ``code`` (a ``grpc.StatusCode`` name), every method."""
         return sum(by_code.get(code, 0) for by_code in self.calls.values())
 
+    def methods_with(self, code: str) -> dict[str, int]:
+        """The methods whose attempts ended with ``code``, and how many."""
+        return {method: by_code[code] for method, by_code in self.calls.items() if by_code.get(code)}
+
     def failed_calls(self) -> int:
         """Call attempts that did not end OK."""
         return sum(n for by_code in self.calls.values() for code, n in by_code.items() if code != "OK")
