@@ -81,7 +81,7 @@ class Sampler:
         rss = [rss_kib(p.pid) for p in self.job.ps]
         finite, version, shards = True, -1, [-1] * len(self.job.ps)
         try:
-            self.calls += 2 * len(self.job.ps)  # a pull asks every shard
+            self.calls += len(self.job.ps)  # a pull asks every shard
             pulled = ps.pull([-1] * len(self.job.ps))
             finite = all(bool(np.isfinite(v).all()) for v in pulled.tensors.values())
             self.calls += 1
