@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench convergence proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench soak convergence proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -64,6 +64,11 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# 32 async fake workers for 5 minutes against 2 PS while malformed calls arrive at 10/s: failed
+# legitimate calls, PS memory, the model finite (docs/reliability.md). Not part of `make test`.
+soak: $(STAMP)
+	$(PY) -m bench.soak
 
 # Sync against async MNIST: test accuracy over wall time (docs/convergence.md).
 convergence: $(STAMP)

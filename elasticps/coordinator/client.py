@@ -5,6 +5,9 @@ Transient failures (PS 0 starting or restarting) are retried with backoff until 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import grpc
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
@@ -13,10 +16,18 @@ from elasticps.rpc.status import retrying
 
 
 class CoordinatorClient:
-    def __init__(self, address: str, worker: str = "", deadline_s: float = 120.0, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        worker: str = "",
+        deadline_s: float = 120.0,
+        timeout_s: float = 30.0,
+        interceptors: Sequence[grpc.Interceptor] = (),
+    ) -> None:
+        """``interceptors``: as for ``PSClient``, gRPC client interceptors every call goes through."""
         self.worker = worker
         self._channel = create_channel(address)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._stub = pb_grpc.CoordinatorStub(grpc.intercept_channel(self._channel, *interceptors))
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
 

@@ -87,7 +87,10 @@ class PSClient:
         deadline_s: float = 120.0,
         timeout_s: float = 120.0,
         sharder: Sharder | None = None,
+        interceptors: Sequence[grpc.Interceptor] = (),
     ) -> None:
+        """``interceptors``: gRPC client interceptors every call goes through (a harness counting
+        each attempt's status code; none for a real worker)."""
         if not addresses:
             raise ValueError("at least one PS address is needed")
         if sharder is not None and sharder.num_shards != len(addresses):
@@ -102,7 +105,7 @@ class PSClient:
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
         self._channels = [create_channel(a) for a in addresses]
-        self._stubs = [_FrameStub(c) for c in self._channels]
+        self._stubs = [_FrameStub(grpc.intercept_channel(c, *interceptors)) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
         # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
