@@ -221,6 +221,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Ack()
 
     # ---- sync rounds ---------------------------------------------------------------------------
+    @property
+    def waiting_joins(self) -> int:
+        """Joins waiting for their round now (metrics; tests)."""
+        return self._polls.in_use
+
     async def JoinRound(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
         """Admits the worker's staged gradient into the open round and waits (on the event loop,
         holding no thread) until that round is committed, the gradient is refused, or ``wait_ms``

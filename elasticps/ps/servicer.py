@@ -74,6 +74,10 @@ class ParameterServerServicer:
         self._cache_lock = threading.Lock()
         self._cached: tuple[tuple[int, int], list[bytes]] | None = None  # (incarnation, version) -> frames
 
+    def in_flight(self) -> tuple[int, int]:
+        """Push calls in flight and pulls waiting for a newer version, now (metrics; tests)."""
+        return self._streams.in_use, self._polls.in_use
+
     async def PushModel(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.ModelHead:
         async with self._streams.taking(context, "PushModel"):
             decoded = await receiving.receive(request_iterator, context, "PushModel", self._limits, self._admit_model)
