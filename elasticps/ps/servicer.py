@@ -161,7 +161,9 @@ class ParameterServerServicer:
 
     async def PushGradients(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.PushReply:
         async with self._streams.taking(context, "PushGradients"):
-            decoded = await receiving.receive(request_iterator, context, "PushGradients", self._limits, self._admit_push)
+            decoded = await receiving.receive(
+                request_iterator, context, "PushGradients", self._limits, self._admit_push
+            )
             head = decoded.first.push
             received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
             self._metrics.bytes_received.inc(received)

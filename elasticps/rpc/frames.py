@@ -5,7 +5,9 @@ and the metadata of all tensors; the raw bytes of all tensors, concatenated in m
 as ``payload`` chunks of ``chunk_bytes``. Small tensors share a chunk (a small model is one message),
 big ones span several (PERFORMANCE.md: 1-4 MB chunks on a stream move 5x more than one big message).
 Decoding checks everything a peer could get wrong and raises :class:`FrameError`, which servers
-answer with INVALID_ARGUMENT.
+answer with INVALID_ARGUMENT. A server that receives frame by frame (``rpc/receiving.py``) reads
+the first one with :func:`read_head` (what it declares, before any buffer exists: it can be
+refused there) and feeds the others to an :class:`Assembly`; :func:`decode` does both at once.
 
 Model *state* (non-trainable variables such as BatchNorm's moving statistics) travels in the same
 stream, after the other tensors, its metadata marked ``state`` (see ``TensorMeta`` in the .proto);

@@ -60,8 +60,8 @@ class Slots:
         if self.in_use >= self.limit:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{method}: {self.in_use} {self.what} at once already, the most this PS takes ({self.flag}={self.limit}); "
-                "retry later",
+                f"{method}: {self.in_use} {self.what} at once already, the most this PS takes "
+                f"({self.flag}={self.limit}); retry later",
             )
         self.in_use += 1
         try:

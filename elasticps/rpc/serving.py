@@ -16,7 +16,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from grpc import aio
@@ -24,6 +24,7 @@ from grpc import aio
 from elasticps.rpc.channels import server_options
 
 T = TypeVar("T")
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 WORK_THREADS = 32
 
@@ -69,8 +70,9 @@ class AsyncServer:
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]) -> None:
         self._on_loop(lambda: self._server.add_generic_rpc_handlers(handlers))
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
-        self._on_loop(lambda: self._server.add_registered_method_handlers(service, handlers))  # type: ignore[attr-defined]
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
+        register = self._server.add_registered_method_handlers  # type: ignore[attr-defined]  # not in the stubs
+        self._on_loop(lambda: register(service, handlers))
 
     def add_insecure_port(self, address: str) -> int:
         return self._on_loop(lambda: self._server.add_insecure_port(address))

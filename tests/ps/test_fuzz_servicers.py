@@ -565,7 +565,8 @@ def test_a_stalled_stream_is_cut_off_at_its_deadline_and_nothing_is_applied(
     assert shard.servicer is not None
     before, everything = shard.pulled(), shard.everything()
     peer = held(shard.address)
-    stalled = peer.stream("PushGradients", half_sent_push(), then=stream(push_head(version=1), good_grads(), split=8)[1:])
+    rest = stream(push_head(version=1), good_grads(), split=8)[1:]
+    stalled = peer.stream("PushGradients", half_sent_push(), then=rest)
     assert code_of(stalled) is DEADLINE  # cut off by the server: the client never finished
     until(lambda: shard.servicer.in_flight() == (0, 0))  # type: ignore[union-attr]
     assert shard.pulled() == before and shard.everything() == everything and shard.store.version == 1
