@@ -46,7 +46,8 @@ async def receive(
     async def next_frame() -> bytes | None:
         wait = min(limits.stream_idle_s, give_up_at - loop.time())
         try:
-            return await asyncio.wait_for(anext(reader), max(wait, 0.0))
+            async with asyncio.timeout(max(wait, 0.0)):  # no task per frame, unlike wait_for
+                return await anext(reader)
         except StopAsyncIteration:
             return None
         except TimeoutError:
