@@ -11,7 +11,7 @@ code. Each case names the code a correct server answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -346,15 +346,15 @@ for _i, _bytes in enumerate(GARBAGE):
 # ---- sending one ---------------------------------------------------------------------------------
 
 
-def call(channel: grpc.Channel, service: str, method: str, request: list[bytes] | bytes,
+def call(channel: grpc.Channel, service: str, method: str, request: Iterable[bytes] | bytes,
          timeout_s: float = 30.0) -> tuple[grpc.StatusCode, list[bytes]]:  # fmt: skip
-    """Sends ``request`` (raw bytes; a list of frames for a client stream) to ``service``'s
+    """Sends ``request`` (raw bytes; frames, a list or any iterable, for a client stream) to ``service``'s
     ``method``; its status code and the raw replies (none when it failed)."""
     path = f"/{service}/{method}"
     ident: Callable[[bytes], bytes] = lambda x: x  # noqa: E731
     try:
         if method in STREAMED:
-            assert isinstance(request, list)
+            assert not isinstance(request, bytes)
             return OK, [channel.stream_unary(path, ident, ident)(iter(request), timeout=timeout_s)]
         assert isinstance(request, bytes)
         if method == "PullDense":

@@ -15,29 +15,29 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from elasticps import storage
 from elasticps.data import index_cache
-from elasticps.rpc.channels import bind, create_server
+from elasticps.rpc.channels import bind
+from elasticps.rpc.serving import AsyncServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Adds a test's servicers to a server, e.g. lambda s: add_XServicer_to_server(servicer, s).
-Register = Callable[[grpc.Server], None]
+# Adds a test's servicers to a server, e.g. lambda s: add_to_server(servicer, s).
+Register = Callable[[AsyncServer], None]
 
 
 @pytest.fixture
 def grpc_servers() -> Iterator[Callable[..., int]]:
-    """``port = grpc_servers(register, port=0)`` starts a server with the project's options on
-    127.0.0.1 (port 0: a free one) and returns its port; every server is stopped at teardown.
-    Callable from any thread."""
-    started: list[grpc.Server] = []
+    """``port = grpc_servers(register, port=0)`` starts a server as the PS serves (asyncio, the
+    project's options) on 127.0.0.1 (port 0: a free one) and returns its port; every server is
+    stopped at teardown. Callable from any thread."""
+    started: list[AsyncServer] = []
     lock = threading.Lock()
 
     def start(register: Register, port: int = 0) -> int:
-        server = create_server(8)
+        server = AsyncServer(8)
         register(server)
         bound = bind(server, "127.0.0.1", port)
         server.start()

@@ -1,15 +1,18 @@
 """The Coordinator gRPC service (hosted by PS 0): a translator over :class:`TaskQueue` and :class:`Rounds`.
 
-gRPC calls arrive on many threads; one lock serialises them over the pure queue. The model version
+Served by the PS process's asyncio server (``rpc/serving.py``): the unary calls run in its work
+pool, many at once, and one lock serialises them over the pure queue; ``JoinRound`` waits on the
+event loop, holding no thread, and looks at the rounds from the pool. The model version
 comes from PS 0's store through ``version_fn``, so evaluations follow the model's progress. With a
 ``journal`` path the queue's ledger is written there (atomically) after every report and read back
 at start-up, so a restarted PS 0 goes on where it was instead of training every record again.
 
 Sync jobs (``rounds`` given): ``JoinRound`` admits staged gradients into rounds, and a round that
 reaches its quorum is committed on every shard (``shards.py``) by the thread that closed it, under
-the rounds' condition, so rounds are applied one at a time and in order. A ticker re-checks the
-open round twice a second, so a round whose missing members died or ran out of work still closes.
-Lock order: the rounds' condition, then the queue's lock.
+the rounds' lock, so rounds are applied one at a time and in order; every commit wakes the waiting
+joins (``rpc/waking.py``). A ticker re-checks the open round twice a second, so a round whose
+missing members died or ran out of work still closes. Waiting joins are bounded
+(``--max_long_polls``, RESOURCE_EXHAUSTED past it). Lock order: the rounds' lock, then the queue's.
 
 Export (``output`` given, ``spec.output``): once training and the final evaluation are done, the
 queue waits for every shard to hold one version (asked here, of the shards, only then) and hands
@@ -24,15 +27,17 @@ one version, which every prediction task carries; ``GetJobStatus`` counts the re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 from pathlib import Path
 
 import grpc
+from grpc import aio
 
 from elasticps.api.output import export_failure, export_path, predictions_path
 from elasticps.coordinator.curves import TrainingCurves
@@ -48,10 +53,14 @@ from elasticps.files import write_atomically
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.rpc import edges
+from elasticps.rpc.limits import ServerLimits, Slots
+from elasticps.rpc.serving import AsyncServer
+from elasticps.rpc.waking import Changes
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+Context = aio.ServicerContext[Any, Any]
 
 _KINDS = {
     TaskKind.TRAINING: pb.TASK_TYPE_TRAINING,
@@ -61,7 +70,8 @@ _KINDS = {
 }
 
 ASYNC_SETTLE_S = 3.0  # async: shard versions unmoved this long after training make the final model
-MAX_JOIN_WAIT_MS = 10_000  # a join never holds a server thread longer than this
+MAX_JOIN_WAIT_MS = 10_000  # the longest a join waits before it answers PENDING
+NOT_READY = "the coordinator is still asking the PS shards what they hold"
 TICK_S = 0.5
 
 
@@ -80,6 +90,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         recovery_deadline_s: float = 300.0,
         output: str = "",
         curves: TrainingCurves | None = None,
+        limits: ServerLimits = ServerLimits(),
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
@@ -94,7 +105,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._journal = journal
         self._rounds = rounds
         self._shards = shards
-        self._rounds_changed = threading.Condition()  # guards _rounds and _joined; notified per commit
+        self._rounds_changed = threading.Condition()  # guards _rounds and _joined (a lock: joins wait on _changes)
+        self._changes = Changes()  # notified per commit, abort, recovery and tick: waiting joins look again
+        self._polls = Slots("waiting joins", limits.max_long_polls, "--max_long_polls")
         self._joined: dict[str, tuple[int, int]] = {}  # worker -> (version computed on, round joined)
         self._shard_problem = ""
         self._stopped = threading.Event()
@@ -119,7 +132,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _require_ready(self, context: grpc.ServicerContext) -> None:
         if not self._ready.is_set():
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is still asking the PS shards what they hold")
+            context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
 
     def GetTask(self, request: pb.GetTaskRequest, context: grpc.ServicerContext) -> pb.Task:
         _checked(requests.check_get_task, request, context)
@@ -210,21 +223,57 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Ack()
 
     # ---- sync rounds ---------------------------------------------------------------------------
-    def JoinRound(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
+    @property
+    def waiting_joins(self) -> int:
+        """Joins waiting for their round now (metrics; tests)."""
+        return self._polls.in_use
+
+    async def JoinRound(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
+        """Admits the worker's staged gradient into the open round and waits (on the event loop,
+        holding no thread) until that round is committed, the gradient is refused, or ``wait_ms``
+        passes (PENDING: the worker asks again). Each look at the rounds runs in the work pool."""
         if self._rounds is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
-        _checked(requests.check_join, request, context)
-        self._require_ready(context)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
+        problem = _problem(requests.check_join, request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if not self._ready.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        if request.wait_ms <= 0:
+            return await self._join(request, context, 0.0)
+        async with self._polls.taking(context, "JoinRound"):
+            return await self._join(request, context, min(request.wait_ms, MAX_JOIN_WAIT_MS) / 1000)
+
+    async def _join(self, request: pb.JoinRequest, context: Context, wait_s: float) -> pb.JoinReply:
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait_s
+        while True:
+            seen = self._changes.generation
+            try:
+                reply, version = await asyncio.to_thread(self._join_step, request.worker, request.version)
+            except (ShardRefused, grpc.RpcError) as err:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"JoinRound: a shard did not commit: {err}")
+            if reply is not None:
+                return reply
+            remaining = give_up_at - loop.time()
+            if remaining <= 0 or self._stopped.is_set():
+                return pb.JoinReply(outcome=pb.JOIN_OUTCOME_PENDING, version=version)
+            await self._changes.wait_for(
+                lambda: self._changes.generation != seen or self._stopped.is_set(), min(remaining, TICK_S)
+            )
+
+    def _join_step(self, worker: str, version: int) -> tuple[pb.JoinReply | None, int]:
+        """One look at the rounds for a join (in the work pool): commits a round that is due, admits
+        the worker's gradient; its answer, or None while its round is open, and the rounds' version."""
         rounds = self._rounds
-        worker, version = request.worker, request.version
-        give_up_at = time.monotonic() + min(request.wait_ms, MAX_JOIN_WAIT_MS) / 1000
+        assert rounds is not None
         with self._rounds_changed:
             while True:
                 try:
                     self._advance_rounds_locked()
                 except (ShardRefused, grpc.RpcError) as err:
                     log.warning("round %d could not be committed: %s", rounds.version, err)
-                    context.abort(grpc.StatusCode.UNAVAILABLE, f"JoinRound: a shard did not commit: {err}")
+                    raise
                 joined = self._joined.get(worker)
                 if joined is None or joined[0] != version:  # a new gradient: ask to join
                     with self._lock:
@@ -232,21 +281,18 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                         live = len(self._queue.live_workers())
                     admission = rounds.join(worker, version, live)
                     if admission is Admission.REFUSED:
-                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version), rounds.version
                     if admission is Admission.ADMITTED:
                         self._joined[worker] = (version, rounds.version)
                         continue  # the join may complete the quorum
                 else:
                     counted = rounds.counted(worker, joined[1])
                     if counted is True:
-                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=rounds.version)
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=rounds.version), rounds.version
                     if counted is False or not rounds.is_member(worker):  # taken out: its task went back
                         del self._joined[worker]  # its next gradient, even of this version, may join
-                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version)
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0 or self._stopped.is_set():
-                    return pb.JoinReply(outcome=pb.JOIN_OUTCOME_PENDING, version=rounds.version)
-                self._rounds_changed.wait(min(remaining, TICK_S))
+                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version), rounds.version
+                return None, rounds.version
 
     def _advance_rounds(self) -> None:
         """Closes and commits the open round if it is due (from any thread, logging failures)."""
@@ -274,14 +320,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             # Checked before anything was applied: the round is dropped, its members train again.
             log.warning("round %d aborted: %s", closed.round, err)
             rounds.abort(closed)
-            self._rounds_changed.notify_all()
+            self._changes.notify()
             return
         rounds.committed(closed)
         if any(v != rounds.version for v in versions):
             self._shard_problem = f"after round {closed.round} the shards are at versions {versions}"
             log.error("%s", self._shard_problem)
         self._save_ledger(rounds.version)
-        self._rounds_changed.notify_all()
+        self._changes.notify()
 
     def _save_ledger(self, version: int) -> None:
         """At a version the shards checkpoint, the ledger too: what a rollback to it goes back to."""
@@ -332,7 +378,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 )
                 log.warning("%s", self._shard_problem)
         self._boots = [v.boot for v in views]
-        self._rounds_changed.notify_all()
+        self._changes.notify()
 
     def _watch_shards(self) -> None:
         """Rolls every shard back when one restarted (its boot number changed), and follows shards
@@ -363,7 +409,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     log.warning("%s", self._shard_problem)
                     rounds.reset(version)
                     self._joined.clear()
-                    self._rounds_changed.notify_all()
+                    self._changes.notify()
 
     def start(self) -> None:
         """Starts the ticker: it first brings the shards and the ledger to one version, then closes
@@ -391,8 +437,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._stopped.set()
         if self._curves is not None:
             self._curves.close()
-        with self._rounds_changed:
-            self._rounds_changed.notify_all()
+        self._changes.notify()  # waiting joins answer PENDING now
 
     def _tick(self) -> None:
         self._first_recovery()
@@ -401,8 +446,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             with self._lock:
                 self._queue.requeue_silent()
             self._advance_rounds()
-            with self._rounds_changed:
-                self._rounds_changed.notify_all()  # joins re-check members whose task went back
+            self._changes.notify()  # joins re-check members whose task went back
 
     def _shard_versions(self) -> list[int]:
         """Every shard's version (-1: no answer)."""
@@ -486,15 +530,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 
 def _checked(check: Callable[[R], None], request: R, context: grpc.ServicerContext) -> None:
+    problem = _problem(check, request)
+    if problem:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+
+def _problem(check: Callable[[R], None], request: R) -> str:
+    """What ``check`` finds wrong with ``request`` ("" when nothing)."""
     try:
         check(request)
     except requests.RequestError as err:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return str(err)
+    return ""
 
 
-def add_to_server(servicer: CoordinatorServicer, server: grpc.Server) -> None:
+def add_to_server(servicer: CoordinatorServicer, server: AsyncServer) -> None:
     """Registers the service, every method unary: a request that does not parse is answered
-    INVALID_ARGUMENT and logged as one rate-limited line (``rpc/edges.py``)."""
+    INVALID_ARGUMENT and logged as one rate-limited line (``rpc/edges.py``). ``JoinRound`` is a
+    coroutine; the other methods are plain functions, which the server runs in its work pool."""
     service = pb.DESCRIPTOR.services_by_name["Coordinator"]
     handlers = {}
     for method in service.methods:

@@ -44,8 +44,10 @@ from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, UninitializedError
-from elasticps.rpc.channels import bind, create_server
-from elasticps.rpc.health import add_health, serving
+from elasticps.rpc.channels import bind
+from elasticps.rpc.health import add_async_health
+from elasticps.rpc.limits import ServerLimits
+from elasticps.rpc.serving import WORK_THREADS, AsyncServer
 from elasticps.rpc.frames import CHUNK_BYTES
 from elasticps.storage import OutputError, check_output
 
@@ -70,6 +72,7 @@ class PSConfig:
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
     output: str = ""  # PS 0: spec.output, where the workers export the model ("": no export)
     prediction: PredictionSpec = PredictionSpec()  # PS 0: spec.prediction, the data it cuts into prediction tasks
+    limits: ServerLimits = ServerLimits()  # calls in flight, stream deadlines and sizes (rpc/limits.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ps_addrs", default="", help="PS 0 with several shards: every shard's host:port, comma-separated, in order"
     )
-    parser.add_argument("--rpc_threads", type=int, default=64, help="gRPC server threads")
+    parser.add_argument(
+        "--rpc_threads",
+        type=int,
+        default=WORK_THREADS,
+        help=f"threads that do the calls' work (updates, encoding pulls, the coordinator's decisions); a waiting "
+        f"call (a long poll, a stream being received) holds none (default: {WORK_THREADS})",
+    )
+    add_limit_flags(parser)
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
         "--output",
@@ -96,6 +106,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prediction_flags(parser)  # ... and the prediction data
 
 
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The bounds that keep a job from starving its PS (``rpc/limits.py``; docs/architecture.md)."""
+    d = ServerLimits()
+    parser.add_argument(
+        "--max_push_streams", type=int, default=d.max_push_streams,
+        help=f"push calls (PushGradients, PushModel) in flight at once; more are answered RESOURCE_EXHAUSTED and "
+        f"retried by the client (default: {d.max_push_streams})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max_long_polls", type=int, default=d.max_long_polls,
+        help=f"waiting pulls, and waiting joins on PS 0, at once (each); more are answered RESOURCE_EXHAUSTED "
+        f"(default: {d.max_long_polls})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stream_idle_seconds", type=float, default=d.stream_idle_s,
+        help=f"a push stream that sends no frame for this long is ended DEADLINE_EXCEEDED, nothing applied "
+        f"(default: {d.stream_idle_s:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stream_deadline_seconds", type=float, default=d.stream_deadline_s,
+        help=f"a push stream still open this long after it began is ended DEADLINE_EXCEEDED "
+        f"(default: {d.stream_deadline_s:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max_model_bytes", type=int, default=d.max_model_bytes,
+        help=f"the most tensor bytes a PushModel may declare while the shard holds no model; once it holds one, "
+        f"a stream may carry its model's bytes and headroom (default: {d.max_model_bytes}, 16 GiB)",
+    )  # fmt: skip
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    try:
+        return ServerLimits(
+            max_push_streams=args.max_push_streams,
+            max_long_polls=args.max_long_polls,
+            stream_idle_s=args.stream_idle_seconds,
+            stream_deadline_s=args.stream_deadline_seconds,
+            max_model_bytes=args.max_model_bytes,
+        )
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
 def config_from_args(args: argparse.Namespace) -> PSConfig:
     if not 0 <= args.ps_id < args.num_ps:
         raise SystemExit(f"error: --ps_id {args.ps_id} is not in [0, --num_ps {args.num_ps})")
@@ -104,6 +157,8 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         raise SystemExit(f"error: --ps_addrs: PS 0 coordinates {args.num_ps} shards and needs all their addresses")
     if args.chunk_bytes < 1:
         raise SystemExit(f"error: --chunk_bytes must be >= 1, got {args.chunk_bytes}")
+    if args.rpc_threads < 1:
+        raise SystemExit(f"error: --rpc_threads must be >= 1, got {args.rpc_threads}")
     return PSConfig(
         ps_id=args.ps_id,
         num_ps=args.num_ps,
@@ -118,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         chunk_bytes=args.chunk_bytes,
         output=args.output,
         prediction=prediction_from_args(args),
+        limits=limits_from_args(args),
     )
 
 
@@ -212,10 +268,10 @@ def run(config: PSConfig) -> int:
     store = ParameterStore(store_settings(config))
     if store.restore():
         log.info("PS %d resumes at version %d", config.ps_id, store.version)
-    server = create_server(config.rpc_threads)
+    server = AsyncServer(config.rpc_threads)
     metrics = PSMetrics(REGISTRY, config.ps_id)
     metrics.model_version.set(store.version)
-    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes, metrics), server)
+    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits), server)
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
     coordinator: CoordinatorServicer | None = None
     if config.ps_id == 0:
@@ -225,6 +281,7 @@ def run(config: PSConfig) -> int:
                 check_output(config.output)
         except (DataError, OutputError) as err:
             print(f"ps-0: error: {err}", file=sys.stderr)
+            server.stop(grace=None).wait()
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
         rounds, shards = rounds_and_shards(config, store, stopped)
@@ -241,15 +298,16 @@ def run(config: PSConfig) -> int:
             checkpoint_dir=t.checkpoint_dir,
             output=config.output,
             curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
+            limits=config.limits,
         )
         add_coordinator(coordinator, server)
         coordinator.start()
-    health_servicer = add_health(server)
+    health = add_async_health(server)
     port = bind(server, config.host, config.port)
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.host, registry=REGISTRY)
     server.start()
-    serving(health_servicer)
+    health.serving()
     if config.port_file:
         write_atomically(Path(config.port_file), f"{port}\n")
     log.info("PS %d/%d serving on %s:%d", config.ps_id, config.num_ps, config.host, port)
@@ -262,7 +320,7 @@ def run(config: PSConfig) -> int:
     stopped.wait()
     if coordinator is not None:
         coordinator.stop()  # its ticker and waiting joins end now; the training curves are closed
-    health_servicer.enter_graceful_shutdown()
+    health.enter_graceful_shutdown()
     server.stop(grace=2).wait()
     store.flush_checkpoints()
     return 0

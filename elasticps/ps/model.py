@@ -10,10 +10,12 @@ other tables (embeddings) sit beside them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from elasticps.ps.errors import GradientError
+from elasticps.ps.layout import Layout
 from elasticps.ps.optimizers import Optimizer
 from elasticps.ps.state_table import STATE, StateTable
 from elasticps.ps.tables import DENSE, Accumulator, DenseTable, Staged, Table
@@ -36,6 +38,12 @@ class Model:
         self.tables: dict[str, Table[Any]] = {DENSE: dense, STATE: self.state, **(others or {})}
         for table in self.tables.values():
             table.register(optimizer)
+
+    @functools.cached_property
+    def layout(self) -> Layout:
+        """What a stream to this model may carry, as the model was installed (a state table that
+        adopts takes tensors beyond it)."""
+        return Layout.of(self.dense.variables, self.state.values, adopts_state=self.state.adopts_new)
 
     @property
     def empty(self) -> bool:

@@ -1,79 +1,115 @@
 """The ParameterServer gRPC service: a translator between frame streams and the parameter store.
 
-Called by gRPC's thread pool, many calls at once. Store exceptions become status codes:
-a malformed stream, a bad tensor or head field, or a push whose update would make the model NaN
-or infinite is INVALID_ARGUMENT; an empty shard, or a PushModel of another model than the one the
-shard holds, FAILED_PRECONDITION. A request message that does not parse is INVALID_ARGUMENT too,
-logged as one rate-limited line (``rpc/edges.py``).
+Served by the PS process's asyncio server (``rpc/serving.py``), many calls at once. What waits
+runs on the event loop and holds no thread: a long-polling pull awaits the store's next version
+(announced through ``ParameterStore.on_version_change``), a push stream is received frame by
+frame (``rpc/receiving.py``: its head checked against the model by ``intake.py`` before its
+payload is buffered, a peer that stops sending cut off DEADLINE_EXCEEDED). What computes (the
+store's updates, encoding a pull, the unary calls) runs in the server's work pool. Push calls in
+flight and waiting pulls are bounded (``rpc/limits.py``): past a bound a call is answered
+RESOURCE_EXHAUSTED at once, and the clients retry it.
+
+Store exceptions become status codes: a malformed stream, a bad tensor or head field, a stream
+larger than the model allows, or a push whose update would make the model NaN or infinite is
+INVALID_ARGUMENT; an empty shard, or a PushModel of another model than the one the shard holds,
+FAILED_PRECONDITION. A request message that does not parse is INVALID_ARGUMENT too, logged as one
+rate-limited line (``rpc/edges.py``).
 
 Tensor streams reach this servicer as serialized ``Frame`` bytes (``add_to_server`` registers the
 service's methods, by their names in the .proto, with an identity deserializer): ``frames.decode``
-parses them with one copy instead of protobuf's three (docs/benchmarks.md). The wire format is the
+(``Assembly``) parses them with one copy instead of protobuf's three (docs/benchmarks.md). The wire format is the
 .proto's; a stub generated from it talks to this server unchanged.
 
 When the store's rule keeps a version fixed while it is read (``consistent_reads``: sync), every
 worker pulls the same version, so the encoded frames of the latest version are kept and served to
 every puller (encoded once per version, not once per pull); otherwise (async) each pull encodes the
-live arrays as it streams them. The servicer itself has no notion of the training mode.
+live arrays as it streams them, a few MiB at a time. The servicer itself has no notion of the training mode.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Generator
+from typing import Any
 
 import grpc
+from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
-from elasticps.rpc import edges, frames
+from elasticps.rpc import edges, frames, receiving
+from elasticps.rpc.limits import ServerLimits, Slots
+from elasticps.rpc.serving import AsyncServer
+from elasticps.rpc.waking import Changes
 
-log = logging.getLogger(__name__)
+MAX_WAIT_MS = 10_000  # the longest a long poll waits before it answers "still current"
+LIVE_BATCH_BYTES = 4 << 20  # async pulls: frames encoded per trip to the work pool
 
-MAX_WAIT_MS = 10_000  # a long poll never holds a server thread longer than this
+Context = aio.ServicerContext[Any, Any]
 
 
 class ParameterServerServicer:
     def __init__(
-        self, store: ParameterStore, chunk_bytes: int = frames.CHUNK_BYTES, metrics: PSMetrics | None = None
+        self,
+        store: ParameterStore,
+        chunk_bytes: int = frames.CHUNK_BYTES,
+        metrics: PSMetrics | None = None,
+        limits: ServerLimits = ServerLimits(),
     ) -> None:
         self._store = store
         self._chunk_bytes = chunk_bytes
         self._metrics = metrics or PSMetrics(CollectorRegistry(), store.settings.shard)
+        self._limits = limits
+        self._streams = Slots("push calls", limits.max_push_streams, "--max_push_streams")
+        self._polls = Slots("waiting pulls", limits.max_long_polls, "--max_long_polls")
+        self._versions = Changes()
+        store.on_version_change(self._versions.notify)
         self._cache_lock = threading.Lock()
         self._cached: tuple[tuple[int, int], list[bytes]] | None = None  # (incarnation, version) -> frames
 
-    def PushModel(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.ModelHead:
-        decoded = _decode(request_iterator, context)
-        if not decoded.first.HasField("model"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushModel: the first frame needs a model head")
-        spec = decoded.first.model.optimizer
-        config = OptimizerConfig(name=spec.name, params=dict(spec.params))
-        try:
+    def in_flight(self) -> tuple[int, int]:
+        """Push calls in flight and pulls waiting for a newer version, now (metrics; tests)."""
+        return self._streams.in_use, self._polls.in_use
+
+    async def PushModel(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.ModelHead:
+        async with self._streams.taking(context, "PushModel"):
+            decoded = await receiving.receive(request_iterator, context, "PushModel", self._limits, self._admit_model)
+            spec = decoded.first.model.optimizer
+            config = OptimizerConfig(name=spec.name, params=dict(spec.params))
             head = decoded.first.model
-            self._store.initialize(decoded.tensors, config, head.version, head.incarnation, decoded.state)
-        except (GradientError, OptimizerError) as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except ModelMismatch as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            try:
+                await asyncio.to_thread(
+                    self._store.initialize, decoded.tensors, config, head.version, head.incarnation, decoded.state
+                )
+            except (GradientError, OptimizerError) as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except ModelMismatch as err:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return pb.ModelHead(initialized=True, version=self._store.version)
 
-    def PullDense(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def _admit_model(self, head: frames.Head) -> None:
+        intake.admit_model(head, self._store.layout, self._store.settings.shard, self._limits.max_model_bytes)
+
+    async def PullDense(self, request: pb.PullRequest, context: Context) -> AsyncIterator[bytes]:
         store = self._store
         if not store.initialized:
             self._metrics.pulled("uninitialized")
             yield pb.Frame(model=pb.ModelHead(initialized=False, version=0)).SerializeToString()
             return
-        current = request.incarnation == store.incarnation
-        if current and request.version == store.version and request.wait_ms > 0:
-            store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
-        if request.incarnation == store.incarnation and request.version == store.version:
+        held = (request.incarnation, request.version)
+        if held == (store.incarnation, store.version) and request.wait_ms > 0:
+            async with self._polls.taking(context, "PullDense"):
+                await self._versions.wait_for(
+                    lambda: (store.incarnation, store.version) != held, min(request.wait_ms, MAX_WAIT_MS) / 1000
+                )
+        if held == (store.incarnation, store.version):
             self._metrics.pulled("current")
             head = pb.ModelHead(initialized=True, version=request.version, incarnation=request.incarnation)
             yield pb.Frame(model=head).SerializeToString()
@@ -81,11 +117,32 @@ class ParameterServerServicer:
         self._metrics.pulled("full")
         # The store says whether a version is fixed while it is read (then encode it once for every
         # puller) or live (then encode it for this pull, while reading).
-        for message in (self._shared_frames() if store.consistent_reads else self._live_frames()):
-            self._metrics.bytes_sent.inc(len(message))
-            yield message
+        if store.consistent_reads:
+            for message in await asyncio.to_thread(self._shared_frames):
+                self._metrics.bytes_sent.inc(len(message))
+                yield message
+        else:
+            async for message in self._live_frames():
+                self._metrics.bytes_sent.inc(len(message))
+                yield message
 
-    def _live_frames(self) -> Iterator[bytes]:
+    async def _live_frames(self) -> AsyncIterator[bytes]:
+        """The live arrays, encoded in the work pool a batch at a time while the stream goes out."""
+        live = _Batches(self._live_messages())
+        try:
+            while True:
+                batch, finished = await asyncio.to_thread(live.take, LIVE_BATCH_BYTES)
+                for message in batch:
+                    yield message
+                if finished:
+                    return
+        finally:
+            try:
+                asyncio.get_running_loop().run_in_executor(None, live.close)  # in the pool: a take may still run
+            except RuntimeError:  # the server is stopping and its pool is gone
+                live.close()
+
+    def _live_messages(self) -> Generator[bytes, None, None]:
         with self._store.reading_model() as found:
             head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
             yield from frames.encode(head, found.variables, self._chunk_bytes, found.state)
@@ -102,35 +159,44 @@ class ParameterServerServicer:
             self._cached = ((incarnation, version), encoded)
             return encoded
 
-    def PushGradients(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> pb.PushReply:
-        decoded = _decode(request_iterator, context)
-        if not decoded.first.HasField("push"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushGradients: the first frame needs a push head")
-        head = decoded.first.push
-        received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
-        self._metrics.bytes_received.inc(received)
-        started = time.perf_counter()
-        try:
-            outcome = self._store.push(
-                decoded.tensors,
-                head.version,
-                head.learning_rate,
-                head.worker,
-                head.minibatch,
-                head.incarnation,
-                state=decoded.state,
+    async def PushGradients(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.PushReply:
+        async with self._streams.taking(context, "PushGradients"):
+            decoded = await receiving.receive(
+                request_iterator, context, "PushGradients", self._limits, self._admit_push
             )
-        except UninitializedError as err:
-            self._metrics.pushed("uninitialized")
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except GradientError as err:
-            self._metrics.pushed("invalid")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            head = decoded.first.push
+            received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
+            self._metrics.bytes_received.inc(received)
+            started = time.perf_counter()
+            try:
+                outcome = await asyncio.to_thread(
+                    self._store.push,
+                    decoded.tensors,
+                    head.version,
+                    head.learning_rate,
+                    head.worker,
+                    head.minibatch,
+                    head.incarnation,
+                    state=decoded.state,
+                )
+            except UninitializedError as err:
+                self._metrics.pushed("uninitialized")
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            except GradientError as err:
+                self._metrics.pushed("invalid")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         self._metrics.push_seconds.observe(time.perf_counter() - started)
         self._metrics.pushed("accepted" if outcome.accepted else "rejected")
         self._metrics.staleness.observe(outcome.staleness)
         self._metrics.model_version.set(outcome.version)
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
+
+    def _admit_push(self, head: frames.Head) -> None:
+        try:
+            intake.admit_push(head, self._store.layout, self._store.settings.shard)
+        except receiving.Refused as refused:
+            self._metrics.pushed("uninitialized" if refused.code is grpc.StatusCode.FAILED_PRECONDITION else "invalid")
+            raise
 
     def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:
         try:
@@ -161,7 +227,7 @@ class ParameterServerServicer:
         return self.DescribeShard(pb.DescribeRequest(), context)
 
 
-def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> None:
     """Registers the service; frame streams travel as bytes (parsed by ``frames``), the small
     messages through protobuf (a request that does not parse: INVALID_ARGUMENT, ``rpc/edges.py``)."""
     handlers = {
@@ -188,9 +254,25 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(frames.PS_SERVICE.full_name, handlers),))
 
 
-def _decode(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> frames.Decoded:
-    try:
-        return frames.decode(request_iterator)
-    except frames.FrameError as err:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        raise  # unreachable: abort raises
+class _Batches:
+    """A frame generator read a batch at a time from pool threads, one at a time, and closed from
+    any thread once the pull ends (after the batch being read, if one is)."""
+
+    def __init__(self, messages: Generator[bytes, None, None]) -> None:
+        self._messages = messages
+        self._lock = threading.Lock()
+
+    def take(self, max_bytes: int) -> tuple[list[bytes], bool]:
+        batch: list[bytes] = []
+        size = 0
+        with self._lock:
+            for message in self._messages:
+                batch.append(message)
+                size += len(message)
+                if size >= max_bytes:
+                    return batch, False
+        return batch, True
+
+    def close(self) -> None:
+        with self._lock:
+            self._messages.close()

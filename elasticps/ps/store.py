@@ -26,7 +26,7 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,7 @@ from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.checkpointing import Checkpointing, capture
 from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
+from elasticps.ps.layout import Layout
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
@@ -185,6 +186,18 @@ class ParameterStore:
                 self.incarnation = incarnation
             self._version.reset(version)
             self._model = model  # last: a push or pull that sees the model sees it whole
+
+    def on_version_change(self, listener: Callable[[], None]) -> None:
+        """``listener()`` runs after every change of the version or incarnation, in the changing
+        thread (it must not block: the servicer's long polls schedule a wake-up on their loop)."""
+        self._version.listen(listener)
+
+    @property
+    def layout(self) -> Layout | None:
+        """The names, dtypes, shapes and bytes of the model's tensors (None: no model yet), read
+        without a lock: what the servicer checks a stream's head against."""
+        model = self._model
+        return None if model is None else model.layout
 
     def wait_newer(self, version: int, timeout_s: float) -> int:
         """Blocks until the version differs from ``version`` or ``timeout_s`` passes; the version."""

@@ -3,7 +3,9 @@
 Owned by the store (``store.py``), advanced only by the update rule (``rules.py``) once per applied
 update, awaited by long-polling pulls (the servicer through ``ParameterStore.wait_newer``). Each
 advance runs the store's hook (the checkpoint schedule) in the advancing thread, so a rule that
-advances under its own lock (sync) has the hook see one consistent version.
+advances under its own lock (sync) has the hook see one consistent version. Listeners
+(:meth:`ModelVersion.listen`: the servicer's long polls, which wait on an event loop, not on the
+condition) hear of every change, in the changing thread: they must only schedule, never block.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ class ModelVersion:
         self._lock = threading.Lock()  # concurrent advances (async) each get their own number
         self._moved = threading.Condition()  # notified whenever the version changes
         self._on_advance = on_advance
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """``listener()`` is called after every change of the version (from the changing thread)."""
+        self._listeners.append(listener)
 
     @property
     def value(self) -> int:
@@ -48,3 +55,5 @@ class ModelVersion:
     def _notify(self) -> None:
         with self._moved:
             self._moved.notify_all()
+        for listener in self._listeners:
+            listener()

@@ -1,13 +1,15 @@
 """gRPC channels and servers with the project's message limits and keep-alives, in one place.
 
-Callers: the PS server (``create_server``), the PS client and the coordinator client
-(``create_channel``). Tensors travel in ~1 MB frames, but the limits are raised on both ends anyway
-so a big unary reply never fails with RESOURCE_EXHAUSTED at gRPC's 4 MiB default.
+Callers: the PS server (``server_options``, through ``rpc/serving.py``), a worker's health server
+(``create_server``), the PS client and the coordinator client (``create_channel``). Tensors travel
+in ~1 MB frames, but the limits are raised on both ends anyway so a big unary reply never fails
+with RESOURCE_EXHAUSTED at gRPC's 4 MiB default.
 """
 
 from __future__ import annotations
 
 from concurrent import futures
+from typing import Protocol
 
 import grpc
 
@@ -28,17 +30,26 @@ def create_channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=_OPTIONS)
 
 
-def create_server(max_workers: int) -> grpc.Server:
-    """A server without a port yet: the caller adds services, then binds (port 0 in tests)."""
-    options = _OPTIONS + [
+def server_options() -> list[tuple[str, int]]:
+    """The options of every server: the message limits and keep-alives above, and no shared port."""
+    return _OPTIONS + [
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         # Two PS processes must never share a port by accident (gRPC's default allows it).
         ("grpc.so_reuseport", 0),
     ]
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
 
 
-def bind(server: grpc.Server, host: str, port: int) -> int:
+def create_server(max_workers: int) -> grpc.Server:
+    """A thread-pool server without a port yet (a worker's health port; the PS serves from
+    ``rpc/serving.py``'s asyncio server): the caller adds services, then binds (port 0 in tests)."""
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=server_options())
+
+
+class Bindable(Protocol):
+    def add_insecure_port(self, address: str) -> int: ...
+
+
+def bind(server: Bindable, host: str, port: int) -> int:
     """Binds ``host:port`` (port 0 picks a free one) and returns the bound port."""
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -12,12 +12,13 @@ number of undecodable requests left unlogged since the previous line.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -25,8 +26,6 @@ from google.protobuf.message import DecodeError
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
-
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -77,20 +76,44 @@ def lenient(parse: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any
     return deserialize
 
 
-def refusing(behaviour: Callable[[Any, grpc.ServicerContext], R], method: str) -> Callable[[Any, grpc.ServicerContext], R]:
-    """``behaviour`` behind a check: an :class:`Undecodable` request is answered INVALID_ARGUMENT."""
+def refusing(behaviour: Callable[[Any, Any], Any], method: str) -> Callable[[Any, Any], Any]:
+    """``behaviour`` behind a check: an :class:`Undecodable` request is answered INVALID_ARGUMENT.
 
-    def guarded(request: Any, context: grpc.ServicerContext) -> R:
+    ``behaviour`` may be a plain function, a coroutine function or an async generator function
+    (an asyncio server's handlers); the guard is of the same kind, as gRPC tells them apart."""
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def guarded_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
+            async for reply in behaviour(request, context):
+                yield reply
+
+        return guarded_stream
+    if inspect.iscoroutinefunction(behaviour):
+
+        async def guarded_async(request: Any, context: Any) -> Any:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
+            return await behaviour(request, context)
+
+        return guarded_async
+
+    def guarded(request: Any, context: Any) -> Any:
         if isinstance(request, Undecodable):
-            UNDECODABLE_LOG.warn(method, f"{method}: a request that is not a valid message ({request.error})")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request is not a valid message")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
         return behaviour(request, context)
 
     return guarded
 
 
+def _refuse(method: str, request: Undecodable) -> str:
+    UNDECODABLE_LOG.warn(method, f"{method}: a request that is not a valid message ({request.error})")
+    return f"{method}: the request is not a valid message"
+
+
 def unary_unary(
-    behaviour: Callable[[Any, grpc.ServicerContext], Any], method: str, parse: Callable[[bytes], Any],
+    behaviour: Callable[[Any, Any], Any], method: str, parse: Callable[[bytes], Any],
     serialize: Callable[[Any], bytes] | None,
 ) -> grpc.RpcMethodHandler[Any, Any]:  # fmt: skip
     return grpc.unary_unary_rpc_method_handler(
@@ -99,7 +122,7 @@ def unary_unary(
 
 
 def unary_stream(
-    behaviour: Callable[[Any, grpc.ServicerContext], Any], method: str, parse: Callable[[bytes], Any],
+    behaviour: Callable[[Any, Any], Any], method: str, parse: Callable[[bytes], Any],
     serialize: Callable[[Any], bytes] | None,
 ) -> grpc.RpcMethodHandler[Any, Any]:  # fmt: skip
     return grpc.unary_stream_rpc_method_handler(

@@ -5,7 +5,9 @@ and the metadata of all tensors; the raw bytes of all tensors, concatenated in m
 as ``payload`` chunks of ``chunk_bytes``. Small tensors share a chunk (a small model is one message),
 big ones span several (PERFORMANCE.md: 1-4 MB chunks on a stream move 5x more than one big message).
 Decoding checks everything a peer could get wrong and raises :class:`FrameError`, which servers
-answer with INVALID_ARGUMENT.
+answer with INVALID_ARGUMENT. A server that receives frame by frame (``rpc/receiving.py``) reads
+the first one with :func:`read_head` (what it declares, before any buffer exists: it can be
+refused there) and feeds the others to an :class:`Assembly`; :func:`decode` does both at once.
 
 Model *state* (non-trainable variables such as BatchNorm's moving statistics) travels in the same
 stream, after the other tensors, its metadata marked ``state`` (see ``TensorMeta`` in the .proto);
@@ -155,44 +157,91 @@ def _parse(message: bytes) -> pb.Frame:
         raise FrameError(f"not a Frame message: {err}") from None
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor as a stream's head declares it (checked: a name, a known dtype, no negative dimension)."""
+
+    name: str
+    dtype: np.dtype[np.generic]
+    shape: tuple[int, ...]
+    nbytes: int
+    state: bool
+
+
+@dataclass(frozen=True)
+class Head:
+    """A stream's first frame, parsed: its head fields, the tensors it declares and the payload
+    bytes they need (``total``), before any buffer is allocated (a receiver can refuse it first)."""
+
+    first: pb.Frame
+    tensors: tuple[TensorSpec, ...]
+    total: int
+
+
+def read_head(message: bytes) -> Head:
+    """The first frame of a stream; raises FrameError when it is not a valid head."""
+    first = _parse(message)
+    tensors = _layout(first.tensors)
+    return Head(first, tensors, sum(t.nbytes for t in tensors))
+
+
+class Assembly:
+    """The tensors of one stream being received: a buffer of the size its head declared, filled
+    frame by frame (:meth:`add`, FrameError as soon as a frame does not fit), then cut into arrays
+    (:meth:`finish`). Used by :func:`decode` and by servers that receive frames one at a time."""
+
+    def __init__(self, head: Head) -> None:
+        self.head = head
+        try:
+            self._buffer = np.empty(head.total, dtype=np.uint8)
+        except (MemoryError, ValueError):
+            raise FrameError(f"the tensors claim {head.total} bytes, more than this process can hold") from None
+        self._filled = _fill(self._buffer, head.first.payload, 0)
+
+    @property
+    def received(self) -> int:
+        """Payload bytes received so far."""
+        return self._filled
+
+    def add(self, message: bytes) -> None:
+        """One more frame of the stream (a payload)."""
+        self._filled = _fill(self._buffer, _payload_of(message), self._filled)
+
+    def finish(self) -> Decoded:
+        total = self.head.total
+        if self._filled != total:
+            raise FrameError(f"stream carried {self._filled} bytes, the tensors need {total}")
+        tensors: dict[str, np.ndarray] = {}
+        state: dict[str, np.ndarray] = {}
+        offset = 0
+        for spec in self.head.tensors:
+            try:
+                value = self._buffer[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+            except ValueError:  # an empty tensor with absurd other dimensions
+                raise FrameError(f"tensor {spec.name!r}: shape {spec.shape} cannot be held") from None
+            (state if spec.state else tensors)[spec.name] = value
+            offset += spec.nbytes
+        head = pb.Frame()
+        head.CopyFrom(self.head.first)
+        head.ClearField("payload")
+        return Decoded(head, tensors, state)
+
+
 def decode(messages: Iterable[bytes]) -> Decoded:
     """Reassembles the tensors of a stream of serialized Frames; raises FrameError on any
     inconsistency."""
     stream = iter(messages)
     try:
-        first = _parse(next(stream))
+        first = next(stream)
     except StopIteration:
         raise FrameError("empty stream: no head frame") from None
-    layout = _layout(first.tensors)
-    total = sum(nbytes for _, _, _, nbytes in layout)
-    try:
-        buffer = np.empty(total, dtype=np.uint8)
-    except (MemoryError, ValueError):
-        raise FrameError(f"the tensors claim {total} bytes, more than this process can hold") from None
-    filled = _fill(buffer, first.payload, 0)
+    assembly = Assembly(read_head(first))
     for message in stream:
-        filled = _fill(buffer, _payload_of(message), filled)
-    if filled != total:
-        raise FrameError(f"stream carried {filled} bytes, the tensors need {total}")
-    tensors: dict[str, np.ndarray] = {}
-    state: dict[str, np.ndarray] = {}
-    offset = 0
-    for (name, dtype, shape, nbytes), meta in zip(layout, first.tensors):
-        try:
-            value = buffer[offset : offset + nbytes].view(dtype).reshape(shape)
-        except ValueError:  # an empty tensor with absurd other dimensions
-            raise FrameError(f"tensor {name!r}: shape {shape} cannot be held") from None
-        (state if meta.state else tensors)[name] = value
-        offset += nbytes
-    head = pb.Frame()
-    head.CopyFrom(first)
-    head.ClearField("payload")
-    return Decoded(head, tensors, state)
+        assembly.add(message)
+    return assembly.finish()
 
 
-def _layout(
-    metas: Iterable[pb.TensorMeta],
-) -> list[tuple[str, np.dtype[np.generic], tuple[int, ...], int]]:
+def _layout(metas: Iterable[pb.TensorMeta]) -> tuple[TensorSpec, ...]:
     layout = []
     seen: set[str] = set()
     for meta in metas:
@@ -208,8 +257,8 @@ def _layout(
         if any(d < 0 for d in shape):
             raise FrameError(f"tensor {meta.name!r}: negative dimension in shape {shape}")
         nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a huge claimed shape cannot wrap
-        layout.append((meta.name, dtype, shape, nbytes))
-    return layout
+        layout.append(TensorSpec(meta.name, dtype, shape, nbytes, meta.state))
+    return tuple(layout)
 
 
 def _fill(buffer: np.ndarray, payload: bytes | memoryview, filled: int) -> int:

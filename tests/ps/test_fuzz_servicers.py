@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,8 +22,8 @@ import pytest
 
 from bench import malformed
 from bench.malformed import (
-    COORD_CASES, COORDINATOR, GARBAGE, I64, INVALID, OK, OPTIMIZERS, PRECONDITION, PS_SERVICE, Target, model_head,
-    push_head, stream, t,
+    COORD_CASES, COORDINATOR, F32, GARBAGE, I64, INVALID, OK, OPTIMIZERS, PRECONDITION, PS_SERVICE, T, Target,
+    model_head, push_head, stream, t,
 )  # fmt: skip
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.coordinator.rounds import Rounds
@@ -30,11 +32,13 @@ from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import Shards, ShardView
 from elasticps.coordinator.tasks import MAX_COUNT, QueueSettings, TaskQueue
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc import edges, frames
 from elasticps.rpc.channels import create_channel
+from elasticps.rpc.limits import ServerLimits
 
 MODES = {"sync": UpdateRule.SYNC, "async": UpdateRule.ASYNC}
 
@@ -55,8 +59,15 @@ def good_grads(scale: float = 1.0) -> list[malformed.T]:
     return malformed.good_grads(TARGET, scale)
 
 
-def whole_model() -> list[malformed.T]:
-    return malformed.whole_model(TARGET)
+def whole_model(m: dict[str, np.ndarray] | None = None, s: dict[str, np.ndarray] | None = None) -> list[T]:
+    return malformed.whole_model(TARGET, m, s)
+
+
+def grads(scale: float = 1.0) -> dict[str, np.ndarray]:
+    return {"w": np.full((4, 3), scale, np.float32), "b": np.full(3, scale, np.float32)}
+
+
+W, B = model()["w"], model()["b"]
 
 
 # A finite gradient whose update overflows, in every optimizer and mode: refused as a whole.
@@ -75,8 +86,9 @@ class Shard:
     store: ParameterStore
     address: str
     channel: grpc.Channel
+    servicer: ParameterServerServicer | None = None
 
-    def call(self, method: str, request: list[bytes] | bytes) -> tuple[grpc.StatusCode, list[bytes]]:
+    def call(self, method: str, request: Iterable[bytes] | bytes) -> tuple[grpc.StatusCode, list[bytes]]:
         return malformed.call(self.channel, PS_SERVICE, method, request)
 
     def pulled(self) -> tuple[bytes, dict[str, bytes]]:
@@ -93,16 +105,16 @@ class Shard:
 
 
 @pytest.fixture
-def make_shard(grpc_servers: Callable[..., int]) -> Iterator[Callable[[str, str], Shard]]:
+def make_shard(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Shard]]:
     channels: list[grpc.Channel] = []
 
-    def make(mode: str, optimizer: str) -> Shard:
+    def make(mode: str, optimizer: str, limits: ServerLimits = ServerLimits()) -> Shard:
         store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=MODES[mode])))
-        servicer = ParameterServerServicer(store)
+        servicer = ParameterServerServicer(store, limits=limits)
         address = f"127.0.0.1:{grpc_servers(lambda s: add_ps(servicer, s))}"
         channel = create_channel(address)
         channels.append(channel)
-        shard = Shard(store, address, channel)
+        shard = Shard(store, address, channel, servicer)
         code, _ = shard.call("PushModel", stream(model_head(OPTIMIZERS[optimizer]), whole_model()))
         assert code is OK
         # One good update first, so the optimizer's slots and steps hold something to keep.
@@ -191,6 +203,247 @@ def test_an_empty_first_model_never_takes_the_place_of_the_real_one(make_shard: 
         assert shard.call("PushModel", stream(model_head(), []))[0] is PRECONDITION
     finally:
         shard.channel.close()
+
+
+# ---- calls that wait: held open, they starve nothing ---------------------------------------------
+
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+CANCELLED = grpc.StatusCode.CANCELLED
+IDENT: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
+PS_PATH = f"/{frames.PS_SERVICE.full_name}/"
+
+
+class Held:
+    """Calls a peer opens and keeps open: push streams that send their first frames and then stop
+    (until released), and pulls that wait for a newer version. Each on its own connection's channel."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = create_channel(address)
+        self.released = threading.Event()
+        self.calls: list[grpc.Future] = []
+
+    def stream(self, method: str, sent: Sequence[bytes], then: Sequence[bytes] = ()) -> grpc.Future:
+        """``sent`` now; ``then`` once released (a stream left half-sent until then)."""
+
+        def requests() -> Iterator[bytes]:
+            yield from sent
+            self.released.wait(60)
+            yield from then
+
+        call = self.channel.stream_unary(PS_PATH + method, IDENT, IDENT).future(requests(), timeout=60)
+        self.calls.append(call)
+        return call
+
+    def poll(self, version: int, wait_ms: int = 10_000) -> grpc.Future:
+        request = pb.PullRequest(worker="poll", version=version, wait_ms=wait_ms).SerializeToString()
+        call = self.channel.unary_stream(PS_PATH + "PullDense", IDENT, IDENT)(request, timeout=60)
+        self.calls.append(call)
+        return call
+
+    def close(self) -> None:
+        self.released.set()
+        for call in self.calls:
+            call.cancel()
+        self.channel.close()
+
+
+def code_of(call: grpc.Future) -> grpc.StatusCode:
+    """The status a held call ended with (waits for its end)."""
+    try:
+        call.exception(timeout=60)
+    except grpc.FutureCancelledError:
+        return CANCELLED
+    assert isinstance(call, grpc.Call)
+    return call.code()
+
+
+def until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    give_up_at = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < give_up_at, "the server never got there"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def held() -> Iterator[Callable[[str], Held]]:
+    opened: list[Held] = []
+
+    def open_(address: str) -> Held:
+        opened.append(Held(address))
+        return opened[-1]
+
+    yield open_
+    for h in opened:
+        h.close()
+
+
+def half_sent_push(version: int = 1) -> list[bytes]:
+    """The first frame of a good push, its payload cut short: the rest never comes."""
+    return stream(push_head(version=version), good_grads(), split=8)[:1]
+
+
+def push_and_commit(shard: Shard, version: int, mode: str) -> None:
+    code, _ = shard.call("PushGradients", stream(push_head(version=version), good_grads()))
+    assert code is OK
+    if mode == "sync":
+        commit(shard, version, dry_run=True, expect=OK)
+        commit(shard, version, dry_run=False, expect=OK)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_120_half_sent_push_streams_held_open_starve_no_pull_or_push(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held], mode: str
+) -> None:
+    shard, reference = make_shard(mode, "adam"), make_shard(mode, "adam")
+    assert shard.servicer is not None
+    peer = held(shard.address)
+    calls = [peer.stream("PushGradients", half_sent_push()) for _ in range(100)]
+    calls += [peer.stream("PushModel", stream(model_head(), whole_model(), split=8)[:1]) for _ in range(20)]
+    until(lambda: shard.servicer.in_flight()[0] == 120)  # type: ignore[union-attr]
+    assert shard.pulled() == reference.pulled()  # a full pull, served
+    push_and_commit(shard, 1, mode)  # a push, taken
+    push_and_commit(reference, 1, mode)
+    for call in calls:
+        call.cancel()
+    assert [code_of(call) for call in calls] == [CANCELLED] * 120
+    until(lambda: shard.servicer.in_flight() == (0, 0))  # type: ignore[union-attr]
+    assert shard.pulled() == reference.pulled()
+    assert shard.everything() == reference.everything()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_150_long_polls_held_starve_no_pull_or_push_and_all_answer_the_next_version(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held], mode: str
+) -> None:
+    shard, reference = make_shard(mode, "sgd"), make_shard(mode, "sgd")
+    assert shard.servicer is not None
+    peer = held(shard.address)
+    polls = [peer.poll(version=1) for _ in range(150)]
+    until(lambda: shard.servicer.in_flight()[1] == 150)  # type: ignore[union-attr]
+    assert shard.pulled() == reference.pulled()
+    push_and_commit(shard, 1, mode)  # version 2: every waiting pull answers it
+    push_and_commit(reference, 1, mode)
+    answers = [frames.decode(list(poll)) for poll in polls]
+    assert {a.first.model.version for a in answers} == {2}
+    new = reference.pulled()[1]
+    assert all({n: v.tobytes() for n, v in {**a.tensors, **a.state}.items()} == new for a in answers)
+    until(lambda: shard.servicer.in_flight() == (0, 0))  # type: ignore[union-attr]
+    assert shard.everything() == reference.everything()
+
+
+def test_past_the_limits_a_call_is_resource_exhausted_and_the_rest_is_served(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held]
+) -> None:
+    shard = make_shard("async", "adam", ServerLimits(max_push_streams=4, max_long_polls=3))
+    assert shard.servicer is not None
+    before, everything = shard.pulled(), shard.everything()
+    peer = held(shard.address)
+    streams = [peer.stream("PushGradients", half_sent_push()) for _ in range(4)]
+    polls = [peer.poll(version=1) for _ in range(3)]
+    until(lambda: shard.servicer.in_flight() == (4, 3))  # type: ignore[union-attr]
+    assert shard.call("PushGradients", stream(push_head(version=1), good_grads()))[0] is EXHAUSTED
+    assert shard.call("PushModel", stream(model_head(), whole_model()))[0] is EXHAUSTED
+    assert code_of(peer.poll(version=1)) is EXHAUSTED
+    assert shard.pulled() == before and shard.everything() == everything  # pulls that do not wait: served
+    for call in streams + polls:
+        call.cancel()
+    until(lambda: shard.servicer.in_flight() == (0, 0))  # type: ignore[union-attr]
+    assert shard.pulled() == before and shard.everything() == everything
+    assert shard.call("PushGradients", stream(push_head(version=1), good_grads()))[0] is OK
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stalled_stream_is_cut_off_at_its_deadline_and_nothing_is_applied(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held], mode: str
+) -> None:
+    shard = make_shard(mode, "momentum", ServerLimits(stream_idle_s=0.3))
+    assert shard.servicer is not None
+    before, everything = shard.pulled(), shard.everything()
+    peer = held(shard.address)
+    rest = stream(push_head(version=1), good_grads(), split=8)[1:]
+    stalled = peer.stream("PushGradients", half_sent_push(), then=rest)
+    assert code_of(stalled) is DEADLINE  # cut off by the server: the client never finished
+    until(lambda: shard.servicer.in_flight() == (0, 0))  # type: ignore[union-attr]
+    assert shard.pulled() == before and shard.everything() == everything and shard.store.version == 1
+
+
+def test_a_stream_that_drips_past_its_whole_deadline_is_cut_off(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held]
+) -> None:
+    shard = make_shard("async", "sgd", ServerLimits(stream_idle_s=30, stream_deadline_s=0.5))
+    before, everything = shard.pulled(), shard.everything()
+    first, rest = stream(push_head(version=1), good_grads(), split=1)
+    payload = pb.Frame.FromString(rest).payload
+
+    def dripping() -> Iterator[bytes]:
+        yield first
+        for i in range(len(payload)):  # a byte a tenth of a second: never idle, never done in time
+            time.sleep(0.1)
+            yield pb.Frame(payload=payload[i : i + 1]).SerializeToString()
+
+    code, _ = shard.call("PushGradients", dripping())
+    assert code is DEADLINE
+    assert shard.pulled() == before and shard.everything() == everything
+
+
+HUGE = [64 << 20]  # 256 MiB of float32 declared; only the head is ever sent
+OVERSIZED: dict[str, tuple[str, list[bytes], grpc.StatusCode]] = {
+    "push: an unknown variable of 256 MiB": ("PushGradients", stream(push_head(version=1), [T("nope", F32, HUGE, b"")]),
+                                             INVALID),  # fmt: skip
+    "push: a known variable claiming 256 MiB": ("PushGradients", stream(push_head(version=1), [T("w", F32, HUGE, b""),
+                                                t("b", B)]), INVALID),  # fmt: skip
+    "push: an unknown state tensor of 256 MiB": ("PushGradients", stream(push_head(version=1), [
+        t("w", W), t("b", B), T("bn/var", F32, HUGE, b"", state=True)]), INVALID),  # fmt: skip
+    "model: a bigger model on an initialised shard": ("PushModel", stream(model_head(), whole_model({
+        "w": W, "b": B, "big": np.zeros(0, np.float32)}) + [T("huge", F32, HUGE, b"")]), PRECONDITION),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED))
+def test_an_oversized_stream_is_refused_at_its_head_while_still_open(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held], case: str
+) -> None:
+    shard = make_shard("async", "adam")
+    before, everything = shard.pulled(), shard.everything()
+    method, sent, expected = OVERSIZED[case]
+    call = held(shard.address).stream(method, sent)  # the head only: the payload would follow if taken
+    assert code_of(call) is expected
+    assert shard.pulled() == before and shard.everything() == everything
+
+
+def test_a_first_model_over_max_model_bytes_is_refused_at_its_head(
+    grpc_servers: Callable[..., int], held: Callable[[str], Held]
+) -> None:
+    store = ParameterStore(StoreSettings(shard=0))
+    servicer = ParameterServerServicer(store, limits=ServerLimits(max_model_bytes=1024))
+    address = f"127.0.0.1:{grpc_servers(lambda s: add_ps(servicer, s))}"
+    big = whole_model({"w": np.zeros((16, 16), np.float32), "b": B})  # 1,036 bytes with b and the state
+    call = held(address).stream("PushModel", stream(model_head(), big, split=8)[:1])
+    assert code_of(call) is INVALID
+    assert not store.initialized
+    shard = Shard(store, address, create_channel(address), servicer)
+    try:
+        assert shard.call("PushModel", stream(model_head(), whole_model()))[0] is OK  # a model under the cap
+    finally:
+        shard.channel.close()
+
+
+def test_the_ps_client_retries_a_resource_exhausted_push_until_a_slot_is_free(
+    make_shard: Callable[..., Shard], held: Callable[[str], Held]
+) -> None:
+    shard = make_shard("async", "sgd", ServerLimits(max_push_streams=2, stream_idle_s=1.0))
+    assert shard.servicer is not None
+    peer = held(shard.address)
+    stalled = [peer.stream("PushGradients", half_sent_push()) for _ in range(2)]
+    until(lambda: shard.servicer.in_flight()[0] == 2)  # type: ignore[union-attr]
+    client = PSClient([shard.address], worker="w1", deadline_s=60)
+    try:
+        pushed = client.push_gradients(grads(), versions=[1], state={"bn/mean": np.ones(3, np.float32)})
+    finally:
+        client.close()
+    assert pushed.all_accepted and pushed.versions == [2]
+    assert [code_of(call) for call in stalled] == [DEADLINE, DEADLINE]
 
 
 # ---- the coordinator under test ------------------------------------------------------------------
@@ -288,6 +541,42 @@ def test_a_bad_coordinator_call_is_refused_and_the_status_stays_sane(
     assert status.records_done >= 10
 
 
+def test_150_waiting_joins_starve_no_coordinator_call_and_one_more_is_resource_exhausted(
+    grpc_servers: Callable[..., int]
+) -> None:
+    settings = QueueSettings(num_records=40, records_per_task=10, num_epochs=2)
+    servicer = CoordinatorServicer(settings, version_fn=lambda: 0, rounds=Rounds(grads_to_wait=1000),
+                                   shards=Shards([StillShard()]), limits=ServerLimits(max_long_polls=150))  # fmt: skip
+    address = f"127.0.0.1:{grpc_servers(lambda s: add_coordinator(servicer, s))}"
+    c, joiners = Coordinator(create_channel(address)), create_channel(address)
+    servicer.start()
+    try:
+        until(lambda: c.call("GetTask", pb.GetTaskRequest(worker="w1").SerializeToString())[0] is OK)
+        join = joiners.unary_unary(f"/{COORDINATOR}/JoinRound", IDENT, IDENT)
+        # A round of 1000, and w1 took a task and never joins: the round cannot close, every join waits.
+        joins = [join.future(pb.JoinRequest(worker=f"j{i}", version=0, wait_ms=10_000).SerializeToString(), timeout=60)
+                 for i in range(150)]  # fmt: skip
+        until(lambda: servicer.waiting_joins == 150)
+        one_more = join.future(pb.JoinRequest(worker="j150", version=0, wait_ms=10_000).SerializeToString(), timeout=60)
+        assert code_of(one_more) is EXHAUSTED
+        task = c.task("w2")
+        assert c.call("Heartbeat", pb.HeartbeatRequest(worker="w2").SerializeToString())[0] is OK
+        code, _ = c.call("ReportTask", pb.TaskResult(worker="w2", task_id=task.id, success=True, records=10,
+                                                     loss_sum=20.0).SerializeToString())  # fmt: skip
+        assert code is OK
+        status = c.status()
+        assert_sane(status)
+        assert status.records_done == 10
+        servicer.stop()  # the waiting joins answer PENDING at once
+        replies = [pb.JoinReply.FromString(j.result(timeout=60)) for j in joins]
+        assert {r.outcome for r in replies} == {pb.JOIN_OUTCOME_PENDING}
+        assert servicer.waiting_joins == 0
+    finally:
+        servicer.stop()
+        joiners.close()
+        c.channel.close()
+
+
 def test_the_rejected_counter_saturates() -> None:
     queue = TaskQueue(QueueSettings(num_records=40, records_per_task=10, num_epochs=1), clock=lambda: 0.0)
     for _ in range(3):
@@ -298,10 +587,11 @@ def test_the_rejected_counter_saturates() -> None:
 
 
 def test_the_number_of_cases(capsys: pytest.CaptureFixture[str]) -> None:
-    n = len(PS_IDS) + len(OVERFLOW_IDS) + len(COORD_CASES) + 4
+    waiting = 2 * len(MODES) + 1 + len(MODES) + 1 + len(OVERSIZED) + 1 + 1 + 1  # held calls, limits, deadlines, sizes
+    n = len(PS_IDS) + len(OVERFLOW_IDS) + len(COORD_CASES) + waiting + 4
     with capsys.disabled():
         print(f"\nfuzz cases: {n} ({len(PS_IDS)} PS calls, {len(OVERFLOW_IDS)} overflowing updates, "
-              f"{len(COORD_CASES)} coordinator calls, 4 more)")  # fmt: skip
+              f"{len(COORD_CASES)} coordinator calls, {waiting} held, stalled or oversized calls, 4 more)")  # fmt: skip
     assert n >= 200
 
 

@@ -1,0 +1,35 @@
+"""A shard's model seen from the wire: its tensors' names, dtypes and shapes, and their bytes.
+
+Built once per installed model (``Model.layout``), read by the servicer's intake checks
+(``intake.py``) before a stream's payload arrives: no lock, no array touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+Spec = tuple[np.dtype[np.generic], tuple[int, ...]]  # a tensor's dtype and shape
+
+
+@dataclass(frozen=True)
+class Layout:
+    variables: Mapping[str, Spec]
+    state: Mapping[str, Spec]
+    adopts_state: bool  # the state table takes state tensors it does not hold (an old checkpoint's)
+    nbytes: int  # of the variables and the state tensors
+
+    @classmethod
+    def of(cls, variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray], *, adopts_state: bool) -> Layout:
+        return cls(
+            {name: (value.dtype, value.shape) for name, value in variables.items()},
+            {name: (value.dtype, value.shape) for name, value in state.items()},
+            adopts_state,
+            sum(int(v.nbytes) for v in variables.values()) + sum(int(v.nbytes) for v in state.values()),
+        )
+
+    @property
+    def empty(self) -> bool:
+        return not self.variables and not self.state
