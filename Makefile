@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench soak convergence proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -69,6 +69,14 @@ bench: $(STAMP)
 # legitimate calls, PS memory, the model finite (docs/reliability.md). Not part of `make test`.
 soak: $(STAMP)
 	$(PY) -m bench.soak
+
+# The operator at 2 PS + 32..1,024 workers on a kwok cluster tuned for it (12 nodes x 110 pods; the
+# scheduler, controller-manager and kwok with raised client rates), at a given QPS and at its default:
+# time to status, last create, all Running, requests per pod, peak QPS, deletion (docs/operator-scale.md).
+# Not part of `make bench`: it brings up its own control plane (about 10 minutes on 2 cores).
+SCALE_ARGS ?=
+scale: $(STAMP) cluster-binaries
+	$(PY) -m bench.operator_scale $(SCALE_ARGS)
 
 # Sync against async MNIST: test accuracy over wall time (docs/convergence.md).
 convergence: $(STAMP)

@@ -8,13 +8,15 @@ good at: kubeconfig / in-cluster credentials, TLS, token refresh and connection 
 Outcomes the operator expects are values, not errors: a create answered 409 AlreadyExists returns
 False (an earlier pass made it), a delete answered 404 NotFound or 409 (its uid precondition
 failed: the pod was already replaced) returns False. Anything else raises :class:`ApiError`.
-Every request is counted (``counting``), for the job whose pass is running.
+Every request is counted (``counting``), for the job whose pass is running, and waits its turn at
+the operator's client-side rate limit (``throttling``: QPS and burst, shared with kopf's requests).
+The connection pool holds ``connections`` connections, enough for ``executing``'s concurrent creates.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
@@ -23,6 +25,7 @@ import kubernetes.config
 from elasticps.api.spec import GROUP, PLURAL, VERSION
 from elasticps.operator.counting import OURS, RequestCounter, current_job
 from elasticps.operator.manifests import LABEL_JOB
+from elasticps.operator.throttling import RateLimiter
 
 MERGE_PATCH = "application/merge-patch+json"
 # The client is partly typed (and its generated layer re-validates every argument): used untyped here.
@@ -55,14 +58,25 @@ def load_client_config() -> Any:
 
 
 class ClusterApi:
-    def __init__(self, configuration: Any, counter: RequestCounter, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        configuration: Any,
+        counter: RequestCounter,
+        timeout_s: float = 30.0,
+        limiter: RateLimiter | None = None,
+        connections: int = 16,
+    ) -> None:
+        configuration.connection_pool_maxsize = max(int(configuration.connection_pool_maxsize or 0), connections)
         self._client: Any = k8s.ApiClient(configuration)
         self._client.user_agent = "elasticps-operator"
         self._timeout_s = timeout_s
+        self.limiter = limiter or RateLimiter(qps=0)
         rest = self._client.rest_client
         send: Callable[..., Any] = rest.request
+        wait = self.limiter.wait
 
         def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            wait()
             counter.record(OURS, method, url, current_job.get())
             return send(method, url, *args, **kwargs)
 
@@ -93,6 +107,47 @@ class ClusterApi:
                 return None
             raise
 
+    def list_job_pods(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """Every pod any job labelled (in ``namespace``; None: every namespace) and the list's resourceVersion."""
+        path = _collection(namespace, "pods") if namespace else "/api/v1/pods"
+        status, body = self._call("GET", path, query=[("labelSelector", LABEL_JOB)])
+        listed = self._ok(status, body)
+        items = listed.get("items")
+        meta = listed.get("metadata")
+        version = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+        return ([i for i in items if isinstance(i, dict)] if isinstance(items, list) else []), version
+
+    def watch_job_pods(
+        self, namespace: str | None, resource_version: str, timeout_s: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(type, object)`` of every change to those pods after ``resource_version`` (ADDED, MODIFIED,
+        DELETED, BOOKMARK; ERROR with a Status, e.g. 410 when that version is too old), until the
+        server ends the stream after ``timeout_s`` (a silent connection is given up 30 s later)."""
+        path = _collection(namespace, "pods") if namespace else "/api/v1/pods"
+        query = [
+            ("labelSelector", LABEL_JOB), ("watch", "true"), ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version), ("timeoutSeconds", str(timeout_s)),
+        ]  # fmt: skip
+        request = self._client.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        response = self._client.call_api(*request, _request_timeout=(self._timeout_s, timeout_s + 30))
+        raw = response.response
+        try:
+            if response.status != 200:
+                response.read()
+                self._ok(int(response.status), json.loads(response.data or b"{}"))
+            buffer = b""
+            for chunk in raw.read_chunked(None, decode_content=True):  # each chunk as it arrives
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        yield str(event.get("type")), event.get("object") or {}
+        finally:
+            raw.release_conn()
+
     def _list(self, path: str, job: str) -> list[dict[str, Any]]:
         status, body = self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")])
         items = self._ok(status, body).get("items")
@@ -118,6 +173,16 @@ class ClusterApi:
             return False
         self._ok(status, body)
         return True
+
+    def delete_pods(self, namespace: str, selector: str) -> None:
+        """Deletes every pod ``selector`` matches with one request (a ``deletecollection``): the API
+        server deletes them, each gracefully, instead of one request per pod."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        status, body = self._call(
+            "DELETE", _collection(namespace, "pods"), query=[("labelSelector", selector)], body=options
+        )
+        if status != 404:
+            self._ok(status, body)
 
     def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
         """Applies ``patch``, a JSON merge patch of ``.status``; False when the job is gone."""

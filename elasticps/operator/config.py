@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.replicas import PS_PORT
+from elasticps.operator.executing import DEFAULT_CONCURRENCY
 from elasticps.operator.rendering import Renderer
+from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
 # Where PS 0's coordinator answers: the headless Service of PS 0 (stable across PS restarts).
@@ -29,6 +31,9 @@ class OperatorConfig:
     ``debounce_s``: a burst of pod events within this window makes one pass.
     ``resync_s``: a job with no pass for this long gets one anyway (the idle-aware timer).
     ``stats_file``: where the API request counts are written as JSON (none: only logged).
+    ``kube_api_qps`` / ``kube_api_burst``: the client-side rate limit every request of the operator
+    waits for (client-go's QPS and burst; ``throttling`` says why the defaults); QPS 0: no limit.
+    ``kube_api_concurrency``: how many creates or deletes of one pass are in flight at once.
     ``planner``: the planner's settings; ``rendering``: how replicas become pods (command, the
     NetworkPolicy's operator peer).
     """
@@ -43,6 +48,9 @@ class OperatorConfig:
     stats_file: Path | None = None
     stats_log_interval_s: float = 60.0
     metrics_port: int = 0  # Prometheus metrics (reconcile passes, latency, actions); 0: off
+    kube_api_qps: float = DEFAULT_QPS
+    kube_api_burst: int = DEFAULT_BURST
+    kube_api_concurrency: int = DEFAULT_CONCURRENCY
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     rendering: Renderer = field(default_factory=Renderer)
 

@@ -3,7 +3,10 @@
 Callers: ``cluster_api`` records each request of the passes (the job under way is known, so each
 one is also counted for its job); ``handlers`` hands kopf an ``aiohttp`` session whose trace hook
 records kopf's requests (watches, its annotations on the TrainingJob: those name the job in
-their path). ``snapshot()`` is what is logged and written to ``--stats_file``.
+their path). ``snapshot()`` is what is logged and written to ``--stats_file``: the counts, the requests of each
+wall-clock second (the last ``SECONDS_KEPT`` of them) and the busiest second so far (``peak_qps``),
+and for each job when its first and last request of each kind was sent (``first_at``/``last_at``,
+Unix time: how long after ``kubectl apply`` the operator sent its last create).
 
 A request is described as ``VERB resource`` the way the API server's audit log would: ``list pods``,
 ``create pods``, ``patch trainingjobs/status``, ``watch pods``.
@@ -14,10 +17,12 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticps.files import write_atomically
 
@@ -26,6 +31,8 @@ current_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("elasti
 
 OURS = "elasticps"
 KOPF = "kopf"
+SECONDS_KEPT = 900
+V = TypeVar("V")
 
 
 def describe(method: str, url: str) -> tuple[str, str, str | None]:
@@ -47,7 +54,7 @@ def describe(method: str, url: str) -> tuple[str, str, str | None]:
         "POST": "create",
         "PUT": "update",
         "PATCH": "patch",
-        "DELETE": "delete",
+        "DELETE": "delete" if name else "deletecollection",
     }.get(method, "get" if name else ("watch" if query.get("watch", [""])[0] in ("true", "1") else "list"))
     job = f"{namespace}/{name}" if namespace and name and rest and rest[0] == "trainingjobs" else None
     return verb, resource, job
@@ -56,10 +63,15 @@ def describe(method: str, url: str) -> tuple[str, str, str | None]:
 class RequestCounter:
     """Thread-safe counts of requests, by source (ours / kopf's), by kind of request and by job."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._by_kind: Counter[tuple[str, str]] = Counter()
         self._by_job: dict[str, Counter[tuple[str, str]]] = {}
+        self._first_at: dict[str, dict[tuple[str, str], float]] = {}
+        self._last_at: dict[str, dict[tuple[str, str], float]] = {}
+        self._seconds: dict[int, int] = {}  # wall-clock second -> requests sent in it
+        self._peak = 0
         self._changes = 0
 
     def record(self, source: str, method: str, url: str, job: str | None = None) -> None:
@@ -67,9 +79,17 @@ class RequestCounter:
         key = (source, f"{verb} {resource}")
         job = job or named_job
         with self._lock:
+            now = self._clock()
             self._by_kind[key] += 1
             if job is not None:
                 self._by_job.setdefault(job, Counter())[key] += 1
+                self._first_at.setdefault(job, {}).setdefault(key, now)
+                self._last_at.setdefault(job, {})[key] = now
+            second = int(now)
+            self._seconds[second] = count = self._seconds.get(second, 0) + 1
+            self._peak = max(self._peak, count)
+            if len(self._seconds) > SECONDS_KEPT:
+                del self._seconds[min(self._seconds)]
             self._changes += 1
 
     @property
@@ -81,12 +101,23 @@ class RequestCounter:
         with self._lock:
             by_kind = dict(self._by_kind)
             by_job = {job: dict(c) for job, c in self._by_job.items()}
+            first_at = {job: dict(t) for job, t in self._first_at.items()}
+            last_at = {job: dict(t) for job, t in self._last_at.items()}
+            seconds, peak = dict(self._seconds), self._peak
         return {
             "total": sum(by_kind.values()),
             "by_source": _by_source(by_kind),
             "requests": _flat(by_kind),
+            "peak_qps": peak,
+            "per_second": {str(s): n for s, n in sorted(seconds.items())},
             "jobs": {
-                job: {"total": sum(c.values()), "by_source": _by_source(c), "requests": _flat(c)}
+                job: {
+                    "total": sum(c.values()),
+                    "by_source": _by_source(c),
+                    "requests": _flat(c),
+                    "first_at": _flat(first_at.get(job, {})),
+                    "last_at": _flat(last_at.get(job, {})),
+                }
                 for job, c in sorted(by_job.items())
             },
         }
@@ -108,5 +139,5 @@ def _by_source(counts: dict[tuple[str, str], int]) -> dict[str, int]:
     return dict(out)
 
 
-def _flat(counts: dict[tuple[str, str], int]) -> dict[str, int]:
-    return {f"{source} {kind}": n for (source, kind), n in sorted(counts.items())}
+def _flat(values: Mapping[tuple[str, str], V]) -> dict[str, V]:
+    return {f"{source} {kind}": v for (source, kind), v in sorted(values.items())}

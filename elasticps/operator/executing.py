@@ -1,30 +1,40 @@
 """Carries out one pass's actions against the API server, in the order the planner's contract wants.
 
 Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``) as
-``rendering`` made them Kubernetes objects. Order: deletes, then creates (the NetworkPolicy, so
-the PS pods are never reachable from outside the job; then Services, then PS pods, then workers,
-so a worker's first dial finds its PS Service), then Events, then the one status patch, then
-``DeleteJob``; ``Recheck`` is handed back
-to the work queue. Decisions stay with the planner; this module only reports what it did:
+``rendering`` made them Kubernetes objects. Order: deletes, then the one status patch (so a large
+job's status says Created, with its counts as they are, before its first pod is even asked for,
+not seconds later), then creates (the NetworkPolicy and the Services, so the PS pods are never
+reachable from outside the job and a worker's first dial finds its PS Service; then PS pods, then
+workers), then Events, then ``DeleteJob``; ``Recheck`` is handed back to the work queue.
+Decisions stay with the planner; this module only reports what it did:
 
+- The deletes, and the creates of each of those four stages, are sent concurrently, at most
+  ``concurrency`` at a time (a bounded thread pool); every request still waits its turn at the
+  operator's one client-side rate limit (``throttling``, inside ``ClusterApi``), so a 1,024-worker
+  job goes out as fast as the configured QPS lets it, and no faster.
 - 409 on a create and 404 on a delete are success (an earlier pass, or someone else, did it).
   A pod is deleted with its observed uid as a precondition, so a replacement created meanwhile
   under the same name is never deleted by mistake (409: already replaced, also success).
-- Each pod or Service created or deleted gets an Event on the TrainingJob (Kubeflow's reasons:
+- Pods and Services created or deleted get Events on the TrainingJob (Kubeflow's reasons:
   SuccessfulCreatePod, SuccessfulDeletePod, FailedCreatePod ...), beside the planner's own
-  (Restarting, BackoffLimitExceeded, Succeeded ...). Events are best effort: a failed Event post is
-  logged, never retried.
+  (Restarting, BackoffLimitExceeded, Succeeded ...): one per object while a pass touches at most
+  ``EVENT_BATCH`` of a kind (client-go's event correlator starts aggregating at the same count),
+  one for the whole batch beyond that ("Created 1026 pods: a, b, c, d and 1022 more"). Events are
+  best effort: a failed Event post is logged, never retried.
 - In a namespace being deleted nothing can be created: the pass ends quietly (the job goes with it).
-- Any other failed create or delete does not stop the pass (the status is still written, so the
-  restart count stays right); the outcome asks for a retry, with backoff.
+- Any other failed create or delete does not stop the pass; the outcome asks for a retry, with backoff.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from elasticps.api.spec import API_VERSION, KIND
 from elasticps.operator.cluster_api import ApiError, ClusterApi
@@ -43,6 +53,9 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "elasticps-operator"
 MAX_MESSAGE = 1024  # what `kubectl describe` shows comfortably; the API allows more
+EVENT_BATCH = 10  # up to this many objects of a kind per pass: an Event each; more: one for the batch
+DEFAULT_CONCURRENCY = 16
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,55 +76,79 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Done:
+    """What a pass did, by kind (``pods``, ``services``, ``networkpolicies``), for its log line and Events."""
+
+    created: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k, _, _ in _KINDS.values()})
+    create_failed: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # kind -> (name, error)
+    deleted: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+    delete_failed: list[tuple[str, str]] = field(default_factory=list)  # (name, error)
+    terminating: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 def execute(
-    actions: Sequence[ClusterAction], api: ClusterApi, job: JobRef, pod_uids: Mapping[str, str], now: float
+    actions: Sequence[ClusterAction],
+    api: ClusterApi,
+    job: JobRef,
+    pod_uids: Mapping[str, str],
+    now: float,
+    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> Outcome:
     outcome = Outcome()
-    events: list[Event] = []
-    created: dict[str, list[str]] = {"pods": [], "services": [], "networkpolicies": []}
-    deleted: list[str] = []
+    done = _Done()
 
     def failed(what: str, err: ApiError) -> None:
-        outcome.retry = True
-        outcome.errors.append(f"{what}: {err}")
+        with done.lock:
+            outcome.retry = True
+            outcome.errors.append(f"{what}: {err}")
         log.warning("%s/%s: %s failed: %s", job.namespace, job.name, what, err)
 
-    for action in actions:
-        if isinstance(action, DeletePod):
-            try:
-                if api.delete_pod(job.namespace, action.name, pod_uids.get(action.name, "")):
-                    deleted.append(action.name)
-                    events.append(Event("SuccessfulDeletePod", f"Deleted pod {action.name}: {action.reason}."))
-            except ApiError as err:
-                failed(f"deleting pod {action.name}", err)
-                events.append(Event("FailedDeletePod", f"Error deleting pod {action.name}: {err.message}", "Warning"))
+    def delete(action: DeletePod) -> None:
+        try:
+            if api.delete_pod(job.namespace, action.name, pod_uids.get(action.name, "")):
+                with done.lock:
+                    done.deleted.append((action.name, action.reason))
+        except ApiError as err:
+            failed(f"deleting pod {action.name}", err)
+            with done.lock:
+                done.delete_failed.append((action.name, err.message))
 
-    for action in _creation_order(actions):
-        kind, what, title = _KINDS[type(action)]
+    def create(action: CreateNetworkPolicy | CreateService | CreatePod) -> None:
+        kind, what, _ = _KINDS[type(action)]
         name = str(action.manifest["metadata"]["name"])
+        if done.terminating:
+            return
         try:
             if api.create(job.namespace, kind, action.manifest):
-                created[kind].append(name)
-                events.append(Event(f"SuccessfulCreate{title}", f"Created {what}: {name}"))
+                with done.lock:
+                    done.created[kind].append(name)
         except ApiError as err:
             if err.namespace_terminating:
                 # The namespace and the job in it are going: nothing more to create, nothing to retry.
                 log.debug("%s/%s: namespace terminating, %s %s not created", job.namespace, job.name, what, name)
-                return Outcome()
+                done.terminating = True
+                return
             failed(f"creating {what} {name}", err)
-            events.append(Event(f"FailedCreate{title}", f"Error creating {what} {name}: {err.message}", "Warning"))
+            with done.lock:
+                done.create_failed.setdefault(kind, []).append((name, err.message))
 
-    _log_changes(job, created, deleted, actions)
-    events.extend(a for a in actions if isinstance(a, Event))
-    for event in events:
-        _post_event(api, job, event, now)
-
+    _fan_out(delete, [a for a in actions if isinstance(a, DeletePod)], concurrency)
     for action in actions:
-        if isinstance(action, SetStatus):
-            if not api.patch_job_status(job.namespace, job.name, action.status):
-                outcome.gone = True
-                return outcome
-        elif isinstance(action, DeleteJob):
+        if isinstance(action, SetStatus) and not api.patch_job_status(job.namespace, job.name, action.status):
+            outcome.gone = True
+            return outcome
+    for stage in _creation_stages(actions):
+        _fan_out(create, stage, concurrency)
+        if done.terminating:
+            return Outcome()
+
+    _log_changes(job, done, actions)
+    for event in [*_events(done), *(a for a in actions if isinstance(a, Event))]:
+        _post_event(api, job, event, now)
+    for action in actions:
+        if isinstance(action, DeleteJob):
             api.delete_job(job.namespace, job.name)
             outcome.gone = True
         elif isinstance(action, Recheck):
@@ -119,14 +156,65 @@ def execute(
     return outcome
 
 
-def _log_changes(
-    job: JobRef, created: Mapping[str, Sequence[str]], deleted: Sequence[str], actions: Sequence[ClusterAction]
-) -> None:
+def _fan_out(work: Callable[[T], None], items: Sequence[T], concurrency: int) -> None:
+    """``work(item)`` for every item, at most ``concurrency`` at once; returns when all are done. Each
+    runs in the caller's context (``counting.current_job``: its requests are counted for the job)."""
+    if len(items) <= 1 or concurrency <= 1:
+        for item in items:
+            work(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(items)), thread_name_prefix="elasticps-api") as pool:
+        for future in [pool.submit(contextvars.copy_context().run, work, item) for item in items]:
+            future.result()  # ApiErrors are handled in ``work``: anything else is a bug, raised here
+
+
+def _events(done: _Done) -> list[Event]:
+    """The Events of what a pass did: one per object up to ``EVENT_BATCH`` of a kind, one per batch above."""
+    events: list[Event] = []
+    if done.deleted:
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in done.deleted:
+            by_reason.setdefault(reason, []).append(name)
+        for reason, names in by_reason.items():
+            if len(names) <= EVENT_BATCH:
+                events += [Event("SuccessfulDeletePod", f"Deleted pod {n}: {reason}.") for n in names]
+            else:
+                events.append(Event("SuccessfulDeletePod", f"Deleted {len(names)} pods ({reason}): {_names(names)}."))
+    if done.delete_failed:
+        events += _failures("FailedDeletePod", "deleting", "pod", "pods", done.delete_failed)
+    for kind, what, title in _KINDS.values():
+        created = sorted(done.created[kind], key=_natural)
+        if len(created) <= EVENT_BATCH:
+            events += [Event(f"SuccessfulCreate{title}", f"Created {what}: {n}") for n in created]
+        else:
+            events.append(Event(f"SuccessfulCreate{title}", f"Created {len(created)} {kind}: {_names(created)}"))
+        if done.create_failed.get(kind):
+            events += _failures(f"FailedCreate{title}", "creating", what, kind, done.create_failed[kind])
+    return events
+
+
+def _failures(reason: str, verb: str, what: str, plural: str, failures: Sequence[tuple[str, str]]) -> list[Event]:
+    failures = sorted(failures, key=lambda f: _natural(f[0]))
+    if len(failures) <= EVENT_BATCH:
+        return [Event(reason, f"Error {verb} {what} {name}: {message}", "Warning") for name, message in failures]
+    names = [name for name, _ in failures]
+    message = f"Error {verb} {len(names)} {plural} ({_names(names)}); the first: {failures[0][1]}"
+    return [Event(reason, message, "Warning")]
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """``tj-worker-10`` after ``tj-worker-9``."""
+    stem, _, index = name.rpartition("-")
+    return (stem, int(index)) if index.isdigit() else (name, -1)
+
+
+def _log_changes(job: JobRef, done: _Done, actions: Sequence[ClusterAction]) -> None:
     """One INFO line per pass that changed something: what it created or deleted, the new phase."""
     parts = []
-    for what, names in (("created network policies", created["networkpolicies"]),
-                        ("created services", created["services"]), ("created pods", created["pods"]),
-                        ("deleted pods", deleted)):  # fmt: skip
+    for what, names in (("created network policies", done.created["networkpolicies"]),
+                        ("created services", done.created["services"]),
+                        ("created pods", sorted(done.created["pods"], key=_natural)),
+                        ("deleted pods", [n for n, _ in done.deleted])):  # fmt: skip
         if names:
             parts.append(f"{what} {_names(names)}")
     phase = next((a.status.get("phase") for a in actions if isinstance(a, SetStatus) and "phase" in a.status), None)
@@ -149,12 +237,19 @@ _KINDS: dict[type, tuple[str, str, str]] = {
 }
 
 
-def _creation_order(actions: Sequence[ClusterAction]) -> list[CreateNetworkPolicy | CreateService | CreatePod]:
-    policies = [a for a in actions if isinstance(a, CreateNetworkPolicy)]
-    services = [a for a in actions if isinstance(a, CreateService)]
-    pods = [a for a in actions if isinstance(a, CreatePod)]
-    ps_first = sorted(pods, key=lambda a: a.manifest["metadata"].get("labels", {}).get(LABEL_ROLE) != "ps")
-    return [*policies, *services, *ps_first]
+def _creation_stages(actions: Sequence[ClusterAction]) -> list[list[CreateNetworkPolicy | CreateService | CreatePod]]:
+    """The NetworkPolicy, the Services, the PS pods, then the workers: each stage sent concurrently,
+    the next one started when the last finished."""
+    stages: list[list[CreateNetworkPolicy | CreateService | CreatePod]] = [[], [], [], []]
+    for action in actions:
+        if isinstance(action, CreateNetworkPolicy):
+            stages[0].append(action)
+        elif isinstance(action, CreateService):
+            stages[1].append(action)
+        elif isinstance(action, CreatePod):
+            is_ps = action.manifest["metadata"].get("labels", {}).get(LABEL_ROLE) == "ps"
+            stages[2 if is_ps else 3].append(action)
+    return [stage for stage in stages if stage]
 
 
 def event_manifest(job: JobRef, event: Event, now: float) -> dict[str, object]:

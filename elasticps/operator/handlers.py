@@ -7,31 +7,31 @@ Run with ``elasticps operator`` (which imports this module and runs kopf with a 
 
 - TrainingJob created, resumed (operator start) or changed (``spec``; ``kubectl scale`` goes through
   the scale subresource to ``spec.worker.replicas``) -> a pass of that job;
-- any event of a pod labelled ``elasticps.io/job-name`` -> a pass of its owner;
-- a TrainingJob deleted -> its queue entry and coordinator channel are dropped (no finalizer:
-  garbage collection deletes the children through their ownerReferences);
+- any event of a pod labelled ``elasticps.io/job-name`` -> a pass of its owner (watched by
+  ``podwatch``, not kopf: see there why);
+- a TrainingJob deleted -> its queue entry and coordinator channel are dropped, and its pods deleted
+  with one request (a deletecollection by the job's uid label; no finalizer: garbage collection
+  deletes the rest, and the pods too if the operator is down, through their ownerReferences);
 - on top, each job gets a pass after ``resync_s`` without one (``queueing``).
 
 kopf's own bookkeeping goes into annotations (``elasticps.io/...``), not into ``.status``: the CRD
 declares every status field, so the API server would prune kopf's ``status.kopf``. Its watch
 requests carry both a server-side and a client-side timeout, so a silently dropped connection
-cannot stall the operator (kopf's known watch hang). Pods are watched with a server-side label
-selector, so a busy cluster's other pods never reach the operator. Only kopf's warnings become Events.
+cannot stall the operator (kopf's known watch hang). Only kopf's warnings become Events.
+kopf's requests are counted and wait at the same client-side rate limit as ours (``throttling``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import kopf
 
-from elasticps.api.spec import GROUP, KIND, PLURAL, VERSION
+from elasticps.api.spec import GROUP, PLURAL, VERSION
 from elasticps.operator.config import OperatorConfig
 from elasticps.operator.counting import KOPF, RequestCounter
-from elasticps.operator.manifests import LABEL_JOB
 from elasticps.operator.runtime import OperatorRuntime
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.request_timeout = config.request_timeout_s
     settings.posting.level = logging.WARNING
     settings.peering.standalone = True
-    # Only our pods, filtered by the API server: kopf would otherwise watch every pod of the cluster.
-    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
     runtime = OperatorRuntime(config, RequestCounter())
     runtime.start()
     memo["runtime"] = runtime
@@ -82,8 +80,10 @@ async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.AiohttpSession | kopf.Co
     if info is None or "runtime" not in memo:
         return info
     counter = _runtime(memo).counter
+    limiter = _runtime(memo).limiter
 
     async def on_request_start(_session: Any, _ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        await limiter.wait_async()
         counter.record(KOPF, params.method, str(params.url))
 
     trace = aiohttp.TraceConfig()
@@ -113,19 +113,9 @@ async def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_event(type: str, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def job_event(type: str, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any) -> None:
     if type == "DELETED":
-        _runtime(memo).forget(namespace or "default", name)
-
-
-@kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-async def pod_event(namespace: str | None, labels: Mapping[str, str], meta: kopf.Meta, memo: Any, **_: Any) -> None:
-    _runtime(memo).request(namespace or "default", owner(labels, meta))
-
-
-def owner(labels: Any, meta: Any) -> str:
-    """The TrainingJob a pod belongs to: its controller reference, else its job-name label."""
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            return str(ref["name"])
-    return str(labels[LABEL_JOB])
+        runtime = _runtime(memo)
+        runtime.forget(namespace or "default", name, meta.uid or "")
+        if meta.uid:
+            await runtime.delete_pods(namespace or "default", name, meta.uid)

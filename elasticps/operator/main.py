@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 
 from elasticps.operator.config import DEFAULT_COORDINATOR_ADDRESS, OperatorConfig
+from elasticps.operator.executing import DEFAULT_CONCURRENCY
+from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
 
@@ -39,6 +41,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics_port", type=int, default=0, help="serve Prometheus metrics (reconcile passes, latency) here; 0: off"
     )
+    parser.add_argument(
+        "--kube_api_qps",
+        type=float,
+        default=DEFAULT_QPS,
+        help="requests per second the operator may send to the API server, kopf's included (0: no limit; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kube_api_burst", type=int, default=DEFAULT_BURST, help="requests it may send at once above that rate (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--kube_api_concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="creates or deletes of one job in flight at once (default: %(default)s)",
+    )
     parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
 
 
@@ -46,6 +64,11 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     for value, flag in ((args.coordinator_timeout, "--coordinator_timeout"), (args.resync_seconds, "--resync_seconds")):
         if value <= 0:
             raise SystemExit(f"error: {flag} must be > 0, got {value}")
+    if args.kube_api_qps < 0:
+        raise SystemExit(f"error: --kube_api_qps must be >= 0 (0: no limit), got {args.kube_api_qps}")
+    for value, flag in ((args.kube_api_burst, "--kube_api_burst"), (args.kube_api_concurrency, "--kube_api_concurrency")):
+        if value < 1:
+            raise SystemExit(f"error: {flag} must be >= 1, got {value}")
     try:
         args.coordinator_address.format(job="j", namespace="n")
     except (KeyError, IndexError, ValueError) as err:
@@ -57,6 +80,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         resync_s=args.resync_seconds,
         stats_file=args.stats_file,
         metrics_port=args.metrics_port,
+        kube_api_qps=args.kube_api_qps,
+        kube_api_burst=args.kube_api_burst,
+        kube_api_concurrency=args.kube_api_concurrency,
         planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
     )
 

@@ -50,6 +50,9 @@ from elasticps.planning.roles import ingress_policy_name, role_spec
 from elasticps.planning.roles import selector as selector
 
 CONTAINER = "elasticps"
+# Every pod also carries its job's uid: deleting a job deletes its pods with one request selecting
+# this label (a job of the same name created meanwhile has another uid, so its pods are left alone).
+LABEL_JOB_UID = "elasticps.io/job-uid"
 PORT_NAME = "grpc"
 HEALTH_PORT = 2223  # the worker's grpc.health.v1 server (the PS answers health on PS_PORT itself)
 METRICS_PORT = 9090  # Prometheus /metrics, PS and worker alike
@@ -205,7 +208,7 @@ def pod_manifest(
     metadata: dict[str, Any] = {
         "name": rep.name,
         "namespace": job.namespace,
-        "labels": {**_mapping(t_meta.get("labels"), f"{where}.metadata.labels"), **own},
+        "labels": {**_mapping(t_meta.get("labels"), f"{where}.metadata.labels"), **own, LABEL_JOB_UID: uid},
         "ownerReferences": [owner_reference(job, uid)],
     }
     metadata["annotations"] = {**SCRAPE_ANNOTATIONS, **_mapping(t_meta.get("annotations"), f"{where}.metadata.annotations")}

@@ -3,8 +3,8 @@
 Callers: the work queue (``queueing``), from a worker thread, never two passes of one job at once.
 A pass:
 1. reads the job (GET: its ``.status`` must be what the previous pass wrote, not a watch event
-   that may lag behind it); gone or being deleted -> nothing to do (garbage collection removes the
-   pods and Services through their ownerReferences);
+   that may lag behind it); gone -> nothing to do; being deleted (in the foreground) -> its pods
+   are deleted with one request, garbage collection removes the rest through their ownerReferences;
 2. parses its spec once (``SpecError`` -> ``plan_invalid``: Failed, reason InvalidSpec, no retry loop);
 3. lists the job's pods, Services and NetworkPolicies by the ``elasticps.io/job-name`` label (fresh,
    not from a cache; NetworkPolicies the operator may not list are "not observed", not an error);
@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 from elasticps.api.parsing import SpecError, parse_job
 from elasticps.operator.cluster_api import ClusterApi
 from elasticps.operator.counting import current_job
-from elasticps.operator.executing import JobRef, Outcome, execute
+from elasticps.operator.executing import DEFAULT_CONCURRENCY, JobRef, Outcome, execute
+from elasticps.operator.manifests import LABEL_JOB_UID
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import observe_names, observe_pods, observe_services, ps0_running
 from elasticps.api.spec import JobPhase
@@ -55,7 +56,8 @@ class JobKey:
 
 class Reconcile:
     """``Reconcile(api, probe, settings)(key) -> Outcome``: the pass, with its collaborators bound;
-    ``renderer`` turns replicas into pods (the containers' command, the NetworkPolicy's operator peer)."""
+    ``renderer`` turns replicas into pods (the containers' command, the NetworkPolicy's operator peer);
+    ``concurrency``: how many creates or deletes of a pass are in flight at once."""
 
     def __init__(
         self,
@@ -65,9 +67,10 @@ class Reconcile:
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
         renderer: Renderer = Renderer(),
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
-        self.renderer = renderer
+        self.renderer, self.concurrency = renderer, concurrency
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())
 
     def __call__(self, key: JobKey) -> Outcome:
@@ -90,6 +93,7 @@ class Reconcile:
             return Outcome(gone=True)
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp"):
+            self._delete_pods(key, str(meta.get("uid") or ""))
             return Outcome()
         ref = JobRef(key.namespace, key.name, str(meta.get("uid") or ""))
         status: dict[str, Any] = body["status"] if isinstance(body.get("status"), dict) else {}
@@ -120,6 +124,14 @@ class Reconcile:
         actions = self.renderer.render(planned, job, ref.uid)
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
 
+    def _delete_pods(self, key: JobKey, uid: str) -> None:
+        """A job being deleted in the foreground waits for its pods: they go with one request (once:
+        a pod already being deleted is not asked again), not one by one by the garbage collector."""
+        items = self.api.list_pods(key.namespace, key.name)
+        owned = [p for p in observe_pods(items, key.name, uid) if not p.deleted]
+        if uid and owned:
+            self.api.delete_pods(key.namespace, f"{LABEL_JOB_UID}={uid}")
+
     def _execute(
         self, actions: Sequence[ClusterAction], ref: JobRef, uids: dict[str, str], now: float, status: dict[str, Any]
     ) -> Outcome:
@@ -128,7 +140,7 @@ class Reconcile:
         for action in actions:
             # Counted as carried out, by Kubernetes kind (CreatePod, DeletePod ...), not as planned.
             self.metrics.actions.labels(kind=type(action).__name__).inc()
-        outcome = execute(actions, self.api, ref, uids, now)
+        outcome = execute(actions, self.api, ref, uids, now, self.concurrency)
         patched = next((a.status for a in actions if isinstance(a, SetStatus)), {})
         outcome.finished = patched.get("phase", status.get("phase")) in FINISHED
         return outcome

@@ -4,7 +4,9 @@ Callers: the planner's rules emit these; the operator's ``rendering`` turns the 
 into Pods, Services and a NetworkPolicy, the local runner into processes (it skips Services and
 the NetworkPolicy by design: local processes dial 127.0.0.1 ports). An executor carries them out
 in this order: deletes, then creates (the policy, Services, then PS replicas before workers), then
-Events, then the one ``SetStatus``, then ``DeleteJob``; ``Recheck`` says when to plan again.
+Events, then ``DeleteJob``; ``Recheck`` says when to plan again. The one ``SetStatus`` depends on
+none of them: the operator writes it right after the deletes (a large job's status then shows at
+once, not after its last create), the local runner keeps it in memory.
 Every action is idempotent: creating what exists and deleting what is gone are not errors.
 """
 

@@ -25,6 +25,12 @@ Environment:
                          assets dir for the versions pinned in versions.sh)
   CPU_NODES, GPU_NODES, GPUS_PER_NODE   fake node layout (3, 1, 2)
 
+`up --cpu-nodes N --pods-per-node P` sizes the fake nodes for scale tests (P is each node's pod
+capacity, 110 by default as a kubelet's maxPods); `up --kube-api-qps Q --kube-api-burst B` raises the
+client rates of kube-scheduler and kube-controller-manager (their defaults are 50/100 and 20/30), and
+`--kwok-parallelism N` kwok's (its pods move to Running 4 at a time by default), so a scale test
+measures the operator, not the scheduler's, the garbage collector's or kwok's own limits.
+
 `up --real-node` adds one real node (hack/cluster/realnode.py): containerd, kubelet, kube-proxy
 and CoreDNS on this machine, as root; `load-image REF` copies an image from the local Docker
 engine into its containerd.
@@ -274,8 +280,8 @@ def start(name: str, args: list[str], logs: Path) -> subprocess.Popen:
     return proc
 
 
-def node_manifest(name: str, cpu: str, memory: str, gpus: int) -> dict:
-    capacity = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
+def node_manifest(name: str, cpu: str, memory: str, gpus: int, pods: int = 110) -> dict:
+    capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "100Gi"}
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "type": "kwok",
@@ -421,8 +427,10 @@ def cmd_up(args: argparse.Namespace) -> None:
     t_api = time.monotonic() - t_start
     log(f"kube-apiserver ready after {t:.1f}s ({t_api:.1f}s since up)")
 
+    rates = [f"--kube-api-qps={args.kube_api_qps:g}", f"--kube-api-burst={args.kube_api_burst}"] \
+        if args.kube_api_qps else []
     record("kube-controller-manager", start("kube-controller-manager", [
-        exe["kube-controller-manager"], f"--kubeconfig={kc}",
+        exe["kube-controller-manager"], f"--kubeconfig={kc}", *rates,
         f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
         "--bind-address=127.0.0.1", f"--secure-port={ports['kcm']}",
         # One instance only: leader election would just add a lease wait.
@@ -431,12 +439,23 @@ def cmd_up(args: argparse.Namespace) -> None:
         f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
     ], logs))
     record("kube-scheduler", start("kube-scheduler", [
-        exe["kube-scheduler"], f"--kubeconfig={kc}",
+        exe["kube-scheduler"], f"--kubeconfig={kc}", *rates,
         f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
         "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}", "--leader-elect=false",
     ], logs))
+    kwok_config = []
+    if args.kwok_parallelism:
+        # kwok moves pods through their stages (bound -> Running, deleted -> gone) 4 at a time by
+        # default: a 1,024-pod job would measure kwok. Its stages stay the built-in defaults.
+        path = STATE_DIR / "kwok.yaml"
+        path.write_text(json.dumps({
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+            "options": {"podPlayStageParallelism": args.kwok_parallelism,
+                        "nodePlayStageParallelism": args.kwok_parallelism},
+        }) + "\n")
+        kwok_config = [f"--config={path}"]
     record("kwok", start("kwok", [
-        exe["kwok"], f"--kubeconfig={kc}",
+        exe["kwok"], f"--kubeconfig={kc}", *kwok_config,
         "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
         f"--server-address=127.0.0.1:{ports['kwok']}",
         # Node addresses are what the apiserver dials for logs/exec: keep them
@@ -454,13 +473,13 @@ def cmd_up(args: argparse.Namespace) -> None:
         t = wait_for(name, lambda u=url: http_ok(u, insecure=True), 60, procs[name], logs / f"{name}.log")
         log(f"{name} healthy ({time.monotonic() - t_start:.1f}s since up)")
 
-    cpu_nodes = int(os.environ.get("CPU_NODES", "3"))
+    cpu_nodes = args.cpu_nodes if args.cpu_nodes is not None else int(os.environ.get("CPU_NODES", "3"))
     gpu_nodes = int(os.environ.get("GPU_NODES", "1"))
     gpus = int(os.environ.get("GPUS_PER_NODE", "2"))
     names = []
     for i in range(cpu_nodes):
         names.append(f"kwok-cpu-{i}")
-        manifest = node_manifest(names[-1], "8", "32Gi", 0)
+        manifest = node_manifest(names[-1], "8", "32Gi", 0, args.pods_per_node)
         code, body = api.call("POST", "/api/v1/nodes", manifest)
         if code not in (201, 409):
             sys.exit(f"creating node {names[-1]}: {code} {body}")
@@ -712,6 +731,13 @@ def main() -> None:
     u = sub.add_parser("up")
     u.add_argument("--real-node", action="store_true",
                    help="also one real node (containerd, kubelet, kube-proxy, CoreDNS); needs root")
+    u.add_argument("--cpu-nodes", type=int, default=None, help="fake CPU nodes (default: $CPU_NODES or 3)")
+    u.add_argument("--pods-per-node", type=int, default=110, help="pod capacity of each fake CPU node (default: 110)")
+    u.add_argument("--kube-api-qps", type=float, default=0,
+                   help="client QPS of kube-scheduler and kube-controller-manager (default: theirs, 50 and 20)")
+    u.add_argument("--kube-api-burst", type=int, default=0, help="their client burst, with --kube-api-qps")
+    u.add_argument("--kwok-parallelism", type=int, default=0,
+                   help="pods (and nodes) kwok moves through their stages at once (default: kwok's, 4)")
     u.set_defaults(fn=cmd_up)
     li = sub.add_parser("load-image", help="docker save REF | ctr import into the real node's containerd")
     li.add_argument("refs", nargs="+")

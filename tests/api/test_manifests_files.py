@@ -39,10 +39,11 @@ NAMESPACED: dict[Permission, str] = {
     ("elasticps.io", "trainingjobs/finalizers", "update"): (
         "children's ownerReferences carry blockOwnerDeletion (OwnerReferencesPermissionEnforcement)"
     ),
-    ("", "pods", "list"): "cluster_api.list_pods; kopf's pod watch (initial listing)",
-    ("", "pods", "watch"): "kopf: on.event of labelled pods",
+    ("", "pods", "list"): "cluster_api.list_pods, list_job_pods (podwatch's listing)",
+    ("", "pods", "watch"): "cluster_api.watch_job_pods (podwatch: every labelled pod's changes)",
     ("", "pods", "create"): "cluster_api.create('pods')",
     ("", "pods", "delete"): "cluster_api.delete_pod",
+    ("", "pods", "deletecollection"): "cluster_api.delete_pods (a deleted job's pods, at once)",
     ("", "services", "list"): "cluster_api.list_services",
     ("", "services", "create"): "cluster_api.create('services')",
     ("", "events", "create"): "cluster_api.create('events'); kopf's posted warnings",
@@ -59,6 +60,8 @@ REQUIRED = {**NAMESPACED, **CLUSTER_SCOPED}
 CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     "get_job": {("elasticps.io", "trainingjobs", "get")},
     "list_pods": {("", "pods", "list")},
+    "list_job_pods": {("", "pods", "list")},
+    "watch_job_pods": {("", "pods", "watch")},
     "list_services": {("", "services", "list")},
     "list_network_policies": {("networking.k8s.io", "networkpolicies", "list")},
     "create": {
@@ -66,12 +69,13 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
         ("networking.k8s.io", "networkpolicies", "create"),
     },  # fmt: skip
     "delete_pod": {("", "pods", "delete")},
+    "delete_pods": {("", "pods", "deletecollection")},
     "patch_job_status": {("elasticps.io", "trainingjobs/status", "patch")},
     "delete_job": {("elasticps.io", "trainingjobs", "delete")},
     "close": set(),
 }
 # The resources kopf watches (list + watch) for our handlers: (group, plural).
-KOPF_WATCHED = {("elasticps.io", "trainingjobs"), ("", "pods")}
+KOPF_WATCHED = {("elasticps.io", "trainingjobs")}
 
 
 def expand(rules: list[dict[str, Any]]) -> set[Permission]:
@@ -302,6 +306,21 @@ def test_helm_default_renders_the_cluster_wide_operator(helm: str) -> None:
     assert "--metrics_port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for doc in docs:
         validate(doc)
+
+
+def test_helm_sets_the_operators_client_rate_limit(helm: str) -> None:
+    from elasticps.cli import _parser
+    from elasticps.operator.main import config_from_args
+
+    def config(*sets: str) -> Any:
+        [deployment] = by_kind(render(helm, *sets), "Deployment")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        return config_from_args(_parser().parse_args(operator_argv(container)))
+
+    default = config()
+    assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_concurrency) == (50, 100, 16)
+    raised = config("kubeApi.qps=400", "kubeApi.burst=800", "kubeApi.concurrency=32")
+    assert (raised.kube_api_qps, raised.kube_api_burst, raised.kube_api_concurrency) == (400, 800, 32)
 
 
 def test_helm_with_watch_namespaces_renders_roles_per_namespace(helm: str) -> None:

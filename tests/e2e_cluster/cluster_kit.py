@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import urllib3
 import yaml
 
 from elasticps.proto import elasticps_pb2 as pb
@@ -107,6 +109,57 @@ def training_job(name: str, workers: int = 2, n_ps: int = 1, **spec: Any) -> dic
     for key, value in spec.items():
         body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
     return {"apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": body}
+
+
+# ---- watches ------------------------------------------------------------------------------------------
+@dataclass
+class Watch:
+    """Every event of one watch (``path``: a collection of the API), in the API server's order, with the
+    object's resourceVersion: ``events`` holds ``(type, name, resourceVersion, object)``. Events of two
+    watches are ordered by resourceVersion (one etcd here: its revisions only grow)."""
+
+    env: dict[str, str]
+    path: str
+    events: list[tuple[str, str, int, dict[str, Any]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> Watch:
+        import kubernetes.client
+        import kubernetes.config
+
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=self.env["KUBECONFIG"], client_configuration=configuration)
+        client = kubernetes.client.ApiClient(configuration)
+        request = client.param_serialize(
+            "GET", self.path, query_params=[("watch", "true"), ("timeoutSeconds", "600")],
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = client.call_api(*request, _request_timeout=(10, 700))  # the body is left unread
+        raw = response.response
+
+        def run() -> None:
+            assert client is not None  # held: a collected ApiClient closes its connections
+            buffer = b""
+            try:
+                for chunk in raw.read_chunked(None, decode_content=True):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            event = json.loads(line)
+                            meta = event["object"]["metadata"]
+                            self.events.append((event["type"], meta["name"], int(meta["resourceVersion"]), event["object"]))
+                    if self._stop.is_set():
+                        break
+            except urllib3.exceptions.HTTPError:
+                pass  # the connection went (the cluster stopped, or the test ended): so does the watch
+            raw.release_conn()
+
+        threading.Thread(target=run, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 # ---- the operator, a real process ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from elasticps.planning.settings import PlannerSettings
 from elasticps.operator.queueing import WorkQueue
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.reconciling import JobKey, Reconcile
+from elasticps.operator.throttling import RateLimiter
 from elasticps.proto import elasticps_pb2 as pb
 
 UID = "job-uid"
@@ -146,12 +147,15 @@ def test_counts_by_source_kind_and_job() -> None:
 class FakeApi:
     def __init__(self, existing: tuple[str, ...] = (), refuse: dict[str, ApiError] | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str, str]] = []
         self.existing = set(existing)
         self.refuse = refuse or {}
 
     def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
         name = manifest["metadata"].get("name") or manifest.get("reason", "")
         self.calls.append((f"create {plural}", name))
+        if plural == "events":
+            self.events.append((name, manifest["reason"], manifest["message"]))
         if name in self.refuse:
             raise self.refuse[name]
         return name not in self.existing
@@ -173,7 +177,7 @@ def pod_action(name: str, role: str) -> CreatePod:
     return CreatePod({"metadata": {"name": name, "labels": {"elasticps.io/replica-type": role}}})
 
 
-def test_actions_run_deletes_policy_services_ps_workers_events_status_in_that_order() -> None:
+def test_actions_run_deletes_status_policy_services_ps_workers_events_in_that_order() -> None:
     api = FakeApi(existing=("tj-worker-1",))
     actions = [
         pod_action("tj-worker-1", "worker"), pod_action("tj-ps-0", "ps"), CreateService({"metadata": {"name": "tj-ps-0"}}),
@@ -183,16 +187,63 @@ def test_actions_run_deletes_policy_services_ps_workers_events_status_in_that_or
     outcome = execute(actions, api, JobRef("ns", "tj", UID), {"tj-worker-0": "u0"}, now=0.0)  # type: ignore[arg-type]
     assert [c for c in api.calls if c[0] != "create events"] == [
         ("delete pods", "tj-worker-0@u0"),  # only the pod that was observed
+        ("patch status", "['phase']"),  # before the creates: a large job shows its status at once
         ("create networkpolicies", "tj-ps"),  # before any PS pod can be reached
         ("create services", "tj-ps-0"),
         ("create pods", "tj-ps-0"),
         ("create pods", "tj-worker-1"),  # 409: already there, no event for it
-        ("patch status", "['phase']"),
     ]
     events = [c[1] for c in api.calls if c[0] == "create events"]
     assert events == ["SuccessfulDeletePod", "SuccessfulCreateNetworkPolicy", "SuccessfulCreateService",
                       "SuccessfulCreatePod", "Restarting"]
     assert outcome == Outcome(recheck_after=5.0)
+
+
+def test_a_large_pass_is_sent_concurrently_in_stages_with_one_event_per_batch() -> None:
+    api = FakeApi(refuse={f"tj-worker-{i}": ApiError(422, "Invalid", "no") for i in (3, 7)})
+    workers = [pod_action(f"tj-worker-{i}", "worker") for i in range(200)]
+    services = [CreateService({"metadata": {"name": f"tj-ps-{i}"}}) for i in range(12)]
+    deletes = [DeletePod(f"tj-old-{i}", "scaled down") for i in range(30)]
+    actions = [*workers, *services, pod_action("tj-ps-0", "ps"), *deletes, SetStatus({"phase": "Created"})]
+    outcome = execute(actions, api, JobRef("ns", "tj", UID), {}, now=0.0, concurrency=8)  # type: ignore[arg-type]
+    assert outcome.retry and len(outcome.errors) == 2
+    kinds = [c[0] for c in api.calls if c[0] != "create events"]
+    # Each stage finishes before the next starts, whatever order its requests went out in.
+    assert kinds == ["delete pods"] * 30 + ["patch status"] + ["create services"] * 12 + ["create pods"] * 201
+    assert api.calls.index(("create pods", "tj-ps-0")) < min(api.calls.index(("create pods", w.manifest["metadata"]["name"])) for w in workers)
+    events = {c[1]: c[2] for c in api.events}
+    # One each for the deleted, the services and the pods, not one per object; two failures: one each.
+    assert len(api.events) == 5
+    assert events["SuccessfulDeletePod"] == "Deleted 30 pods (scaled down): tj-old-0, tj-old-1, tj-old-2, tj-old-3 and 26 more."
+    assert events["SuccessfulCreateService"] == "Created 12 services: tj-ps-0, tj-ps-1, tj-ps-2, tj-ps-3 and 8 more"
+    assert events["SuccessfulCreatePod"] == "Created 199 pods: tj-ps-0, tj-worker-0, tj-worker-1, tj-worker-2 and 195 more"
+    assert ("FailedCreatePod", "Error creating pod tj-worker-3: no") in [c[1:] for c in api.events]
+
+
+def test_the_rate_limit_lets_a_burst_through_then_paces_at_qps() -> None:
+    now = [0.0]
+    limiter = RateLimiter(qps=100, burst=10, clock=lambda: now[0])
+    assert [limiter.reserve() for _ in range(10)] == [0.0] * 10  # the burst
+    waits = [limiter.reserve() for _ in range(5)]  # then one every 10 ms, in the order asked
+    assert waits == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.05])
+    now[0] = 1.0  # a second later the bucket is full again, never fuller than the burst
+    assert [limiter.reserve() for _ in range(10)] == [0.0] * 10 and limiter.reserve() == pytest.approx(0.01)
+    assert RateLimiter(qps=0, burst=0).reserve() == 0.0  # no limit
+
+
+def test_every_request_waits_at_the_shared_limit() -> None:
+    async def kopf_side(limiter: RateLimiter) -> None:
+        await limiter.wait_async()
+
+    counter = RequestCounter(clock=lambda: 1000.5)
+    counter.record("elasticps", "POST", "https://h/api/v1/namespaces/ns/pods", job="ns/j")
+    counter.record("elasticps", "DELETE", "https://h/api/v1/namespaces/ns/pods?labelSelector=x", job="ns/j")
+    snap = counter.snapshot()
+    assert snap["peak_qps"] == 2 and snap["per_second"] == {"1000": 2}
+    assert snap["jobs"]["ns/j"]["last_at"] == {"elasticps create pods": 1000.5, "elasticps deletecollection pods": 1000.5}
+    limiter = RateLimiter(qps=1000, burst=1)
+    asyncio.run(kopf_side(limiter))
+    assert limiter.reserve() > 0  # kopf's request took the one token
 
 
 def test_a_refused_create_is_reported_and_retried_but_the_status_is_written() -> None:
@@ -206,7 +257,7 @@ def test_nothing_more_in_a_terminating_namespace() -> None:
     terminating = ApiError(403, "Forbidden", "namespace is being terminated", ("NamespaceTerminating",))
     api = FakeApi(refuse={"tj-ps-0": terminating})
     outcome = execute([pod_action("tj-ps-0", "ps"), SetStatus({"phase": "Created"})], api, JobRef("ns", "tj", UID), {}, 0.0)  # type: ignore[arg-type]
-    assert outcome == Outcome() and api.calls == [("create pods", "tj-ps-0")]
+    assert outcome == Outcome() and api.calls == [("patch status", "['phase']"), ("create pods", "tj-ps-0")]
 
 
 # ---- one pass ------------------------------------------------------------------------------------------
@@ -256,7 +307,7 @@ def test_a_spec_the_parser_refuses_fails_the_job_once_without_listing_anything()
     api = JobApi({"model": {"modelDef": "m"}, "data": {"training": "/d"}, "training": {"getModelFrequency": 0}}, [])
     outcome = Reconcile(api, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
     assert outcome == Outcome(finished=True)  # Failed: no idle resync from now on
-    assert [c[0] for c in api.calls] == ["get job", "create events", "patch status"]
+    assert [c[0] for c in api.calls] == ["get job", "patch status", "create events"]
     assert ("create events", "InvalidSpec") in api.calls
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster_kit import ROOT, Kubectl, Operator, condition, phases, scrape, training_job, wait_for
+from cluster_kit import ROOT, Kubectl, Operator, Watch, condition, phases, scrape, training_job, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -356,3 +356,60 @@ def test_the_operator_serves_its_reconcile_metrics(kubectl: Kubectl, ns: str, op
     assert passes and float(passes[0].split()[-1]) >= 1
     assert 'elasticps_operator_actions_total{kind="CreatePod"}' in text
     assert "elasticps_operator_reconcile_seconds_bucket" in text
+
+
+# ---- (i) a 64-worker job: bounded requests, early status, one event per batch, one delete -------------
+def test_64_worker_job_bounded_requests_early_status_batched_events_and_one_delete(
+    kubectl: Kubectl, ns: str, operator: Operator
+) -> None:
+    pods = 66
+    key = f"{ns}/big"
+    jobs = Watch(kubectl.env, f"/apis/elasticps.io/v1alpha1/namespaces/{ns}/trainingjobs").start()
+    pod_events = Watch(kubectl.env, f"/api/v1/namespaces/{ns}/pods").start()
+    time.sleep(0.5)  # both watches are open
+    try:
+        kubectl.apply(ns, training_job("big", workers=64, n_ps=2))
+
+        def all_running() -> bool:
+            found = phases(kubectl.pods(ns, "big"))
+            return len(found) == pods and set(found.values()) == {"Running"}
+
+        wait_for(all_running, 120, f"{pods} pods Running")
+        running(kubectl, ns, "big", workers=64, ps=2, timeout=60)
+
+        # The status was written before the first pod existed: the API server's order (resourceVersions).
+        first_status = next(rv for kind, _, rv, obj in jobs.events if obj.get("status", {}).get("phase"))
+        created = [rv for kind, _, rv, _ in pod_events.events if kind == "ADDED"]
+        assert len(created) == pods and sum(rv < first_status for rv in created) == 0
+        first = next(obj for _, _, _, obj in jobs.events if obj.get("status", {}).get("phase"))
+        assert first["status"]["phase"] == "Created" and first["status"]["workers"] == "0/64"
+
+        # One Event for the batch, not one per pod.
+        events = kubectl.events(ns, "big")
+        created_events = [e["message"] for e in events if e["reason"] == "SuccessfulCreatePod"]
+        assert created_events == [f"Created {pods} pods: big-ps-0, big-ps-1, big-worker-0, big-worker-1 and 62 more"]
+        assert len(events) <= 8, [(e["reason"], e["message"]) for e in events]
+
+        def settled() -> dict[str, Any] | None:
+            before = operator.stats().get("jobs", {}).get(key)
+            time.sleep(1.5)
+            after = operator.stats().get("jobs", {}).get(key)
+            return after if before and before == after else None
+
+        counts = wait_for(settled, 30, "the operator's request count to settle", interval=0)["requests"]
+        print(f"\n64-worker job: {sum(counts.values())} requests: {counts}")
+        assert counts["elasticps create pods"] == pods and counts["elasticps create events"] <= 8
+        # Beside one create per pod, only what each pass makes (a get, three lists, a status patch):
+        # nothing else per pod (the old 2 per pod + 18 would be 150).
+        passes = counts["elasticps get trainingjobs"]
+        assert sum(counts.values()) <= pods + 3 + 8 + 5 * passes + 4, counts
+
+        # Deleting the job deletes its pods with one request, not one per pod.
+        kubectl("delete", "trainingjob", "big", "-n", ns, "--wait=false")
+        wait_for(lambda: not kubectl.pods(ns, "big"), 120, "every pod of the job gone")
+        after = wait_for(settled, 30, "the operator's request count to settle", interval=0)["requests"]
+        assert after.get("elasticps deletecollection pods") == 1 and "elasticps delete pods" not in after, after
+        assert sum(after.values()) - sum(counts.values()) <= 3, after
+    finally:
+        jobs.stop()
+        pod_events.stop()

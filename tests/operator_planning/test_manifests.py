@@ -21,6 +21,7 @@ from elasticps.operator.manifests import (
     CONTAINER,
     LABEL_INDEX,
     LABEL_JOB,
+    LABEL_JOB_UID,
     LABEL_ROLE,
     OPERATOR_LABELS,
     TemplateError,
@@ -62,7 +63,7 @@ def test_pod_name_labels_owner(role: Role, index: int, name: str) -> None:
     assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
     assert pod["metadata"]["name"] == name
     assert pod["metadata"]["namespace"] == "team"
-    assert pod["metadata"]["labels"] == {LABEL_JOB: "mnist", LABEL_ROLE: role.value, LABEL_INDEX: str(index)}
+    assert pod["metadata"]["labels"] == {LABEL_JOB: "mnist", LABEL_ROLE: role.value, LABEL_INDEX: str(index), LABEL_JOB_UID: UID}
     assert pod["metadata"]["ownerReferences"] == [OWNER]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert container(pod)["image"] == "elasticps:latest"
@@ -215,7 +216,7 @@ def test_template_is_merged_in() -> None:
     pod = pod_manifest(job, UID, Role.WORKER, 2)
     assert job.spec.worker.template == before  # the spec is not modified
     meta, spec = pod["metadata"], pod["spec"]
-    assert meta["labels"] == {"team": "ml", LABEL_JOB: "mnist", LABEL_ROLE: "worker", LABEL_INDEX: "2"}  # ours win
+    assert meta["labels"] == {"team": "ml", LABEL_JOB: "mnist", LABEL_ROLE: "worker", LABEL_INDEX: "2", LABEL_JOB_UID: UID}  # ours win
     assert meta["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9090",
                                    "prometheus.io/path": "/metrics", "sidecar.istio.io/inject": "false"}
     assert spec["serviceAccountName"] == "trainer"

@@ -59,7 +59,7 @@ manifests/rbac.yaml for who makes which; tests/api/test_manifests_files.py check
   verbs: [update]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [list, watch, create, delete, deletecollection]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, create]
