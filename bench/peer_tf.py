@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs is not None and args.epochs < 1:
         parser.error("--epochs: at least 1")
     from elasticps.api.parsing import SpecError
+    from elasticps.data.api import DataError
 
     try:
         job = peer_job(args.job, args.epochs)
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(text + "\n")
         code = 0
-    except SystemExit as err:
+    except (SystemExit, DataError) as err:
         print(f"peer_tf: {err}", file=sys.stderr)
     except BaseException:
         traceback.print_exc()
