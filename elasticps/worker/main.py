@@ -175,7 +175,7 @@ def _run(config: WorkerConfig) -> int:
     except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    ps = PSClient(config.ps_addrs, worker=name)
+    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes)
     coordinator = CoordinatorClient(config.ps_addrs[0], worker=name)
     metrics = WorkerMetrics(REGISTRY, name)
     if config.metrics_port:
