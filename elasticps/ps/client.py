@@ -36,6 +36,8 @@ from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
 
 T = TypeVar("T")
+# One shard's pulled model: its whole variables, its whole state tensors, the split tensors it brought slices of.
+_Part = tuple[dict[str, np.ndarray], dict[str, np.ndarray], set[str]]
 
 
 class _FrameStub:
@@ -203,11 +205,17 @@ class PSClient:
         With ``wait_ms``, a shard where the caller is current answers once its version moves (or
         after ``wait_ms``): a long poll instead of a busy loop. ``only``: ask just these shards (the
         others keep the caller's version, with no tensors).
+
+        A tensor split over shards is returned once every slice of it has arrived at least once
+        (after a first full pull, whenever a shard holding a slice had a newer model); its rows
+        from shards that had nothing newer are those they answered last. A shard holding tensors
+        the placement puts elsewhere raises :class:`ModelMismatch`.
         """
 
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+        joined = self._joined
 
-        def pull(shard: int) -> tuple[int, int, frames.Decoded | None, bool]:
+        def pull(shard: int) -> tuple[int, int, _Part | None, bool]:
             if only is not None and shard not in only:
                 return versions[shard], held[shard], None, True
             request = pb.PullRequest(
@@ -217,15 +225,27 @@ class PSClient:
                 lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )
             head = decoded.first.model
-            return head.version, head.incarnation, decoded, head.initialized
+            part: _Part = (decoded.tensors, decoded.state, set())
+            if joined is not None and head.initialized and (decoded.tensors or decoded.state):
+                try:  # here, in the shard's own thread: the slices of shards are copied in parallel
+                    part = joined.take(shard, decoded.tensors, decoded.state)
+                except Misplaced as err:
+                    raise ModelMismatch(str(err)) from None
+            return head.version, head.incarnation, part, head.initialized
 
         results = self._fan_out(pull)
         tensors: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
+        touched: set[str] = set()
         for _, _, part, _ in results:
             if part is not None:
-                tensors.update(part.tensors)
-                state.update(part.state)
+                tensors.update(part[0])
+                state.update(part[1])
+                touched |= part[2]
+        if joined is not None and touched:
+            whole, whole_state = joined.whole(sorted(touched))
+            tensors.update(whole)
+            state.update(whole_state)
         return Pulled(
             versions=[version for version, _, _, _ in results],
             incarnations=[incarnation for _, incarnation, _, _ in results],
