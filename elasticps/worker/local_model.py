@@ -79,8 +79,11 @@ class LocalModel:
     def _place(self) -> None:
         """Hands the client the model's tensors (names, shapes, dtypes) to place on the shards:
         every pull is joined by that placement, so it comes first (the trainer is built by now)."""
-        if not self._placed:
-            self._ps.place(self._trainer.weights(), self._trainer.state())
+        if self._placed:
+            return
+        weights = self._trainer.weights()
+        if weights:  # a model not built yet has none: the pull names what it lacks (Trainer.assign)
+            self._ps.place(weights, self._trainer.state())
             self._placed = True
 
     def pull(self, wait_ms: int = 0) -> None:

@@ -688,3 +688,36 @@ def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
     finally:
         channel.close()
         client.close()
+
+
+def test_a_split_variable_joins_new_rows_from_the_newer_shard_with_the_rows_pulled_before(
+    grpc_servers: Callable[..., int],
+) -> None:
+    """Sync, a round committed on shard 1 only: a pull that finds shard 0 current returns the split
+    kernel whole, shard 1's rows updated and shard 0's as pulled before."""
+    stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
+    addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
+    client = PSClient(addresses, worker="worker-0", deadline_s=30.0, split_bytes=100)
+    try:
+        kernel = np.arange(60, dtype=np.float32).reshape(20, 3)
+        tensors = {"big/kernel": kernel, "big/bias": np.ones(3, np.float32)}
+        placement = client.place(tensors)
+        assert placement.shards_of("big/kernel") == (0, 1)
+        cut = placement.tensors["big/kernel"].pieces[0].stop
+        client.push_model(tensors, SGD)
+        first = client.pull([-1, -1])
+        np.testing.assert_array_equal(first.tensors["big/kernel"], kernel)
+        kept = first.tensors["big/kernel"]
+        grads = {name: np.ones_like(value) for name, value in tensors.items()}
+        assert client.push_gradients(grads, [0, 0]).all_accepted
+        assert commit_round(addresses[1], 0, ["worker-0"]) == 1  # shard 1 only
+        pulled = client.pull([0, 0])
+        assert pulled.versions == [0, 1]
+        got = pulled.tensors["big/kernel"]
+        assert got is kept  # the same buffer, refilled
+        np.testing.assert_array_equal(got[:cut], kernel[:cut])
+        np.testing.assert_array_equal(got[cut:], kernel[cut:] - np.float32(0.1))
+        home_of_bias = placement.shards_of("big/bias")
+        assert ("big/bias" in pulled.tensors) == (home_of_bias == (1,))
+    finally:
+        client.close()
