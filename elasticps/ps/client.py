@@ -146,10 +146,8 @@ class PSClient:
         return self._joined.placement.split(tensors)
 
     def _placed(self, tensors: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None) -> Placement:
-        if self._joined is None:
-            self.place(tensors, state)
-        assert self._joined is not None
-        return self._joined.placement
+        """The placement, made from ``tensors`` and ``state`` (a whole model) when there is none yet."""
+        return self._joined.placement if self._joined is not None else self.place(tensors, state)
 
     # ---- calls -------------------------------------------------------------------------------
     def push_model(
