@@ -163,6 +163,10 @@ class DataSpec:
     )
 
 
+# Dense variables above this many bytes are split into row slices over the PS shards (ps/sharding.py).
+DEFAULT_SPLIT_BYTES = 4 << 20
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """Training settings; each one is also a flag of ``elasticps ps`` and ``elasticps worker``."""
@@ -210,6 +214,12 @@ class TrainingSpec:
         minimum=0,
         help="with spec.output: also export the model every this many versions, into "
         "<output>/versions/<version>/ (0: only the final model)",
+    )
+    split_bytes: int = spec_field(
+        DEFAULT_SPLIT_BYTES,
+        minimum=0,
+        help="a dense variable larger than this many bytes is split into row slices over all PS "
+        "shards (the others are placed whole, by size); 0: never split",
     )
 
 

@@ -1,14 +1,20 @@
 """The worker's view of all PS shards: split by variable, fan out concurrently, merge.
 
-Used by the worker (and the benchmark). It owns the sharding (a :class:`~elasticps.ps.sharding.Sharder`,
-``ByName`` unless the caller passes another) so the worker deals in whole models: a push sends each
-shard its variables' gradients, a pull asks every shard at once and returns only what changed.
+Used by the worker (and the benchmark). It owns the placement (``ps/sharding.py``: by size, tensors
+above ``split_bytes`` cut into row slices over all shards) so the worker deals in whole models: a
+push sends each shard its pieces of the gradients, a pull asks every shard at once, joins slices
+back into whole tensors and returns only what changed.
+
+The placement is computed from the model: :meth:`PSClient.place` (the worker calls it with its
+model before its first pull), else the first :meth:`PSClient.push_model` or
+:meth:`PSClient.push_gradients` places the tensors it is given. A client that has placed nothing
+(an observer) pulls the tensors as the shards hold them, slices under their own names.
 Transient failures (a PS not up yet, restarting) are retried with backoff until ``deadline_s``, so
 a worker that starts before its PS waits instead of failing. A shard that lost its model (restarted
 without a checkpoint) raises :class:`ShardsUninitialized` so the worker can push its model again.
 
 The model's non-trainable state (BatchNorm statistics; ``TensorMeta.state`` in the .proto) travels
-beside the variables: split by the same sharder, sent with the model and with every push, returned
+beside the variables: placed with them, sent with the model and with every push, returned
 by every full pull in :attr:`Pulled.state`.
 """
 
@@ -24,12 +30,14 @@ import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.sharding import ByName, Sharder
+from elasticps.ps.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
 from elasticps.rpc import frames
 from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
 
 T = TypeVar("T")
+# One shard's pulled model: its whole variables, its whole state tensors, the split tensors it brought slices of.
+_Part = tuple[dict[str, np.ndarray], dict[str, np.ndarray], set[str]]
 
 
 class _FrameStub:
@@ -57,6 +65,8 @@ class ShardsUninitialized(Exception):
 
 @dataclass(frozen=True)
 class Pulled:
+    """A split tensor's array is the client's buffer, overwritten by the next pull (copy to keep)."""
+
     versions: list[int]  # per shard
     incarnations: list[int]  # per shard: which timeline the version counts on (see ModelHead)
     tensors: dict[str, np.ndarray]  # only the shards that had a newer model
@@ -65,7 +75,8 @@ class Pulled:
 
 
 class ModelMismatch(RuntimeError):
-    """A shard holds another model than the one offered (other variables, shapes or dtypes)."""
+    """A shard holds another model than the one offered (other variables, shapes or dtypes), or
+    one placed by another rule (a pull found tensors the placement puts elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -86,21 +97,26 @@ class PSClient:
         chunk_bytes: int = frames.CHUNK_BYTES,
         deadline_s: float = 120.0,
         timeout_s: float = 120.0,
-        sharder: Sharder | None = None,
+        placement: Placement | None = None,
         interceptors: Sequence[grpc.Interceptor] = (),
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
     ) -> None:
         """``interceptors``: gRPC client interceptors every call goes through (a harness counting
-        each attempt's status code; none for a real worker)."""
+        each attempt's status code; none for a real worker). ``placement``: one made by hand (tests),
+        instead of the one :meth:`place` computes with ``split_bytes``."""
         if not addresses:
             raise ValueError("at least one PS address is needed")
-        if sharder is not None and sharder.num_shards != len(addresses):
+        if placement is not None and placement.num_shards != len(addresses):
             raise ValueError(
-                f"the sharder places tensors on {sharder.num_shards} shards, "
+                f"the placement puts tensors on {placement.num_shards} shards, "
                 f"but {len(addresses)} PS addresses are given"
             )
+        if split_bytes < 0:
+            raise ValueError(f"split_bytes must be >= 0, got {split_bytes}")
         self.worker = worker
         self.num_shards = len(addresses)
-        self.sharder: Sharder = sharder if sharder is not None else ByName(self.num_shards)
+        self.split_bytes = split_bytes
+        self._joined: Joined | None = None if placement is None else Joined(placement)
         self._chunk_bytes = chunk_bytes
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
@@ -111,11 +127,27 @@ class PSClient:
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
         self._push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-push")
 
-    def shard(self, name: str) -> int:
-        return self.sharder.shard(name)
+    # ---- placement ---------------------------------------------------------------------------
+    def place(self, variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None) -> Placement:
+        """Places the model whose variables and state tensors these are (only names, shapes and
+        dtypes are read); every later push is split and every pull joined by it."""
+        placement = place(tensor_infos(variables, state), self.num_shards, self.split_bytes)
+        self._joined = Joined(placement)
+        return placement
+
+    @property
+    def placement(self) -> Placement | None:
+        return None if self._joined is None else self._joined.placement
 
     def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        return self.sharder.split(tensors)
+        """``tensors`` as each shard takes them (pieces by held name); needs a placement."""
+        if self._joined is None:
+            raise RuntimeError("the PS client has placed no model yet (PSClient.place)")
+        return self._joined.placement.split(tensors)
+
+    def _placed(self, tensors: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None) -> Placement:
+        """The placement, made from ``tensors`` and ``state`` (a whole model) when there is none yet."""
+        return self._joined.placement if self._joined is not None else self.place(tensors, state)
 
     # ---- calls -------------------------------------------------------------------------------
     def push_model(
@@ -133,8 +165,9 @@ class PSClient:
         lost its model offers its copy at the version and incarnation it pulled); None or -1: a new
         model, version 0."""
         config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
-        parts = self.split(tensors)
-        state_parts = self.split(state or {})
+        placement = self._placed(tensors, state)
+        parts = placement.split(tensors)
+        state_parts = placement.split(state or {})
 
         def push(shard: int) -> int:
             version = max(0, versions[shard]) if versions is not None else 0
@@ -170,11 +203,17 @@ class PSClient:
         With ``wait_ms``, a shard where the caller is current answers once its version moves (or
         after ``wait_ms``): a long poll instead of a busy loop. ``only``: ask just these shards (the
         others keep the caller's version, with no tensors).
+
+        A tensor split over shards is returned once every slice of it has arrived at least once
+        (after a first full pull, whenever a shard holding a slice had a newer model); its rows
+        from shards that had nothing newer are those they answered last. A shard holding tensors
+        the placement puts elsewhere raises :class:`ModelMismatch`.
         """
 
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+        joined = self._joined
 
-        def pull(shard: int) -> tuple[int, int, frames.Decoded | None, bool]:
+        def pull(shard: int) -> tuple[int, int, _Part | None, bool]:
             if only is not None and shard not in only:
                 return versions[shard], held[shard], None, True
             request = pb.PullRequest(
@@ -184,15 +223,27 @@ class PSClient:
                 lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
             )
             head = decoded.first.model
-            return head.version, head.incarnation, decoded, head.initialized
+            part: _Part = (decoded.tensors, decoded.state, set())
+            if joined is not None and head.initialized and (decoded.tensors or decoded.state):
+                try:  # here, in the shard's own thread: the slices of shards are copied in parallel
+                    part = joined.take(shard, decoded.tensors, decoded.state)
+                except Misplaced as err:
+                    raise ModelMismatch(str(err)) from None
+            return head.version, head.incarnation, part, head.initialized
 
         results = self._fan_out(pull)
         tensors: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
+        touched: set[str] = set()
         for _, _, part, _ in results:
             if part is not None:
-                tensors.update(part.tensors)
-                state.update(part.state)
+                tensors.update(part[0])
+                state.update(part[1])
+                touched |= part[2]
+        if joined is not None and touched:
+            whole, whole_state = joined.whole(sorted(touched))
+            tensors.update(whole)
+            state.update(whole_state)
         return Pulled(
             versions=[version for version, _, _, _ in results],
             incarnations=[incarnation for _, incarnation, _, _ in results],
@@ -213,8 +264,9 @@ class PSClient:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
         then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
         ``state``: the worker's current state tensors, each sent to its shard with the gradients."""
-        parts = self.split(gradients)
-        state_parts = self.split(state or {})
+        placement = self._placed(gradients, state)
+        parts = placement.split(gradients)
+        state_parts = placement.split(state or {})
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
 
         def push(shard: int) -> pb.PushReply:

@@ -47,7 +47,7 @@ class Model:
 
     @property
     def empty(self) -> bool:
-        """No variable and no state: the sharder put none of the model on this shard."""
+        """No variable and no state: the placement put none of the model on this shard."""
         return not self.dense.variables and not self.state.values
 
     def difference(self, variables: Mapping[str, Any], state: Mapping[str, Any]) -> str:

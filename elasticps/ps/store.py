@@ -154,7 +154,7 @@ class ParameterStore:
         ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
         its model (restarted without a checkpoint) pushes its copy at the version the others hold.
         ``state``: the model's non-trainable state tensors that this shard holds (finite floats).
-        An *empty* model (no variable, no state: the sharder put none of the model here) is held
+        An *empty* model (no variable, no state: the placement put none of the model here) is held
         until a non-empty one is pushed, which replaces it at the shard's version and incarnation:
         an empty push can never take the place of a model's variables."""
         if version < 0:

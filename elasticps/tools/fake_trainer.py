@@ -5,7 +5,8 @@ unchanged; only TensorFlow is replaced, so a process holds dozens of workers as 
 sees the calls a real job makes. The model is small (a few KB) and its gradients are deterministic
 (a function of the minibatch's records), so a run is about protocol and concurrency, not arithmetic.
 
-Each shard holds (placed by :class:`~elasticps.ps.sharding.ByName`, names searched at import):
+Each shard holds (placed by size, ``ps/sharding.py``: one tensor of each role per shard, as the
+placement of this model, which :func:`layout` reads, puts them; nothing is big enough to be split):
 
 * a matrix and a vector, whose gradients are small and finite;
 * a **counter**, a scalar whose gradient is always ``-1``: with SGD at learning rate 1 the PS adds 1
@@ -18,6 +19,7 @@ Each shard holds (placed by :class:`~elasticps.ps.sharding.ByName`, names search
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import TensorInfo, place
 
 FEATURES = 4  # columns of the records :func:`records` writes
 MATRIX_SHAPE = (16, 8)
@@ -46,21 +48,37 @@ class ShardLayout:
     state: str
 
 
-def _placed(prefix: str, shard: int, num_shards: int) -> str:
-    """The first name ``prefix<k>`` that the default sharder puts on ``shard``."""
-    k = 0
-    while shard_of(f"{prefix}{k}", num_shards) != shard:
-        k += 1
-    return f"{prefix}{k}"
+def _names(num_shards: int) -> dict[str, list[str]]:
+    """Each role's tensors, ``num_shards`` of each (named by their index, not by their shard)."""
+    return {role: [f"fake/{prefix}_{k}" for k in range(num_shards)] for role, prefix in _ROLES.items()}
+
+
+_ROLES = {"matrix": "kernel", "vector": "bias", "counter": "count", "state": "norm"}
+_SHAPES = {"matrix": MATRIX_SHAPE, "vector": VECTOR_SHAPE, "counter": (), "state": STATE_SHAPE}
+
+
+@functools.cache
+def _layouts(num_shards: int) -> tuple[ShardLayout, ...]:
+    """Every shard's tensors by role, as the placement puts the model (the rule every client uses)."""
+    f32 = np.dtype(np.float32)
+    infos = [
+        TensorInfo(name, _SHAPES[role], f32, state=role == "state")
+        for role, names in _names(num_shards).items()
+        for name in names
+    ]
+    placement = place(infos, num_shards)
+    found: list[dict[str, str]] = [{} for _ in range(num_shards)]
+    for role, names in _names(num_shards).items():
+        for name in names:
+            (shard,) = placement.shards_of(name)
+            if role in found[shard]:
+                raise AssertionError(f"the placement puts two {role} tensors on shard {shard}")
+            found[shard][role] = name
+    return tuple(ShardLayout(**roles) for roles in found)
 
 
 def layout(shard: int, num_shards: int) -> ShardLayout:
-    return ShardLayout(
-        matrix=_placed("fake/kernel_", shard, num_shards),
-        vector=_placed("fake/bias_", shard, num_shards),
-        counter=_placed("fake/count_", shard, num_shards),
-        state=_placed("fake/norm_", shard, num_shards),
-    )
+    return _layouts(num_shards)[shard]
 
 
 def counters(num_shards: int) -> list[str]:

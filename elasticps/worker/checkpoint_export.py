@@ -9,7 +9,9 @@ builds it, and every checkpointed tensor is assigned to the model variable of it
 
 Checkpoint keys (``ps/checkpointing.py``): each table's entries under its own prefix (the dense
 table's ``var/<variable path>``), the optimizer's under ``opt/``. Optimizer entries are skipped;
-every other entry must name a model variable, trainable or not, after its table prefix. A trainable
+every other entry must name a model variable, trainable or not, after its table prefix; the row
+slices of a variable split over shards (``<name>#rows<start>:<stop>``, ``ps/sharding.py``) are
+joined first, and must cover its rows exactly once (:func:`join_slices`). A trainable
 variable no shard holds is an error; a non-trainable one (a seed, a statistic the PS does not keep)
 keeps its initial value, and is named on stderr.
 
@@ -30,6 +32,7 @@ import numpy as np
 from elasticps.api.output import exported_job
 from elasticps.api.spec import TrainingJob
 from elasticps.ps import checkpoint
+from elasticps.ps.sharding import parse_slice
 from elasticps.worker.exporting import Exporter, metrics_document
 
 OPTIMIZER_PREFIX = "opt/"  # the optimizer's entries in a checkpoint (slots, step counts)
@@ -100,7 +103,36 @@ def model_tensors(found: Sequence[checkpoint.Checkpoint], folders: Sequence[Path
             if key in tensors:
                 raise ExportProblem(f"{key} is in more than one shard's checkpoint ({folder})")
             tensors[key] = value
-    return tensors
+    return join_slices(tensors)
+
+
+def join_slices(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``tensors`` with the row slices of each split tensor joined into the whole tensor, under its
+    own name; slices that leave rows out, overlap, or disagree in their other dimensions are refused."""
+    joined: dict[str, np.ndarray] = {}
+    slices: dict[str, list[tuple[int, int, np.ndarray]]] = {}
+    for key, value in tensors.items():
+        found = parse_slice(key)
+        if found is None:
+            joined[key] = value
+        else:
+            name, start, stop = found
+            slices.setdefault(name, []).append((start, stop, value))
+    for name, parts in sorted(slices.items()):
+        parts.sort(key=lambda part: part[0])
+        expected = 0
+        for start, stop, value in parts:
+            if start != expected or value.ndim == 0 or value.shape[0] != stop - start:
+                raise ExportProblem(f"the row slices of {name!r} do not join (rows {start}:{stop} after {expected})")
+            expected = stop
+        try:
+            whole = np.concatenate([value for _, _, value in parts])
+        except ValueError as err:
+            raise ExportProblem(f"the row slices of {name!r} do not join: {err}") from None
+        if name in joined:
+            raise ExportProblem(f"{name!r} is in the checkpoints both whole and in row slices")
+        joined[name] = whole
+    return joined
 
 
 def match(tensors: Mapping[str, np.ndarray], variables: Mapping[str, Variable]) -> tuple[dict[str, np.ndarray], list[str]]:

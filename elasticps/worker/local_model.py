@@ -60,6 +60,7 @@ class LocalModel:
         self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
         self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
         self._in_flight: Future[Pushed] | None = None
+        self._placed = False  # whether the client has this model's placement (before any pull)
 
     @property
     def worker(self) -> str:
@@ -75,6 +76,16 @@ class LocalModel:
         """The first pull. The first worker to find the PS empty initialises it; the others adopt its model."""
         self._pull(initialise=True)
 
+    def _place(self) -> None:
+        """Hands the client the model's tensors (names, shapes, dtypes) to place on the shards:
+        every pull is joined by that placement, so it comes first (the trainer is built by now)."""
+        if self._placed:
+            return
+        weights = self._trainer.weights()
+        if weights:  # a model not built yet has none: the pull names what it lacks (Trainer.assign)
+            self._ps.place(weights, self._trainer.state())
+            self._placed = True
+
     def pull(self, wait_ms: int = 0) -> None:
         """Takes what the PS has that is newer; with ``wait_ms``, waits that long for a newer version."""
         self._pull(wait_ms=wait_ms)
@@ -85,6 +96,7 @@ class LocalModel:
         self.pull()
 
     def _pull(self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None) -> None:
+        self._place()
         with self.metrics.pull_seconds.time():
             pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
         self.counters.pulls += 1

@@ -137,7 +137,7 @@ def _run(config: WorkerConfig) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
-    from elasticps.ps.client import PSClient
+    from elasticps.ps.client import ModelMismatch, PSClient
     from elasticps.api.optimizer import OptimizerError
     from elasticps.worker import keras_trainer
     from elasticps.worker.model_loading import Metadata, ModelError, load_model_module
@@ -175,7 +175,7 @@ def _run(config: WorkerConfig) -> int:
     except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    ps = PSClient(config.ps_addrs, worker=name)
+    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes)
     coordinator = CoordinatorClient(config.ps_addrs[0], worker=name)
     metrics = WorkerMetrics(REGISTRY, name)
     if config.metrics_port:
@@ -201,7 +201,8 @@ def _run(config: WorkerConfig) -> int:
     )
     try:
         worker.run()
-    except ModelError as err:  # a data function that breaks the contract: restarting cannot help
+    except (ModelError, ModelMismatch) as err:  # a data function that breaks the contract, or PS shards
+        # holding another model or one placed by another rule (an old checkpoint): restarting cannot help
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     finally:

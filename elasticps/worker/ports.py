@@ -35,6 +35,9 @@ class PSClientLike(Protocol):
     @property
     def num_shards(self) -> int: ...
 
+    def place(self, variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None) -> object:
+        """Places the model (its names, shapes, dtypes) on the shards, before any pull or push."""
+
     def pull(
         self,
         versions: Sequence[int],

@@ -33,7 +33,7 @@ from replaceable_shard import Replaceable
 
 LR = 0.1
 SGD = OptimizerConfig("sgd", {"learning_rate": LR})
-# With 2 shards: "dense/kernel:0" lives on shard 0, "dense/bias:0" on shard 1 (see test_sharding).
+# With 2 shards, by size: "dense/kernel:0" (the larger) lives on shard 0, "dense/bias:0" on shard 1.
 MODEL = {
     "dense/kernel:0": np.array([1.0, -2.0, 0.5], dtype=np.float32),
     "dense/bias:0": np.array([3.0, 0.25], dtype=np.float32),

@@ -13,11 +13,11 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.shards import RemoteShard, RoundAborted, ShardRefused, Shards, ShardView
 from elasticps.ps.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.5})
-# With 2 shards: "dense/kernel:0" lives on shard 0, "dense/bias:0" on shard 1 (see test_sharding).
+# With 2 shards, by size: "dense/kernel:0" (the larger) lives on shard 0, "dense/bias:0" on shard 1.
 MODEL = {"dense/kernel:0": np.array([1.0, 2.0], dtype=np.float32), "dense/bias:0": np.array([4.0], dtype=np.float32)}
 
 
@@ -54,7 +54,7 @@ def job(grpc_servers: Callable[..., int]) -> Iterator[Job]:
         addresses.append(f"127.0.0.1:{grpc_servers(lambda server, s=servicer: add_to_server(s, server))}")
     links = [RemoteShard(i, address) for i, address in enumerate(addresses)]
     made = Job(stores, addresses, Shards(links), {})
-    assert sorted({shard_of(n, 2) for n in MODEL}) == [0, 1]
+    assert [place(tensor_infos(MODEL), 2).shards_of(n) for n in MODEL] == [(0,), (1,)]
     made.client("setup").push_model(MODEL, SGD)
     yield made
     for client in made.clients.values():

@@ -22,7 +22,7 @@ def custom_model(features: int = 8, hidden: int = 16, classes: int = 2) -> keras
             keras.layers.Dropout(0.1),
             keras.layers.Dense(classes),
         ],
-        name="bn_net",  # puts both moving statistics on shard 1 of 2, the shard the test kills
+        name="bn_net",  # placed by size, both moving statistics land on shard 1 of 2, the shard the test kills
     )
 
 

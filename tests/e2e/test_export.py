@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from local_jobs import REPO, elasticps, job_document, read_curves, wait_for, write_job
+from elasticps.ps import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -99,10 +100,15 @@ def test_the_exported_model_reloads_with_the_reported_accuracy(
     tmp_path: Path, data: tuple[Path, Path], training: dict[str, object]
 ) -> None:
     out = tmp_path / "models" / "e2e"
-    document = job_document("e2e", *data, checkpointSteps=1, evaluationSteps=40, **training)
+    # splitBytes 256: the hidden kernel (8 x 16 float32, 512 bytes) is split into row slices over
+    # both PS, so the export, the evaluations and `elasticps export` all see it joined back.
+    document = job_document("e2e", *data, checkpointSteps=1, evaluationSteps=40, splitBytes=256, **training)
     document["spec"]["output"] = str(out)  # type: ignore[index]
     code, stdout, stderr, result = run_job(tmp_path, document)
     assert code == 0, stderr
+    latest = [checkpoint.load_latest(tmp_path / "run" / "checkpoints" / f"ps-{i}") for i in range(2)]
+    held = [sorted(found.arrays) if found is not None else [] for found in latest]
+    assert "var/mlp/dense/kernel#rows0:4" in held[0] and "var/mlp/dense/kernel#rows4:8" in held[1], held
     version = result["model_version"]
     assert (result["export_path"], result["export_version"]) == (str(out), version)
     assert stdout.strip().splitlines()[-1] == f"  model version {version} exported to {out}"

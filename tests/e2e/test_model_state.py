@@ -18,7 +18,7 @@ from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.ps import checkpoint
 from elasticps.ps.client import PSClient
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import Placement, TensorInfo, place
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +36,25 @@ def assert_trained(statistics: dict[str, np.ndarray]) -> None:
     assert not np.allclose(variance, 1.0, atol=1e-3), variance
 
 
+def placement_of_bn_net() -> Placement:
+    """Where the PS client places bn_net's tensors (by size; see bn_net.py for the shapes)."""
+    f32 = np.dtype(np.float32)
+    shapes = {
+        "bn_net/dense/kernel": (8, 16),
+        "bn_net/dense/bias": (16,),
+        "bn_net/batch_normalization/gamma": (16,),
+        "bn_net/batch_normalization/beta": (16,),
+        "bn_net/dense_1/kernel": (16, 2),
+        "bn_net/dense_1/bias": (2,),
+    }
+    infos = [TensorInfo(name, shape, f32) for name, shape in shapes.items()]
+    return place(infos + [TensorInfo(name, (16,), f32, state=True) for name in STATISTICS], 2)
+
+
 def test_the_ps_keeps_batchnorm_statistics_and_a_killed_shard_restores_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert {shard_of(name, 2) for name in STATISTICS} == {1}  # the shard this test kills holds both
+    assert {placement_of_bn_net().shards_of(name) for name in STATISTICS} == {(1,)}  # the shard killed below
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
     train, validation = write_data(tmp_path, records=RECORDS)
     document = job_document(NAME, train, validation, checkpointSteps=10)

@@ -196,7 +196,7 @@ def test_an_empty_first_model_never_takes_the_place_of_the_real_one(make_shard: 
     servicer = ParameterServerServicer(store)
     shard = Shard(store, "", create_channel(f"127.0.0.1:{grpc_servers(lambda s: add_ps(servicer, s))}"))
     try:
-        assert shard.call("PushModel", stream(model_head(), []))[0] is OK  # a shard the sharder left empty
+        assert shard.call("PushModel", stream(model_head(), []))[0] is OK  # a shard the placement left empty
         assert shard.call("PushModel", stream(model_head(), []))[0] is OK
         assert shard.call("PushModel", stream(model_head(), whole_model()))[0] is OK  # the real model replaces it
         assert set(shard.pulled()[1]) == {"w", "b", "bn/mean"}

@@ -22,13 +22,12 @@ from elasticps.ps.client import ModelMismatch, PSClient, Pulled, ShardsUninitial
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import Sharder, shard_of, split_by
+from elasticps.ps.sharding import Piece, Placed, Placement, place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
 T = TypeVar("T")
-# With 2 shards: kernel and conv on shard 0, bias and embedding on shard 1 (see test_sharding).
 NAMES = ("dense/kernel:0", "dense/bias:0", "embedding/embeddings:0", "conv2d/kernel:0")
 
 
@@ -40,6 +39,16 @@ def model() -> dict[str, np.ndarray]:
         "embedding/embeddings:0": rng.standard_normal((10, 2)),
         "conv2d/kernel:0": rng.standard_normal((3, 3, 1, 2)).astype(np.float32),
     }
+
+
+# With 2 shards, by size: the embedding (160 bytes) on shard 0, the other three on shard 1.
+PLACEMENT = place(tensor_infos(model()), 2)
+
+
+def home(name: str) -> int:
+    """The shard the client places ``name`` on (the model has nothing big enough to split)."""
+    (shard,) = PLACEMENT.shards_of(name)
+    return shard
 
 
 def gradients(scale: float = 1.0) -> dict[str, np.ndarray]:
@@ -108,7 +117,7 @@ def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Clu
 
 
 def test_model_names_really_span_both_shards() -> None:
-    assert sorted({shard_of(n, 2) for n in NAMES}) == [0, 1]
+    assert sorted({home(n) for n in NAMES}) == [0, 1]
 
 
 def test_push_model_then_pull_returns_it_split_across_shards(make_cluster: Callable[..., Cluster]) -> None:
@@ -116,7 +125,7 @@ def test_push_model_then_pull_returns_it_split_across_shards(make_cluster: Calla
     assert c.client.push_model(model(), SGD) == [0, 0]
     for shard, store in enumerate(c.stores):
         assert store.initialized
-        want = {n: v for n, v in model().items() if shard_of(n, 2) == shard}
+        want = {n: v for n, v in model().items() if home(n) == shard}
         assert want  # each shard holds some variables
         assert_tensors(stored(store), want)
         assert store.optimizer.config.name == "sgd"
@@ -135,7 +144,7 @@ def test_pull_with_current_versions_returns_no_tensors(make_cluster: Callable[..
     assert pulled.tensors == {}
     # One shard current, the other not: only the other's variables come.
     partly = c.client.pull([0, -1])
-    assert_tensors(partly.tensors, {n: v for n, v in model().items() if shard_of(n, 2) == 1})
+    assert_tensors(partly.tensors, {n: v for n, v in model().items() if home(n) == 1})
 
 
 def test_second_push_model_keeps_the_first(make_cluster: Callable[..., Cluster]) -> None:
@@ -279,7 +288,7 @@ def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Ca
     with pytest.raises(grpc.RpcError):
         a.client.push_gradients(grads, [0, 0])
     assert [s.version for s in a.stores] == [1, 0]
-    expected = {n: (sgd_step({n: v}, grads, 0.1)[n] if shard_of(n, 2) == 0 else v) for n, v in model().items()}
+    expected = {n: (sgd_step({n: v}, grads, 0.1)[n] if home(n) == 0 else v) for n, v in model().items()}
     assert_tensors(a.client.pull([-1, -1]).tensors, expected)
 
 
@@ -297,7 +306,7 @@ def test_uninitialised_shards(make_cluster: Callable[..., Cluster]) -> None:
 def test_one_uninitialised_shard_is_named(make_cluster: Callable[..., Cluster]) -> None:
     """Shard 1 lost its model (restarted without a checkpoint); shard 0 still has one."""
     c = make_cluster()
-    c.stores[0].initialize(c.client.split(model())[0], SGD)
+    c.stores[0].initialize(PLACEMENT.split(model())[0], SGD)
     assert c.client.pull([-1, -1]).uninitialized == [1]
     with pytest.raises(ShardsUninitialized) as raised:
         c.client.push_gradients(gradients(), [0, 0])
@@ -345,27 +354,19 @@ def test_small_client_and_server_chunks(grpc_servers: Callable[..., int]) -> Non
         client.close()
 
 
-class AllOnLast:
-    """A custom sharder: every tensor on the last shard."""
-
-    def __init__(self, num_shards: int) -> None:
-        self.num_shards = num_shards
-
-    def shard(self, name: str) -> int:
-        return self.num_shards - 1
-
-    def split(self, tensors: Mapping[str, T]) -> list[dict[str, T]]:
-        return split_by(self, tensors)
+def all_on_last(num_shards: int) -> Placement:
+    """A placement made by hand: every tensor whole on the last shard."""
+    return Placement(num_shards, [Placed(t, (Piece(t.name, num_shards - 1),)) for t in tensor_infos(model())])
 
 
-def test_client_with_a_custom_sharder_pushes_and_pulls_through_it(grpc_servers: Callable[..., int]) -> None:
+def test_client_with_a_placement_made_by_hand_pushes_and_pulls_through_it(grpc_servers: Callable[..., int]) -> None:
     stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
     addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
-    sharder: Sharder = AllOnLast(2)
-    client = PSClient(addresses, worker="w", deadline_s=30.0, sharder=sharder)
+    placement = all_on_last(2)
+    client = PSClient(addresses, worker="w", deadline_s=30.0, placement=placement)
     try:
-        assert client.sharder is sharder
-        assert client.shard("dense/kernel:0") == 1
+        assert client.placement is placement
+        assert placement.shards_of("dense/kernel:0") == (1,)
         assert client.push_model(model(), SGD) == [0, 0]
         assert_tensors(stored(stores[0]), {})  # shard 0 initialised with nothing
         assert_tensors(stored(stores[1]), model())
@@ -378,13 +379,21 @@ def test_client_with_a_custom_sharder_pushes_and_pulls_through_it(grpc_servers: 
         pulled = client.pull([0, 0])
         assert pulled.versions == [1, 1]
         assert_tensors(pulled.tensors, expected)
+        # A client placing by size finds shard 1 holding what it puts on shard 0: refused, named.
+        other = PSClient(addresses, worker="x", deadline_s=30.0)
+        try:
+            other.place(model())
+            with pytest.raises(ModelMismatch, match="placed by another rule"):
+                other.pull([-1, -1])
+        finally:
+            other.close()
     finally:
         client.close()
 
 
-def test_client_refuses_a_sharder_for_another_number_of_shards() -> None:
+def test_client_refuses_a_placement_for_another_number_of_shards() -> None:
     with pytest.raises(ValueError, match="3 shards"):
-        PSClient(["127.0.0.1:1", "127.0.0.1:2"], worker="w", sharder=AllOnLast(3))
+        PSClient(["127.0.0.1:1", "127.0.0.1:2"], worker="w", placement=all_on_last(3))
 
 
 # ---- malformed streams with the raw stub --------------------------------------------------------
@@ -580,7 +589,7 @@ def test_describe_shard_tells_initialised_version_boot_incarnation_and_checkpoin
 def test_push_model_at_a_version_initialises_the_shard_there(make_cluster: Callable[..., Cluster]) -> None:
     """A worker repairing shard 1 (it lost its model) pushes its copy at the version shard 0 holds."""
     c = make_cluster()
-    c.stores[0].initialize(c.client.split(model())[0], SGD, version=4)
+    c.stores[0].initialize(PLACEMENT.split(model())[0], SGD, version=4)
     assert c.client.push_model(model(), SGD, versions=[4, 4]) == [4, 4]
     assert [s.version for s in c.stores] == [4, 4]
     assert c.client.push_gradients(gradients(), [4, 4]).all_accepted
@@ -600,7 +609,7 @@ def test_pull_only_asks_the_named_shards(make_cluster: Callable[..., Cluster]) -
     c.client.push_model(model(), SGD)
     pulled = c.client.pull([-1, -1], only=[1])
     assert pulled.versions == [-1, 0]  # shard 0 not asked: the caller's version kept
-    assert_tensors(pulled.tensors, {n: v for n, v in model().items() if shard_of(n, 2) == 1})
+    assert_tensors(pulled.tensors, {n: v for n, v in model().items() if home(n) == 1})
 
 
 def test_the_pushed_minibatch_name_reaches_the_round_log(grpc_servers: Callable[..., int], tmp_path: Path) -> None:
@@ -678,4 +687,37 @@ def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
         assert_tensors(pulled.tensors, sgd_step(model(), gradients(), 0.1))
     finally:
         channel.close()
+        client.close()
+
+
+def test_a_split_variable_joins_new_rows_from_the_newer_shard_with_the_rows_pulled_before(
+    grpc_servers: Callable[..., int],
+) -> None:
+    """Sync, a round committed on shard 1 only: a pull that finds shard 0 current returns the split
+    kernel whole, shard 1's rows updated and shard 0's as pulled before."""
+    stores = [ParameterStore(StoreSettings(shard=i)) for i in range(2)]
+    addresses = [f"127.0.0.1:{grpc_servers(ps_register(s))}" for s in stores]
+    client = PSClient(addresses, worker="worker-0", deadline_s=30.0, split_bytes=100)
+    try:
+        kernel = np.arange(60, dtype=np.float32).reshape(20, 3)
+        tensors = {"big/kernel": kernel, "big/bias": np.ones(3, np.float32)}
+        placement = client.place(tensors)
+        assert placement.shards_of("big/kernel") == (0, 1)
+        cut = placement.tensors["big/kernel"].pieces[0].stop
+        client.push_model(tensors, SGD)
+        first = client.pull([-1, -1])
+        np.testing.assert_array_equal(first.tensors["big/kernel"], kernel)
+        kept = first.tensors["big/kernel"]
+        grads = {name: np.ones_like(value) for name, value in tensors.items()}
+        assert client.push_gradients(grads, [0, 0]).all_accepted
+        assert commit_round(addresses[1], 0, ["worker-0"]) == 1  # shard 1 only
+        pulled = client.pull([0, 0])
+        assert pulled.versions == [0, 1]
+        got = pulled.tensors["big/kernel"]
+        assert got is kept  # the same buffer, refilled
+        np.testing.assert_array_equal(got[:cut], kernel[:cut])
+        np.testing.assert_array_equal(got[cut:], kernel[cut:] - np.float32(0.1))
+        home_of_bias = placement.shards_of("big/bias")
+        assert ("big/bias" in pulled.tensors) == (home_of_bias == (1,))
+    finally:
         client.close()

@@ -18,12 +18,11 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import shard_of
+from elasticps.ps.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.1})
-# With 2 shards: bn/* on shard 1, bn_1/* on shard 0; dense/kernel on 1, dense/bias on 0.
 STATE_NAMES = ("bn/moving_mean", "bn/moving_variance", "bn_1/moving_mean", "bn_1/moving_variance")
 
 
@@ -40,6 +39,15 @@ def state(mean: float = 0.0, variance: float = 1.0) -> dict[str, np.ndarray]:
     for name in STATE_NAMES:
         out[name] = np.full(4, mean if name.endswith("mean") else variance, np.float32)
     return out
+
+
+# With 2 shards, by size: dense/kernel, bn_1/moving_mean and dense/bias on shard 0, the others on 1.
+PLACEMENT = place(tensor_infos(model(), state()), 2)
+
+
+def home(name: str) -> int:
+    (shard,) = PLACEMENT.shards_of(name)
+    return shard
 
 
 def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
@@ -98,7 +106,7 @@ def make_cluster(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Clu
 
 
 def test_state_names_really_span_both_shards() -> None:
-    assert {shard_of(name, 2) for name in STATE_NAMES} == {0, 1}
+    assert {home(name) for name in STATE_NAMES} == {0, 1}
 
 
 def test_the_model_push_carries_the_state_and_a_pull_returns_it_apart(make_cluster: Callable[..., Cluster]) -> None:
@@ -106,7 +114,7 @@ def test_the_model_push_carries_the_state_and_a_pull_returns_it_apart(make_clust
     c.clients["a"].push_model(model(), SGD, state=state(0.0, 1.0))
     for index, store in enumerate(c.stores):
         with store.reading_model() as found:
-            assert sorted(found.state) == sorted(n for n in STATE_NAMES if shard_of(n, 2) == index)
+            assert sorted(found.state) == sorted(n for n in STATE_NAMES if home(n) == index)
     pulled = c.clients["b"].pull([-1, -1])
     assert_same(pulled.tensors, model())
     assert_same(pulled.state, state(0.0, 1.0))
@@ -160,8 +168,12 @@ def test_a_bad_state_tensor_is_invalid_argument_and_its_shard_changes_nothing(
     c = make_cluster(rule)
     c.clients["a"].push_model(model(), SGD, state=state())
     values = bad(kind)
-    culprit = {shard_of(n, 2) for n, v in values.items() if n not in state() or v.dtype != np.float32
-               or v.shape != (4,) or not np.isfinite(v).all()}
+    if kind == "unknown":  # the client places no tensor outside the model: refused before sending
+        with pytest.raises(ValueError, match="bn_2/moving_mean"):
+            c.clients["a"].push_gradients(grads(), [0, 0], state=values)
+        assert [s.version for s in c.stores] == [0, 0]
+        return
+    culprit = {home(n) for n, v in values.items() if v.dtype != np.float32 or v.shape != (4,) or not np.isfinite(v).all()}
     assert len(culprit) == 1
     (refusing,) = culprit
     with pytest.raises(grpc.RpcError) as raised:
@@ -169,8 +181,8 @@ def test_a_bad_state_tensor_is_invalid_argument_and_its_shard_changes_nothing(
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert c.stores[refusing].version == 0
     with c.stores[refusing].reading_model() as found:
-        assert_same(dict(found.variables), c.clients["a"].split(model())[refusing])
-        assert_same({n: v.copy() for n, v in found.state.items()}, c.clients["a"].split(state())[refusing])
+        assert_same(dict(found.variables), PLACEMENT.split(model())[refusing])
+        assert_same({n: v.copy() for n, v in found.state.items()}, PLACEMENT.split(state())[refusing])
     if rule is UpdateRule.SYNC:
         assert c.stores[refusing].rule.staged == 0  # type: ignore[attr-defined]
 

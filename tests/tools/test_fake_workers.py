@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticps.ps.sharding import ByName
+from elasticps.ps.sharding import place, tensor_infos
 from elasticps.tools.fake_trainer import NumpyTrainer, counters, initial_model, layout, records
 from elasticps.tools.scale_job import summarize
 
@@ -13,10 +13,11 @@ from elasticps.tools.scale_job import summarize
 @pytest.mark.parametrize("num_shards", [1, 2, 3])
 def test_every_shard_holds_a_matrix_a_vector_a_counter_and_a_state_tensor(num_shards: int) -> None:
     weights, state = initial_model(num_shards)
-    sharder = ByName(num_shards)
+    placement = place(tensor_infos(weights, state), num_shards)  # as the PS client places the model
     for shard in range(num_shards):
         names = layout(shard, num_shards)
-        assert [sharder.shard(n) for n in (names.matrix, names.vector, names.counter, names.state)] == [shard] * 4
+        tensors = (names.matrix, names.vector, names.counter, names.state)
+        assert [placement.shards_of(n) for n in tensors] == [(shard,)] * 4
         assert (weights[names.matrix].ndim, weights[names.vector].ndim, weights[names.counter].ndim) == (2, 1, 0)
         assert names.state in state
     assert len(weights) == 3 * num_shards and len(state) == num_shards

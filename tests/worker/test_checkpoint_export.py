@@ -12,7 +12,7 @@ import yaml
 
 from elasticps import cli
 from elasticps.ps import checkpoint
-from elasticps.worker.checkpoint_export import ExportProblem, Variable, match
+from elasticps.worker.checkpoint_export import ExportProblem, Variable, join_slices, match
 
 SHAPES = {"mlp/dense/kernel": (8, 16), "mlp/dense/bias": (16,), "mlp/dense_1/kernel": (16, 2), "mlp/dense_1/bias": (2,)}
 SHARD_OF = {"mlp/dense/kernel": 0, "mlp/dense/bias": 1, "mlp/dense_1/kernel": 1, "mlp/dense_1/bias": 0}
@@ -180,3 +180,22 @@ def test_match_takes_non_trainable_state_and_skips_what_the_ps_does_not_keep() -
     assert untouched == ["m/dropout/seed_generator_state"]
     with pytest.raises(ExportProblem, match="m/bn/gamma"):
         match({"state/m/bn/moving_mean": np.zeros(4)}, variables)
+
+
+def test_row_slices_of_a_split_variable_are_joined_and_gaps_refused() -> None:
+    """Checkpoints of shards that each hold row slices of a variable (``ps/sharding.py``)."""
+    kernel = np.arange(40, dtype=np.float32).reshape(10, 4)
+    tensors = {
+        "var/mlp/dense/kernel#rows5:10": kernel[5:],
+        "var/mlp/dense/kernel#rows0:5": kernel[:5],
+        "var/mlp/dense/bias": np.zeros(4, np.float32),
+    }
+    joined = join_slices(tensors)
+    assert sorted(joined) == ["var/mlp/dense/bias", "var/mlp/dense/kernel"]
+    np.testing.assert_array_equal(joined["var/mlp/dense/kernel"], kernel)
+    with pytest.raises(ExportProblem, match="do not join"):
+        join_slices({"var/k#rows0:5": kernel[:5], "var/k#rows6:10": kernel[6:]})  # row 5 missing
+    with pytest.raises(ExportProblem, match="do not join"):
+        join_slices({"var/k#rows0:5": kernel[:5], "var/k#rows5:10": np.zeros((5, 3), np.float32)})
+    with pytest.raises(ExportProblem, match="both whole"):
+        join_slices({"var/k": kernel, "var/k#rows0:10": kernel})

@@ -261,6 +261,18 @@ def test_the_first_worker_initialises_the_ps_and_the_next_adopts_its_model() -> 
     assert first.counters.reinitialised == 0
 
 
+def test_the_model_is_placed_once_before_the_first_pull() -> None:
+    """The client joins pulled slices by the placement, so it has it before anything is pulled."""
+    ps, trainer = FakePS(), FakeTrainer()
+    seen: list[int] = []
+    model = make_model(ps, trainer)
+    ps.on_place = lambda: seen.append(len(ps.events))
+    model.initialise()
+    model.pull()
+    assert seen == [0]  # no event before it
+    assert ps.placed == [[*trainer.weights(), *trainer.state()]]
+
+
 def test_a_shard_that_lost_its_model_before_a_pull_gets_it_pushed_again() -> None:
     ps, trainer, model = ready(UpdateRule.SYNC)
     ps.lose_model(1)

@@ -101,6 +101,14 @@ class FakePS:
         self.pushed_states: list[dict[str, np.ndarray]] = []  # the state every push carried, as it landed
         self.waiting_pulls_left = 50  # a worker that waits for a shard more often waits forever: fail
 
+        self.placed: list[list[str]] = []  # the tensors each place() call named (variables, then state)
+        self.on_place: Callable[[], None] | None = None  # runs at every place()
+
+    def place(self, variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None) -> None:
+        self.placed.append([*variables, *(state or {})])
+        if self.on_place is not None:
+            self.on_place()
+
     # ---- what tests do to it -----------------------------------------------------------------
     def others_update(self, shard: int | None = None) -> None:
         """Another worker's update lands (on one shard, or all)."""
