@@ -193,7 +193,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
             add(f"| {size['size_mb']} MB | {' | '.join(cells)} | {size['cases'][default]['median_s'] * 1e3:.0f} |")
         add("")
 
-    add("## How it was measured")
+    add(LAST_GENERATED)
     add("")
     add(
         "- **Raw TCP**: this process and a server process (`bench/tcp_echo.py`) on 127.0.0.1, TCP_NODELAY. "
@@ -243,8 +243,31 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         "runs; compare the ratios."
     )
     add("")
+    tail = kept_sections(path)
+    if tail:
+        out.extend(tail)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
+
+
+LAST_GENERATED = "## How it was measured"
+
+
+def kept_sections(path: Path) -> list[str]:
+    """The sections written by hand after the generated ones (from the first ``## `` heading that
+    follows :data:`LAST_GENERATED`): a run rewrites its own part of the page and keeps them."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    try:
+        start = lines.index(LAST_GENERATED) + 1
+    except ValueError:
+        return []
+    for index in range(start, len(lines)):
+        if lines[index].startswith("## "):
+            return lines[index:]
+    return []
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -291,10 +314,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     for xi, r in zip(x, to_tcp):
         ax.text(xi - 0.18, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, labels)
-    ax.set_ylim(0, max(1.0, max(ratios + to_tcp) * 1.15))
+    ax.set_ylim(0, max(1.3, max(ratios + to_tcp) * 1.15))
     ax.set_ylabel("PS / reference")
     ax.set_title("ratio of medians")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", fontsize=8)
 
     if chunked:
         ax = axes[2]
