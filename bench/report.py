@@ -11,8 +11,17 @@ GOALS = {1: 0.5, 16: 0.8, 64: 0.8}
 CEILING = "tcp_apply"
 
 
-def _default_case(doc: dict[str, Any]) -> str:
+BULK = "ps_bulk"
+
+
+def _frames_case(doc: dict[str, Any]) -> str:
+    """The PS over gRPC frames at the default chunk size."""
     return f"ps@{doc['config']['default_chunk_bytes']}"
+
+
+def _default_case(doc: dict[str, Any]) -> str:
+    """The PS as a client uses it: over its bulk channel when the run measured one."""
+    return BULK if all(BULK in size["cases"] for size in doc["sizes"]) else _frames_case(doc)
 
 
 def _chunk_label(chunk_bytes: int) -> str:
@@ -46,13 +55,18 @@ def goal_verdicts(doc: dict[str, Any]) -> list[tuple[int, float, float, bool]]:
 
 def summary_lines(doc: dict[str, Any]) -> list[str]:
     default = _default_case(doc)
-    lines = ["size   | raw TCP MB/s | TCP+SGD MB/s | gRPC raw MB/s | PS MB/s | PS/ceiling | PS/TCP | gRPC raw/TCP"]
+    frames = _frames_case(doc)
+    lines = [
+        "size   | raw TCP MB/s | TCP+SGD MB/s | gRPC raw MB/s | PS MB/s | PS/ceiling | PS/TCP | "
+        "PS frames MB/s | frames/ceiling | gRPC raw/TCP"
+    ]
     for size in doc["sizes"]:
         cases = size["cases"]
         lines.append(
             f"{size['size_mb']:>3} MB | {cases['tcp']['mbps_median']:>12.0f} | {cases[CEILING]['mbps_median']:>12.0f} "
             f"| {cases['grpc_raw']['mbps_median']:>13.0f} | {cases[default]['mbps_median']:>7.0f} "
-            f"| {_ratio(size, default, CEILING):>10.2f} | {_ratio(size, default):>6.2f} | {_ratio(size, 'grpc_raw'):.2f}"
+            f"| {_ratio(size, default, CEILING):>10.2f} | {_ratio(size, default):>6.2f} "
+            f"| {cases[frames]['mbps_median']:>14.0f} | {_ratio(size, frames, CEILING):>14.2f} | {_ratio(size, 'grpc_raw'):.2f}"
         )
     for size_mb, goal, ratio, ok in goal_verdicts(doc):
         lines.append(f"goal >= {goal}x the TCP + SGD ceiling at {size_mb} MB: {'PASS' if ok else 'MISS'} ({ratio:.2f}x)")
@@ -87,14 +101,18 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         "buffer, nothing allocated): what a PS push + pull costs at the least. *Per repetition* is the median "
         "(min-max) of PS / ceiling within each repetition (they ran back to back, so they saw the same machine "
         "noise). *gRPC raw* is the floor of grpcio's Python message path: the PS's call shapes (client stream + "
-        "server stream of 1 MiB chunks) carrying raw bytes, without protobuf, frames or a store."
+        "server stream of 1 MiB chunks) carrying raw bytes, without protobuf, frames or a store. *PS* is the "
+        + ("PS over its bulk channel (raw TCP, `elasticps/rpc/bulk.py`), what `PSClient` uses; *PS frames* the "
+           f"same PS calls over gRPC frames (`PSClient(use_bulk=False)`, chunk {chunk})."
+           if default == BULK else f"PS over gRPC frames (chunk {chunk}).")  # fmt: skip
     )
     add("")
     add(
-        f"| model size | raw TCP MB/s | TCP + SGD MB/s | gRPC raw MB/s | PS MB/s (chunk {chunk}) | **PS / ceiling** | "
-        "per repetition | PS / TCP | gRPC raw / TCP | repetitions |"
+        "| model size | raw TCP MB/s | TCP + SGD MB/s | gRPC raw MB/s | PS MB/s | **PS / ceiling** | "
+        "per repetition | PS / TCP | PS frames MB/s | PS frames / ceiling | gRPC raw / TCP | repetitions |"
     )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    frames = _frames_case(doc)
     for size in doc["sizes"]:
         cases = size["cases"]
         ps = cases[default]
@@ -102,6 +120,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
             f"| {size['size_mb']} MB | {_spread(cases['tcp'])} | {_spread(cases[CEILING])} | {_spread(cases['grpc_raw'])} "
             f"| {_spread(ps)} | **{_ratio(size, default, CEILING):.2f}** | {ps['paired_ceiling_ratio_median']:.2f} "
             f"({ps['paired_ceiling_ratio_min']:.2f}-{ps['paired_ceiling_ratio_max']:.2f}) | {_ratio(size, default):.2f} "
+            f"| {_spread(cases[frames])} | {_ratio(size, frames, CEILING):.2f} "
             f"| {_ratio(size, 'grpc_raw'):.2f} | {size['repetitions']} |"
         )
     add("")
@@ -111,12 +130,12 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         add("**Goal: PS push + pull against the ceiling:** " + ", ".join(parts) + ".")
         add("")
     shares = ", ".join(
-        f"{size['size_mb']} MB {size['cases'][default]['mbps_median'] / size['cases']['grpc_raw']['mbps_median']:.2f}"
+        f"{size['size_mb']} MB {size['cases'][frames]['mbps_median'] / size['cases']['grpc_raw']['mbps_median']:.2f}"
         for size in doc["sizes"]
     )
     add(
-        f"PS / gRPC raw, the share of grpcio's own floor that the PS keeps (`Frame` bytes written and parsed by `frames.encode`/"
-        f"`decode`, the store's check and SGD cost the rest): {shares}."
+        f"PS frames / gRPC raw, the share of grpcio's own floor that the PS keeps over gRPC (`Frame` bytes written "
+        f"and parsed by `frames.encode`/`decode`, the store's check and SGD cost the rest): {shares}."
     )
     add("")
     add(f"![PS and raw TCP throughput, and their ratio]({image})")
@@ -127,7 +146,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         add("## Chunk size")
         add("")
         add(
-            "The same PS round trip with other chunk sizes (bytes of tensor data per `Frame` message), on the "
+            "The PS round trip over gRPC frames with other chunk sizes (bytes of tensor data per `Frame` message), on the "
             "client's pushes (`PSClient(chunk_bytes=...)`) and the server's pulls (the PS's hidden "
             "`--chunk_bytes` flag) alike; measured in the same repetitions as the table above."
         )
@@ -137,7 +156,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         for size in chunked:
             ps_cases = sorted((int(n.split("@")[1]), n) for n in size["cases"] if n.startswith("ps@"))
             for chunk_bytes, name in ps_cases:
-                mark = " (default)" if name == default else ""
+                mark = " (default)" if name == frames else ""
                 case = size["cases"][name]
                 add(
                     f"| {size['size_mb']} MB | {_chunk_label(chunk_bytes)}{mark} | {_spread(case)} | "
@@ -160,14 +179,14 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         add("")
         add(
             "| size | encode | decode | store push | Python steps per round trip | "
-            "measured PS round trip | raw TCP round trip | memcpy of the model |"
+            "measured PS frames round trip | raw TCP round trip | memcpy of the model |"
         )
         add("|---:|---:|---:|---:|---:|---:|---:|---:|")
         measured = {s["size_mb"]: s for s in doc["sizes"]}
         for stage in doc["stages"]:
             ms = stage["ms"]
             size = measured.get(stage["size_mb"])
-            ps_ms = f"{size['cases'][default]['median_s'] * 1e3:.0f}" if size else "-"
+            ps_ms = f"{size['cases'][frames]['median_s'] * 1e3:.0f}" if size else "-"
             tcp_ms = f"{size['cases']['tcp']['median_s'] * 1e3:.0f}" if size else "-"
             add(
                 f"| {stage['size_mb']} MB | {ms['encode']:.1f} | "
@@ -181,11 +200,11 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
             "or by waiting."
         )
         add("")
-        add("| size | raw TCP | TCP + SGD | gRPC raw | PS | PS wall time |")
-        add("|---:|---:|---:|---:|---:|---:|")
+        add("| size | raw TCP | TCP + SGD | gRPC raw | PS | PS frames | PS wall time |")
+        add("|---:|---:|---:|---:|---:|---:|---:|")
         for size in doc["sizes"]:
             cells = []
-            for name in ("tcp", CEILING, "grpc_raw", default):
+            for name in ("tcp", CEILING, "grpc_raw", default, frames):
                 case = size["cases"][name]
                 cells.append(
                     f"{case['client_cpu_ms_per_round_trip']:.0f} / {case['server_cpu_ms_per_round_trip']:.0f}"
@@ -215,7 +234,8 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
     )
     add(
         f"- **PS**: a real `python -m elasticps ps --use_async` process (PS 0, so it also hosts the "
-        f"coordinator, given a 10-record npz file as --training_data), one per model size and chunk size. The "
+        f"coordinator, given a 10-record npz file as --training_data), one per model size and case (bulk "
+        f"channel, each chunk size over gRPC frames). The "
         f"benchmark's `PSClient` pushes a model of {cfg['num_variables']} float32 variables of equal size "
         f"(`push_model`, SGD lr 0.01) once, then each round trip is `push_gradients(gradients, versions)` + "
         f"`pull(versions=[-1])` (a full pull). Async mode applies each push at once. At the end the pulled "
@@ -301,18 +321,24 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax = axes[1]
     ratios = [_ratio(s, default, CEILING) for s in sizes]
     to_tcp = [_ratio(s, default) for s in sizes]
+    over_frames = [_ratio(s, _frames_case(doc), CEILING) for s in sizes]
     goals = [GOALS.get(s["size_mb"], 0.0) for s in sizes]
-    ax.bar(x - 0.18, to_tcp, 0.34, color="tab:gray", alpha=0.6, label="PS / raw TCP")
-    ax.bar(x + 0.18, ratios, 0.34, color=["tab:green" if r >= g else "tab:red" for r, g in zip(ratios, goals)],
+    ax.bar(x - 0.27, to_tcp, 0.25, color="tab:gray", alpha=0.6, label="PS / raw TCP")
+    if default == BULK:
+        ax.bar(x, over_frames, 0.25, color="tab:orange", alpha=0.6, label="PS over gRPC frames / ceiling")
+    ax.bar(x + 0.27, ratios, 0.25, color=["tab:green" if r >= g else "tab:red" for r, g in zip(ratios, goals)],
            label="PS / ceiling (TCP + SGD)")  # fmt: skip
     for xi, goal in zip(x, goals):
         if goal:
             ax.plot([xi - 0.4, xi + 0.4], [goal, goal], color="black", linestyle="--", linewidth=1)
     ax.plot([], [], color="black", linestyle="--", linewidth=1, label="goal (PS / ceiling)")
     for xi, r in zip(x, ratios):
-        ax.text(xi + 0.18, r, f"{r:.2f}", ha="center", va="bottom")
+        ax.text(xi + 0.27, r, f"{r:.2f}", ha="center", va="bottom")
     for xi, r in zip(x, to_tcp):
-        ax.text(xi - 0.18, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.text(xi - 0.27, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
+    if default == BULK:
+        for xi, r in zip(x, over_frames):
+            ax.text(xi, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, labels)
     ax.set_ylim(0, max(1.3, max(ratios + to_tcp) * 1.15))
     ax.set_ylabel("PS / reference")

@@ -9,9 +9,11 @@ noise hits every case alike:
   views of the received buffer (``bench.tcp_apply``);
 * ``grpc_raw``: the same call shapes as the PS over gRPC carrying raw byte chunks, without protobuf,
   frames or a store (``bench.grpc_raw``): the floor of grpcio's Python message path;
-* ``ps``: ``push_gradients`` + ``pull(versions=[-1])`` of an N-byte model against a real
-  ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`;
-* at 16 and 64 MB also the PS with other chunk sizes (client pushes and server pulls alike).
+* ``ps_bulk``: ``push_gradients`` + ``pull(versions=[-1])`` of an N-byte model against a real
+  ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`, over the PS's
+  bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
+* ``ps@<chunk>``: the same over gRPC frames (``PSClient(use_bulk=False)``), at the default chunk size
+  and, at 16 and 64 MB, at other chunk sizes (client pushes and server pulls alike).
 
 Every round trip moves N bytes each way: MB/s = 2 * N / seconds, MB = 2**20 bytes. Writes
 ``bench/results/datapath.json`` (every sample), ``docs/benchmarks.md`` and ``docs/img/datapath.png``.
@@ -75,6 +77,7 @@ CHUNK_SIZES_MB = (16, 64)
 NUM_VARIABLES = 4  # the model: this many float32 variables of equal size
 LEARNING_RATE = 0.01
 GRADIENT = 1e-3  # every gradient element; each push moves every parameter by -LEARNING_RATE * GRADIENT
+BULK = "ps_bulk"  # the PS case over its bulk channel (the others, ps@<chunk>, over gRPC frames)
 
 
 @dataclass(frozen=True)
@@ -203,8 +206,10 @@ class Case:
 class PSCase:
     """A PSClient against one PS process holding a ``size_mb`` model; one round trip = push + full pull."""
 
-    def __init__(self, port: int, size_mb: int, chunk_bytes: int) -> None:
-        self.client = PSClient([f"127.0.0.1:{port}"], worker="bench", chunk_bytes=chunk_bytes, deadline_s=60.0)
+    def __init__(self, port: int, size_mb: int, chunk_bytes: int, use_bulk: bool) -> None:
+        self.client = PSClient(
+            [f"127.0.0.1:{port}"], worker="bench", chunk_bytes=chunk_bytes, deadline_s=60.0, use_bulk=use_bulk
+        )
         elements = size_mb * MB // 4 // NUM_VARIABLES
         model = {f"layer{i}/kernel": np.full(elements, 0.5, dtype=np.float32) for i in range(NUM_VARIABLES)}
         self.gradients = {name: np.full_like(value, GRADIENT) for name, value in model.items()}
@@ -241,7 +246,7 @@ def _label(name: str) -> str:
         return name
     chunk_bytes = int(name[3:])
     size = f"{chunk_bytes >> 20}M" if chunk_bytes >= MB else f"{chunk_bytes >> 10}K"
-    return "ps" if chunk_bytes == CHUNK_BYTES else f"ps/{size}"
+    return "ps_frames" if chunk_bytes == CHUNK_BYTES else f"ps_frames/{size}"
 
 
 @dataclass
@@ -271,11 +276,12 @@ def measure_size(size_mb: int, plan: Plan, base: Baselines, workdir: Path, data:
     chunks = CHUNK_VARIANTS if size_mb in CHUNK_SIZES_MB else (CHUNK_BYTES,)
     if CHUNK_BYTES not in chunks:
         chunks = (CHUNK_BYTES, *chunks)
-    servers = {c: start_ps(f"ps-{size_mb}mb-{c}", workdir, data, c) for c in chunks}
-    ps_cases: dict[int, PSCase] = {}
+    servers: dict[int | str, Child] = {c: start_ps(f"ps-{size_mb}mb-{c}", workdir, data, c) for c in chunks}
+    servers[BULK] = start_ps(f"ps-{size_mb}mb-bulk", workdir, data, CHUNK_BYTES)
+    ps_cases: dict[int | str, PSCase] = {}
     try:
-        for chunk, server in servers.items():
-            ps_cases[chunk] = PSCase(server.wait_port(), size_mb, chunk)
+        for key, server in servers.items():
+            ps_cases[key] = PSCase(server.wait_port(), size_mb, CHUNK_BYTES if key == BULK else int(key), key == BULK)
         base.echo.prepare(size_mb * MB)
         base.ceiling.prepare(size_mb * MB, NUM_VARIABLES, GRADIENT)
         base.raw.prepare(size_mb * MB)
@@ -284,6 +290,7 @@ def measure_size(size_mb: int, plan: Plan, base: Baselines, workdir: Path, data:
             Case("tcp_apply", base.ceiling.round_trip, base.ceiling_pid),
             Case("grpc_raw", base.raw.round_trip, base.raw_pid),
         ]
+        cases.append(Case(BULK, ps_cases[BULK].round_trip, servers[BULK].popen.pid))
         cases += [Case(f"ps@{chunk}", ps_cases[chunk].round_trip, servers[chunk].popen.pid) for chunk in chunks]
         print(f"[{size_mb} MB] warm-up ({plan.warmup} round trips per case)", flush=True)
         for _ in range(plan.warmup):
@@ -402,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             plan = plans.get(size_mb) or plans[min(plans, key=lambda k: abs(k - size_mb))]
             results.append(measure_size(size_mb, plan, base, workdir, data))
             summary = results[-1]["cases"]
-            ps_mbps = summary[f"ps@{CHUNK_BYTES}"]["mbps_median"]
+            ps_mbps = summary[BULK]["mbps_median"]
             print(f"[{size_mb} MB] median MB/s: tcp {summary['tcp']['mbps_median']:.0f}, "
                   f"ceiling {summary['tcp_apply']['mbps_median']:.0f}, ps {ps_mbps:.0f}, "
+                  f"ps frames {summary[f'ps@{CHUNK_BYTES}']['mbps_median']:.0f}, "
                   f"PS/ceiling {ps_mbps / summary['tcp_apply']['mbps_median']:.2f}, "
                   f"PS/TCP {ps_mbps / summary['tcp']['mbps_median']:.2f}", flush=True)  # fmt: skip
     finally:
