@@ -332,3 +332,23 @@ def test_a_model_is_still_pushed_over_grpc(ps: Callable[..., tuple[str, Paramete
         assert store.initialized
     finally:
         client.close()
+
+
+def test_a_staged_sync_gradient_keeps_its_buffer_while_the_connection_pushes_again(
+    make_shard: Callable[..., Shard],
+) -> None:
+    shard = make_shard("sync")
+    connection = bulk.BulkConnection("127.0.0.1", shard.server.port, 5.0, 10.0)
+    try:
+        ones = {"w": np.full_like(W, 1.0), "b": np.full_like(B, 1.0)}
+        threes = {"w": np.full_like(W, 3.0), "b": np.full_like(B, 3.0)}
+        for worker, gradient in (("a", ones), ("b", threes)):
+            head = pb.Frame(push=pb.PushHead(worker=worker, version=1))
+            assert connection.push(head, gradient, {}).accepted
+    finally:
+        connection.close()
+    shard.store.commit(1, ["a", "b"])
+    # Adam's first moment after rounds of mean gradient 0.5 and 2: had the second push overwritten
+    # the first's staged bytes, the second mean would be 3.
+    m = shard.store.optimizer.state()["slot/m/b"]
+    assert np.allclose(m, 0.9 * (0.1 * 0.5) + 0.1 * 2.0, rtol=1e-5)
