@@ -70,6 +70,10 @@ class BulkServer:
 
     def stop(self) -> None:
         self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
+        except OSError:
+            pass
         self._listener.close()
         with self._lock:
             for conn in list(self._connections):

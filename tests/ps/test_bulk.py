@@ -352,3 +352,20 @@ def test_a_staged_sync_gradient_keeps_its_buffer_while_the_connection_pushes_aga
     # the first's staged bytes, the second mean would be 3.
     m = shard.store.optimizer.state()["slot/m/b"]
     assert np.allclose(m, 0.9 * (0.1 * 0.5) + 0.1 * 2.0, rtol=1e-5)
+
+
+def test_stop_ends_the_server_and_its_connections(make_shard: Callable[..., Shard]) -> None:
+    shard = make_shard("async")
+    idle = socket.create_connection(("127.0.0.1", shard.server.port), timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while shard.server.connections() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        shard.server.stop()
+        shard.server._thread.join(5)
+        assert not shard.server._thread.is_alive()
+        assert idle.recv(1) == b""  # closed by the server
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", shard.server.port), timeout=2)
+    finally:
+        idle.close()
