@@ -364,7 +364,10 @@ def test_stop_ends_the_server_and_its_connections(make_shard: Callable[..., Shar
         shard.server.stop()
         shard.server._thread.join(5)
         assert not shard.server._thread.is_alive()
-        assert idle.recv(1) == b""  # closed by the server
+        try:
+            assert idle.recv(1) == b""  # closed by the server
+        except ConnectionResetError:
+            pass  # or reset
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", shard.server.port), timeout=2)
     finally:
