@@ -349,7 +349,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax = axes[2]
         for s in chunked:
             pts = sorted((int(n.split("@")[1]), c["mbps_median"]) for n, c in s["cases"].items() if n.startswith("ps@"))
-            ax.plot([p[0] >> 10 for p in pts], [p[1] for p in pts], marker="o", label=f"PS {s['size_mb']} MB")
+            ax.plot([p[0] >> 10 for p in pts], [p[1] for p in pts], marker="o", label=f"PS frames {s['size_mb']} MB")
             goal = GOALS.get(s["size_mb"], 0.0)
             ax.axhline(s["cases"][CEILING]["mbps_median"] * goal, linestyle=":", linewidth=1,
                        color=ax.lines[-1].get_color(), label=f"{goal} x ceiling, {s['size_mb']} MB")  # fmt: skip
