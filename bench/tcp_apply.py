@@ -3,8 +3,9 @@
 One round trip: the client sends a 16-byte header (payload bytes, number of variables) and the
 gradient bytes; the server reads them with ``recv_into`` into a buffer it keeps, views it as the
 model's float32 variables (equal parts, as ``bench/run.py``'s model: no copy), applies
-``w -= lr * g`` to its own variables in place (``np.multiply`` into a preallocated temporary, then
-``np.subtract`` with ``out=``: nothing allocated per round trip), and sends the whole model back
+``w -= lr * g`` to its own variables in place as the PS does (a block of ``BLOCK_ELEMENTS`` at a
+time: ``np.multiply`` into a preallocated block-sized temporary, then ``np.subtract`` with ``out=``;
+nothing allocated per round trip, the temporary stays in the cache), and sends the whole model back
 (the pull); the client reads it with ``recv_into``. What a PS push + pull costs at the least in two
 Python processes: the bytes each way and the arithmetic, no framing, no checks.
 Server: ``python -m bench.tcp_apply PORT_FILE``.
@@ -21,6 +22,7 @@ import numpy as np
 
 from bench.tcp_echo import _configure, _recv_exactly
 from elasticps.files import write_atomically
+from elasticps.ps.optimizers import BLOCK_ELEMENTS
 
 _HEADER = struct.Struct("<QQ")  # payload bytes, variables
 LEARNING_RATE = 0.01
@@ -45,7 +47,7 @@ class Receiver:
         self.layout = (size, count)
         self.gradients = np.empty(size, dtype=np.uint8)
         self.model = np.full(size // 4, INITIAL, dtype=np.float32)
-        self.temporary = np.empty(size // 4 // count, dtype=np.float32)
+        self.temporary = np.empty(min(size // 4 // count, BLOCK_ELEMENTS), dtype=np.float32)
         part = size // 4 // count
         grads = self.gradients.view(np.float32)
         self.variables = [
@@ -55,9 +57,12 @@ class Receiver:
 
     def apply(self) -> None:
         lr = np.float32(LEARNING_RATE)
-        for weights, gradient, scaled in self.variables:
-            np.multiply(gradient, lr, out=scaled)
-            np.subtract(weights, scaled, out=weights)
+        for weights, gradient, temporary in self.variables:
+            for start in range(0, len(weights), BLOCK_ELEMENTS):
+                w, g = weights[start : start + BLOCK_ELEMENTS], gradient[start : start + BLOCK_ELEMENTS]
+                scaled = temporary[: len(w)]
+                np.multiply(g, lr, out=scaled)
+                np.subtract(w, scaled, out=w)
 
 
 def serve(port_file: str) -> None:
