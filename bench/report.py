@@ -98,7 +98,8 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         "(min-max) in brackets; the ratios are of the medians, all measured in this run, interleaved. "
         "The **ceiling** (*TCP + SGD*) is raw TCP moving the same bytes each way with the receiver applying "
         "the PS's update (`w -= lr * g` in place over the model's float32 variables, views of the received "
-        "buffer, nothing allocated): what a PS push + pull costs at the least. *Per repetition* is the median "
+        "buffer, a block of 65,536 elements at a time as the PS's optimizer does, nothing allocated): what a "
+        "PS push + pull costs at the least. *Per repetition* is the median "
         "(min-max) of PS / ceiling within each repetition (they ran back to back, so they saw the same machine "
         "noise). *gRPC raw* is the floor of grpcio's Python message path: the PS's call shapes (client stream + "
         "server stream of 1 MiB chunks) carrying raw bytes, without protobuf, frames or a store. *PS* is the "
@@ -223,7 +224,8 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
     add(
         "- **TCP + SGD (the ceiling)**: the same with a server process (`bench/tcp_apply.py`) that views the "
         f"received buffer as the model's {cfg['num_variables']} float32 variables, applies `w -= lr * g` to its "
-        "own variables in place (`np.multiply` into a preallocated temporary, `np.subtract(out=)`), and sends the "
+        "own variables in place, a block of 65,536 elements at a time as the PS's optimizer (`np.multiply` into a "
+        "preallocated block-sized temporary, `np.subtract(out=)`), and sends the "
         "whole model back as the pull; its model is checked at the end like the PS's."
     )
     add(
