@@ -4,7 +4,8 @@
 Used by the PS client (``ps/client.py``), one route per shard. The bulk port is asked of the shard
 (``DescribeShard``) on first use; a shard without one, or whose port does not connect (a
 NetworkPolicy that does not open it, a firewall, an older PS), is served by gRPC frames and asked
-again :data:`RETRY_AFTER_S` later. A connection that breaks is dropped, and the port asked again
+again :data:`RETRY_AFTER_S` later, twice as late after each failure in a row up to
+:data:`MAX_RETRY_AFTER_S` (a port whose packets are dropped costs a call ``CONNECT_TIMEOUT_S``). A connection that breaks is dropped, and the port asked again
 (a restarted PS may listen on another). Up to :data:`POOL` idle connections are kept per shard
 (a push and a pull may overlap).
 """
@@ -21,6 +22,7 @@ from elasticps.rpc.bulk import BulkConnection
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 30.0
+MAX_RETRY_AFTER_S = 960.0
 CONNECT_TIMEOUT_S = 2.0
 POOL = 4
 
@@ -47,6 +49,7 @@ class BulkRoute:
         self._idle: list[BulkConnection] = []
         self._port: int | None = None
         self._retry_at = 0.0
+        self._failures = 0  # in a row: how long until the next attempt
         self.fallbacks = 0  # calls that went as gRPC frames because the channel was not there
 
     def take(self) -> BulkConnection | None:
@@ -69,17 +72,22 @@ class BulkRoute:
             with self._lock:
                 self._port = port
         try:
-            return BulkConnection(self._host, port, CONNECT_TIMEOUT_S, self._timeout_s)
+            connection = BulkConnection(self._host, port, CONNECT_TIMEOUT_S, self._timeout_s)
         except OSError as err:
-            log.info("bulk: %s:%d does not connect (%s): gRPC frames for %g s", self._host, port, err, RETRY_AFTER_S)
+            log.info("bulk: %s:%d does not connect (%s): gRPC frames for a while", self._host, port, err)
             with self._lock:
                 self._port = None
             return self._unavailable()
+        with self._lock:
+            self._failures = 0
+        return connection
 
     def _unavailable(self) -> BulkConnection | None:
-        """None, and no bulk channel asked for until RETRY_AFTER_S from now."""
+        """None, and no bulk channel asked for until a while from now (longer after each failure)."""
         with self._lock:
-            self._retry_at = self._clock() + RETRY_AFTER_S
+            wait = min(RETRY_AFTER_S * 2**self._failures, MAX_RETRY_AFTER_S)
+            self._failures += 1
+            self._retry_at = self._clock() + wait
             self.fallbacks += 1
         return None
 

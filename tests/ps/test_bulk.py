@@ -372,3 +372,24 @@ def test_stop_ends_the_server_and_its_connections(make_shard: Callable[..., Shar
             socket.create_connection(("127.0.0.1", shard.server.port), timeout=2)
     finally:
         idle.close()
+
+
+def test_a_port_that_does_not_connect_is_tried_again_later_and_later() -> None:
+    blocked = socket.socket()  # bound, never listening: connecting is refused
+    blocked.bind(("127.0.0.1", 0))
+    now = [0.0]
+    asked: list[float] = []
+
+    def describe() -> int:
+        asked.append(now[0])
+        return int(blocked.getsockname()[1])
+
+    try:
+        route = routes.BulkRoute("127.0.0.1:1", describe, 5.0, clock=lambda: now[0])
+        for _ in range(40):
+            assert route.take() is None
+            now[0] += 10.0
+    finally:
+        blocked.close()
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    assert gaps == [30.0, 60.0, 120.0]  # twice as long after each failure
