@@ -11,6 +11,7 @@ code. Each case names the code a correct server answers.
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from elasticps.coordinator.requests import MAX_REJECTED
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.rpc import frames
+from elasticps.rpc import bulk, frames
 
 OK = grpc.StatusCode.OK
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -363,3 +364,33 @@ def call(channel: grpc.Channel, service: str, method: str, request: Iterable[byt
     except grpc.RpcError as err:
         assert isinstance(err, grpc.Call)
         return err.code(), []
+
+
+# ---- over a PS's bulk channel (elasticps/rpc/bulk.py) ------------------------------------------------
+
+BULK_METHODS = {"PushGradients": 1, "PullDense": 2}
+
+
+def bulk_call(port: int, method: str, request: Iterable[bytes] | bytes, timeout_s: float = 30.0,
+              host: str = "127.0.0.1") -> tuple[grpc.StatusCode, bytes]:  # fmt: skip
+    """Sends ``request`` (a push's frames, or a pull's message bytes) to a bulk server as the bulk
+    wire format carries them, each frame with its length; the status and the reply message
+    (UNAVAILABLE, b"" when the connection ended without one)."""
+    length = bulk.LENGTH
+    parts = [bulk.REQUEST.pack(bulk.MAGIC, BULK_METHODS[method])]
+    if isinstance(request, bytes):
+        parts += [length.pack(len(request)), request]
+    else:
+        for frame in request:
+            parts += [length.pack(len(frame)), frame]
+        parts.append(length.pack(0))
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        deadline = bulk.Deadline.within(timeout_s, timeout_s, method)
+        try:
+            bulk.send(sock, parts, deadline)
+        except OSError:
+            pass  # refused and closed mid-request: its reply may still be there
+        try:
+            return bulk.read_reply(sock, deadline)
+        except (OSError, bulk.BulkClosed):
+            return grpc.StatusCode.UNAVAILABLE, b""

@@ -4,11 +4,16 @@ Per model size (1, 16, 64 MB of float32 parameters), interleaved repetition by r
 noise hits every case alike:
 
 * ``tcp``: a raw-TCP echo of N bytes between this process and a server process (``bench.tcp_echo``);
+* ``tcp_apply``: the ceiling of the PS: raw TCP moving the same bytes each way (push N bytes, the model
+  of N bytes back as the pull) with the server applying the PS's SGD to its float32 variables in place,
+  views of the received buffer (``bench.tcp_apply``);
 * ``grpc_raw``: the same call shapes as the PS over gRPC carrying raw byte chunks, without protobuf,
   frames or a store (``bench.grpc_raw``): the floor of grpcio's Python message path;
-* ``ps``: ``push_gradients`` + ``pull(versions=[-1])`` of an N-byte model against a real
-  ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`;
-* at 16 and 64 MB also the PS with other chunk sizes (client pushes and server pulls alike).
+* ``ps_bulk``: ``push_gradients`` + ``pull(versions=[-1])`` of an N-byte model against a real
+  ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`, over the PS's
+  bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
+* ``ps@<chunk>``: the same over gRPC frames (``PSClient(use_bulk=False)``), at the default chunk size
+  and, at 16 and 64 MB, at other chunk sizes (client pushes and server pulls alike).
 
 Every round trip moves N bytes each way: MB/s = 2 * N / seconds, MB = 2**20 bytes. Writes
 ``bench/results/datapath.json`` (every sample), ``docs/benchmarks.md`` and ``docs/img/datapath.png``.
@@ -54,6 +59,7 @@ import numpy as np  # noqa: E402
 
 from bench import report, stages  # noqa: E402
 from bench.grpc_raw import RawClient  # noqa: E402
+from bench.tcp_apply import ApplyClient  # noqa: E402
 from bench.tcp_echo import EchoClient  # noqa: E402
 from elasticps.ps.client import PSClient  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
@@ -71,6 +77,7 @@ CHUNK_SIZES_MB = (16, 64)
 NUM_VARIABLES = 4  # the model: this many float32 variables of equal size
 LEARNING_RATE = 0.01
 GRADIENT = 1e-3  # every gradient element; each push moves every parameter by -LEARNING_RATE * GRADIENT
+BULK = "ps_bulk"  # the PS case over its bulk channel (the others, ps@<chunk>, over gRPC frames)
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,11 @@ def start_tcp_server(workdir: Path) -> Child:
     return _spawn("tcp-echo", ["-m", "bench.tcp_echo", str(port_file)], port_file)
 
 
+def start_tcp_apply(workdir: Path) -> Child:
+    port_file = workdir / "tcp-apply.port"
+    return _spawn("tcp-apply", ["-m", "bench.tcp_apply", str(port_file)], port_file)
+
+
 def start_grpc_raw(workdir: Path) -> Child:
     port_file = workdir / "grpc-raw.port"
     return _spawn("grpc-raw", ["-m", "bench.grpc_raw", str(port_file)], port_file)
@@ -194,8 +206,10 @@ class Case:
 class PSCase:
     """A PSClient against one PS process holding a ``size_mb`` model; one round trip = push + full pull."""
 
-    def __init__(self, port: int, size_mb: int, chunk_bytes: int) -> None:
-        self.client = PSClient([f"127.0.0.1:{port}"], worker="bench", chunk_bytes=chunk_bytes, deadline_s=60.0)
+    def __init__(self, port: int, size_mb: int, chunk_bytes: int, use_bulk: bool) -> None:
+        self.client = PSClient(
+            [f"127.0.0.1:{port}"], worker="bench", chunk_bytes=chunk_bytes, deadline_s=60.0, use_bulk=use_bulk
+        )
         elements = size_mb * MB // 4 // NUM_VARIABLES
         model = {f"layer{i}/kernel": np.full(elements, 0.5, dtype=np.float32) for i in range(NUM_VARIABLES)}
         self.gradients = {name: np.full_like(value, GRADIENT) for name, value in model.items()}
@@ -232,23 +246,51 @@ def _label(name: str) -> str:
         return name
     chunk_bytes = int(name[3:])
     size = f"{chunk_bytes >> 20}M" if chunk_bytes >= MB else f"{chunk_bytes >> 10}K"
-    return "ps" if chunk_bytes == CHUNK_BYTES else f"ps/{size}"
+    return "ps_frames" if chunk_bytes == CHUNK_BYTES else f"ps_frames/{size}"
 
 
-def measure_size(
-    size_mb: int, plan: Plan, echo: EchoClient, echo_pid: int, raw: RawClient, raw_pid: int, workdir: Path, data: Path
-) -> dict[str, Any]:
+@dataclass
+class Baselines:
+    """The reference servers, started once for every size: raw TCP echo, the TCP + SGD ceiling, gRPC raw."""
+
+    echo: EchoClient
+    echo_pid: int
+    ceiling: ApplyClient
+    ceiling_pid: int
+    raw: RawClient
+    raw_pid: int
+
+
+def _check_ceiling(ceiling: ApplyClient, round_trips: int) -> None:
+    """The ceiling's pulled model, like the PS's: 0.5 - round_trips * lr * gradient (float32 steps)."""
+    expected = np.float32(0.5)
+    step = np.float32(LEARNING_RATE) * np.float32(GRADIENT)
+    for _ in range(round_trips):
+        expected = np.float32(expected - step)
+    worst = float(np.max(np.abs(ceiling.model - expected)))
+    if worst > 1e-6:
+        raise RuntimeError(f"the TCP ceiling's model is off by {worst}: its updates were not applied")
+
+
+def measure_size(size_mb: int, plan: Plan, base: Baselines, workdir: Path, data: Path) -> dict[str, Any]:
     chunks = CHUNK_VARIANTS if size_mb in CHUNK_SIZES_MB else (CHUNK_BYTES,)
     if CHUNK_BYTES not in chunks:
         chunks = (CHUNK_BYTES, *chunks)
-    servers = {c: start_ps(f"ps-{size_mb}mb-{c}", workdir, data, c) for c in chunks}
-    ps_cases: dict[int, PSCase] = {}
+    servers: dict[int | str, Child] = {c: start_ps(f"ps-{size_mb}mb-{c}", workdir, data, c) for c in chunks}
+    servers[BULK] = start_ps(f"ps-{size_mb}mb-bulk", workdir, data, CHUNK_BYTES)
+    ps_cases: dict[int | str, PSCase] = {}
     try:
-        for chunk, server in servers.items():
-            ps_cases[chunk] = PSCase(server.wait_port(), size_mb, chunk)
-        echo.prepare(size_mb * MB)
-        raw.prepare(size_mb * MB)
-        cases = [Case("tcp", echo.round_trip, echo_pid), Case("grpc_raw", raw.round_trip, raw_pid)]
+        for key, server in servers.items():
+            ps_cases[key] = PSCase(server.wait_port(), size_mb, CHUNK_BYTES if key == BULK else int(key), key == BULK)
+        base.echo.prepare(size_mb * MB)
+        base.ceiling.prepare(size_mb * MB, NUM_VARIABLES, GRADIENT)
+        base.raw.prepare(size_mb * MB)
+        cases = [
+            Case("tcp", base.echo.round_trip, base.echo_pid),
+            Case("tcp_apply", base.ceiling.round_trip, base.ceiling_pid),
+            Case("grpc_raw", base.raw.round_trip, base.raw_pid),
+        ]
+        cases.append(Case(BULK, ps_cases[BULK].round_trip, servers[BULK].popen.pid))
         cases += [Case(f"ps@{chunk}", ps_cases[chunk].round_trip, servers[chunk].popen.pid) for chunk in chunks]
         print(f"[{size_mb} MB] warm-up ({plan.warmup} round trips per case)", flush=True)
         for _ in range(plan.warmup):
@@ -265,6 +307,7 @@ def measure_size(
             line = ", ".join(f"{_label(c.name)} {_mbps(size_mb, c.samples_s[-1]):.0f}" for c in cases)
             print(f"[{size_mb} MB] rep {rep}: MB/s {line}", flush=True)
         deviation = max(ps_case.check() for ps_case in ps_cases.values())
+        _check_ceiling(base.ceiling, plan.warmup + rep)
     finally:
         for ps_case in ps_cases.values():
             ps_case.close()
@@ -276,7 +319,7 @@ def measure_size(
         "repetitions": rep,
         "warmup": plan.warmup,
         "model_check_max_abs_error": deviation,
-        "cases": {case.name: _summary(size_mb, case, cases[0]) for case in cases},
+        "cases": {case.name: _summary(size_mb, case, cases[0], cases[1]) for case in cases},
     }
 
 
@@ -284,11 +327,12 @@ def _mbps(size_mb: int, seconds: float) -> float:
     return 2 * size_mb / seconds
 
 
-def _summary(size_mb: int, case: Case, tcp: Case) -> dict[str, Any]:
+def _summary(size_mb: int, case: Case, tcp: Case, ceiling: Case) -> dict[str, Any]:
     samples = case.samples_s
     rates = [_mbps(size_mb, s) for s in samples]
     # The same repetition's TCP round trip ran next to this one: its ratio sees the same noise.
     paired = [t / s for s, t in zip(samples, tcp.samples_s)]
+    paired_ceiling = [t / s for s, t in zip(samples, ceiling.samples_s)]
     return {
         "samples_s": samples,
         "median_s": float(np.median(samples)),
@@ -298,6 +342,9 @@ def _summary(size_mb: int, case: Case, tcp: Case) -> dict[str, Any]:
         "paired_ratio_median": float(np.median(paired)),
         "paired_ratio_min": min(paired),
         "paired_ratio_max": max(paired),
+        "paired_ceiling_ratio_median": float(np.median(paired_ceiling)),
+        "paired_ceiling_ratio_min": min(paired_ceiling),
+        "paired_ceiling_ratio_max": max(paired_ceiling),
         "client_cpu_ms_per_round_trip": 1e3 * case.client_cpu_s / len(samples),
         "server_cpu_ms_per_round_trip": 1e3 * case.server_cpu_s / len(samples),
     }
@@ -347,25 +394,32 @@ def main(argv: list[str] | None = None) -> int:
     np.savez(data, x=np.zeros((10, 4), dtype=np.float32), y=np.zeros(10, dtype=np.int64))
     results: list[dict[str, Any]] = []
     tcp = start_tcp_server(workdir)
+    tcp_apply = start_tcp_apply(workdir)
     grpc_raw = start_grpc_raw(workdir)
-    echo: EchoClient | None = None
-    raw: RawClient | None = None
+    clients: list[EchoClient | ApplyClient | RawClient] = []
     try:
         echo = EchoClient(tcp.wait_port())
+        clients.append(echo)
+        ceiling = ApplyClient(tcp_apply.wait_port())
+        clients.append(ceiling)
         raw = RawClient(grpc_raw.wait_port())
+        clients.append(raw)
+        base = Baselines(echo, tcp.popen.pid, ceiling, tcp_apply.popen.pid, raw, grpc_raw.popen.pid)
         for size_mb in sizes:
             plan = plans.get(size_mb) or plans[min(plans, key=lambda k: abs(k - size_mb))]
-            results.append(measure_size(size_mb, plan, echo, tcp.popen.pid, raw, grpc_raw.popen.pid, workdir, data))
+            results.append(measure_size(size_mb, plan, base, workdir, data))
             summary = results[-1]["cases"]
-            ratio = summary[f"ps@{CHUNK_BYTES}"]["mbps_median"] / summary["tcp"]["mbps_median"]
+            ps_mbps = summary[BULK]["mbps_median"]
             print(f"[{size_mb} MB] median MB/s: tcp {summary['tcp']['mbps_median']:.0f}, "
-                  f"ps {summary[f'ps@{CHUNK_BYTES}']['mbps_median']:.0f}, ratio {ratio:.2f}", flush=True)  # fmt: skip
+                  f"ceiling {summary['tcp_apply']['mbps_median']:.0f}, ps {ps_mbps:.0f}, "
+                  f"ps frames {summary[f'ps@{CHUNK_BYTES}']['mbps_median']:.0f}, "
+                  f"PS/ceiling {ps_mbps / summary['tcp_apply']['mbps_median']:.2f}, "
+                  f"PS/TCP {ps_mbps / summary['tcp']['mbps_median']:.2f}", flush=True)  # fmt: skip
     finally:
-        if echo is not None:
-            echo.close()
-        if raw is not None:
-            raw.close()
+        for client in clients:
+            client.close()
         tcp.stop()
+        tcp_apply.stop()
         grpc_raw.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     print("stage timings (in-process, CPU of the Python steps) ...", flush=True)

@@ -10,8 +10,8 @@ Children of job ``J`` (every one labelled and owned by the job, ``controller: tr
 - Service ``J-ps-i``: headless (``clusterIP: None``), selecting PS pod i only, port 2222, with
   ``publishNotReadyAddresses`` so ``J-ps-i.<ns>.svc`` resolves as soon as the pod has an address
   (workers dial the PS before it is ready and retry; a DNS miss would cost them gRPC's re-resolution delay).
-- Pod ``J-ps-i``: ``elasticps ps --host=0.0.0.0 --port=2222 --metrics_port=9090 ...``, ports ``grpc``
-  2222 and ``metrics`` 9090, readiness and liveness probes of Kubernetes' native gRPC kind on 2222
+- Pod ``J-ps-i``: ``elasticps ps --host=0.0.0.0 --port=2222 --metrics_port=9090 --bulk_port=2224 ...``,
+  ports ``grpc`` 2222, ``bulk`` 2224 and ``metrics`` 9090, readiness and liveness probes of Kubernetes' native gRPC kind on 2222
   (the PS serves grpc.health.v1 there). Pod ``J-worker-i``: ``elasticps worker
   --ps_addrs=J-ps-0.<ns>.svc:2222,... --health_port=2223 --metrics_port=9090``, ports ``health`` 2223
   and ``metrics`` 9090, gRPC probes on 2223 (the worker starts its health server only once TensorFlow
@@ -20,8 +20,8 @@ Children of job ``J`` (every one labelled and owned by the job, ``controller: tr
   ``path`` /metrics) and runs locked down: non-root (uid/gid 1000, fsGroup 1000), no privilege
   escalation, every capability dropped, the RuntimeDefault seccomp profile, a read-only root
   filesystem with an ``emptyDir`` at ``/tmp`` (Python and TensorFlow need a writable temp dir).
-- NetworkPolicy ``J-ps``: the job's PS pods accept gRPC (2222) only from the job's own pods and
-  from the operator's pods (``OPERATOR_PEER``: it asks PS 0's coordinator for progress), and
+- NetworkPolicy ``J-ps``: the job's PS pods accept gRPC (2222) and the bulk tensor channel (2224)
+  only from the job's own pods and from the operator's pods (``OPERATOR_PEER``: it asks PS 0's coordinator for progress), and
   metrics (9090) from anywhere, so Prometheus can scrape them.
 
 The role's ``template`` (a pod template: ``metadata.labels/annotations`` and ``spec``) is the base
@@ -56,6 +56,7 @@ LABEL_JOB_UID = "elasticps.io/job-uid"
 PORT_NAME = "grpc"
 HEALTH_PORT = 2223  # the worker's grpc.health.v1 server (the PS answers health on PS_PORT itself)
 METRICS_PORT = 9090  # Prometheus /metrics, PS and worker alike
+BULK_PORT = 2224  # the PS's raw-TCP tensor channel (ps/bulk.py), dialled by the job's workers
 DEFAULT_COMMAND = ("elasticps",)
 TMP_VOLUME = "tmp"
 RUN_AS = 1000
@@ -106,8 +107,9 @@ def replica(job: TrainingJob, role: Role, index: int) -> Replica:
     metrics = f"--metrics_port={METRICS_PORT}"
     if role is Role.PS:
         return ps_replica(
-            job, index, host="0.0.0.0", port=PS_PORT, ps_addresses=cluster_ps_addresses(job), extra=(metrics,)
-        )
+            job, index, host="0.0.0.0", port=PS_PORT, ps_addresses=cluster_ps_addresses(job),
+            extra=(metrics, f"--bulk_port={BULK_PORT}"),
+        )  # fmt: skip
     return worker_replica(job, index, cluster_ps_addresses(job), extra=(f"--health_port={HEALTH_PORT}", metrics))
 
 
@@ -132,15 +134,21 @@ def probes(role: Role) -> dict[str, dict[str, Any]]:
 
 
 def container_ports(role: Role) -> list[dict[str, Any]]:
-    first = {"name": PORT_NAME, "containerPort": PS_PORT} if role is Role.PS else {"name": "health", "containerPort": HEALTH_PORT}
-    return [{**first, "protocol": "TCP"}, {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+    metrics = {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+    if role is Role.PS:
+        return [
+            {"name": PORT_NAME, "containerPort": PS_PORT, "protocol": "TCP"},
+            {"name": "bulk", "containerPort": BULK_PORT, "protocol": "TCP"},
+            metrics,
+        ]
+    return [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}, metrics]
 
 
 def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str, Any] | None = None) -> dict[str, Any]:
     """NetworkPolicy ``{job}-ps``: the job's PS pods take gRPC from the job's pods and the operator only.
 
     Selecting the PS pods makes them isolated for ingress; what the rules list is all they accept:
-    port 2222 from pods labelled ``elasticps.io/job-name={job}`` in the job's namespace and from
+    ports 2222 (gRPC) and 2224 (the bulk tensor channel) from pods labelled ``elasticps.io/job-name={job}`` in the job's namespace and from
     ``operator_peer`` (default :data:`OPERATOR_PEER`), port 9090 from anywhere (Prometheus). The
     kubelet's probes are not subject to it. Workers are not selected: nothing dials them.
     """
@@ -160,7 +168,7 @@ def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str,
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": {LABEL_JOB: job.name}}}, peer],
-                    "ports": [{"protocol": "TCP", "port": PS_PORT}],
+                    "ports": [{"protocol": "TCP", "port": PS_PORT}, {"protocol": "TCP", "port": BULK_PORT}],
                 },
                 {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
             ],

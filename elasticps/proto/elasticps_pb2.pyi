@@ -472,12 +472,15 @@ class ShardState(_message.Message):
     BOOT_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    BULK_PORT_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     boot: _builtins.int
     """new for every start of the shard's process: a change means it restarted"""
     incarnation: _builtins.int
     """of the model it serves (see ModelHead)"""
+    bulk_port: _builtins.int
+    """the shard's raw-TCP tensor channel (0: none; see rpc/bulk.py)"""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the versions it has checkpoints of"""
@@ -490,10 +493,11 @@ class ShardState(_message.Message):
         boot: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         checkpoints: _abc.Iterable[_builtins.int] | None = ...,
+        bulk_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -16,6 +16,10 @@ without a checkpoint) raises :class:`ShardsUninitialized` so the worker can push
 The model's non-trainable state (BatchNorm statistics; ``TensorMeta.state`` in the .proto) travels
 beside the variables: placed with them, sent with the model and with every push, returned
 by every full pull in :attr:`Pulled.state`.
+
+Pushes and pulls of a shard travel over its bulk channel (raw TCP, ``rpc/bulk.py``) when it has
+one that connects, as gRPC frames otherwise (``ps/routes.py``); the answers, and their retries,
+are the same either way.
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.routes import BulkRoute
 from elasticps.ps.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
-from elasticps.rpc import frames
+from elasticps.rpc import bulk, frames
 from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
 
 T = TypeVar("T")
 # One shard's pulled model: its whole variables, its whole state tensors, the split tensors it brought slices of.
 _Part = tuple[dict[str, np.ndarray], dict[str, np.ndarray], set[str]]
+
+CONNECT_S = 5.0  # asking a shard for its bulk port
 
 
 class _FrameStub:
@@ -54,6 +61,11 @@ class _FrameStub:
         )
         self.PushGradients: grpc.StreamUnaryMultiCallable[bytes, pb.PushReply] = channel.stream_unary(
             path + "PushGradients", request_serializer=None, response_deserializer=pb.PushReply.FromString
+        )
+        self.DescribeShard: grpc.UnaryUnaryMultiCallable[pb.DescribeRequest, pb.ShardState] = channel.unary_unary(
+            path + "DescribeShard",
+            request_serializer=pb.DescribeRequest.SerializeToString,
+            response_deserializer=pb.ShardState.FromString,
         )
 
 
@@ -100,10 +112,12 @@ class PSClient:
         placement: Placement | None = None,
         interceptors: Sequence[grpc.Interceptor] = (),
         split_bytes: int = DEFAULT_SPLIT_BYTES,
+        use_bulk: bool = True,
     ) -> None:
         """``interceptors``: gRPC client interceptors every call goes through (a harness counting
         each attempt's status code; none for a real worker). ``placement``: one made by hand (tests),
-        instead of the one :meth:`place` computes with ``split_bytes``."""
+        instead of the one :meth:`place` computes with ``split_bytes``. ``use_bulk``: pushes and
+        pulls over the shards' bulk channels where they connect (False: gRPC frames only)."""
         if not addresses:
             raise ValueError("at least one PS address is needed")
         if placement is not None and placement.num_shards != len(addresses):
@@ -122,6 +136,10 @@ class PSClient:
         self._timeout_s = timeout_s
         self._channels = [create_channel(a) for a in addresses]
         self._stubs = [_FrameStub(grpc.intercept_channel(c, *interceptors)) for c in self._channels]
+        self._routes: list[BulkRoute | None] = [
+            BulkRoute(address, self._describer(shard), timeout_s) if use_bulk else None
+            for shard, address in enumerate(addresses)
+        ]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
         # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
@@ -219,9 +237,14 @@ class PSClient:
             request = pb.PullRequest(
                 worker=self.worker, version=versions[shard], wait_ms=wait_ms, incarnation=held[shard]
             )
-            decoded: frames.Decoded = self._call(
-                lambda: frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s)), "PullDense"
-            )
+
+            def attempt() -> frames.Decoded:
+                decoded = self._over_bulk(shard, lambda connection: connection.pull(request))
+                if decoded is not None:
+                    return decoded
+                return frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s))
+
+            decoded: frames.Decoded = self._call(attempt, "PullDense")
             head = decoded.first.model
             part: _Part = (decoded.tensors, decoded.state, set())
             if joined is not None and head.initialized and (decoded.tensors or decoded.state):
@@ -282,10 +305,15 @@ class PSClient:
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard])
 
-            reply: pb.PushReply = self._call(
-                lambda: self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s),
-                "PushGradients",
-            )
+            def attempt() -> pb.PushReply:
+                reply = self._over_bulk(
+                    shard, lambda connection: connection.push(head, parts[shard], state_parts[shard])
+                )
+                if reply is not None:
+                    return reply
+                return self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s)
+
+            reply: pb.PushReply = self._call(attempt, "PushGradients")
             return reply
 
         replies = self._fan_out(push)
@@ -306,10 +334,38 @@ class PSClient:
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
+        for route in self._routes:
+            if route is not None:
+                route.close()
         for channel in self._channels:
             channel.close()
 
     # ---- plumbing ----------------------------------------------------------------------------
+    def _describer(self, shard: int) -> Callable[[], int]:
+        def describe() -> int:
+            state: pb.ShardState = self._stubs[shard].DescribeShard(pb.DescribeRequest(), timeout=CONNECT_S)
+            return int(state.bulk_port)
+
+        return describe
+
+    def _over_bulk(self, shard: int, call: Callable[[bulk.BulkConnection], T]) -> T | None:
+        """``call`` over the shard's bulk channel; None when it has none that connects, or the
+        connection failed: then the caller sends it as gRPC frames. A status the bulk server
+        answered is raised as the gRPC call's would be (``bulk.BulkError``)."""
+        route = self._routes[shard]
+        connection = route.take() if route is not None else None
+        if route is None or connection is None:
+            return None
+        try:
+            return call(connection)
+        except bulk.DeadlineExceeded as err:
+            raise bulk.BulkError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from None
+        except OSError:  # refused mid-stream (the server answers and closes), reset, closed
+            route.lost()
+            return None
+        finally:
+            route.give_back(connection)
+
     def _call(self, call: Callable[[], T], what: str) -> T:
         return retrying(call, what=what, deadline_s=self._deadline_s)
 

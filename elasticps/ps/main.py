@@ -39,6 +39,7 @@ from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, S
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.data.readers import DataError, ReaderOptions, open_reader
 from elasticps.files import write_atomically
+from elasticps.ps.bulk import BulkServer
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
@@ -73,6 +74,7 @@ class PSConfig:
     output: str = ""  # PS 0: spec.output, where the workers export the model ("": no export)
     prediction: PredictionSpec = PredictionSpec()  # PS 0: spec.prediction, the data it cuts into prediction tasks
     limits: ServerLimits = ServerLimits()  # calls in flight, stream deadlines and sizes (rpc/limits.py)
+    bulk_port: int = 0  # the raw-TCP tensor channel (ps/bulk.py): 0 any free port, -1 off
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"call (a long poll, a stream being received) holds none (default: {WORK_THREADS})",
     )
     add_limit_flags(parser)
+    parser.add_argument(
+        "--bulk_port", type=int, default=0,
+        help="port of the raw-TCP tensor channel for pushes and pulls (0: any free port, -1: off; ps/bulk.py)",
+    )  # fmt: skip
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
         "--output",
@@ -174,6 +180,7 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         output=args.output,
         prediction=prediction_from_args(args),
         limits=limits_from_args(args),
+        bulk_port=args.bulk_port,
     )
 
 
@@ -271,7 +278,13 @@ def run(config: PSConfig) -> int:
     server = AsyncServer(config.rpc_threads)
     metrics = PSMetrics(REGISTRY, config.ps_id)
     metrics.model_version.set(store.version)
-    add_ps_to_server(ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits), server)
+    servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
+    add_ps_to_server(servicer, server)
+    bulk_server: BulkServer | None = None
+    if config.bulk_port >= 0:
+        bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port)
+        servicer.bulk_port = bulk_server.port
+        bulk_server.start()
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
     coordinator: CoordinatorServicer | None = None
     if config.ps_id == 0:
@@ -321,6 +334,8 @@ def run(config: PSConfig) -> int:
     if coordinator is not None:
         coordinator.stop()  # its ticker and waiting joins end now; the training curves are closed
     health.enter_graceful_shutdown()
+    if bulk_server is not None:
+        bulk_server.stop()
     server.stop(grace=2).wait()
     store.flush_checkpoints()
     return 0

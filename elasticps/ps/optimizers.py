@@ -104,6 +104,29 @@ class Scratch:
         self.vars = variables
 
 
+# Elements of a variable updated at once (see Optimizer._run): 256 KiB of float32, a block and its
+# temporaries stay in a core's cache.
+BLOCK_ELEMENTS = 1 << 16
+
+_TEMPORARIES = threading.local()  # .buffers: {(dtype, index): array of BLOCK_ELEMENTS}
+
+
+def _temporary(like: Array, index: int = 0) -> Array:
+    """A temporary array shaped and typed as ``like``: this thread's ``index``-th buffer of
+    :data:`BLOCK_ELEMENTS` of that dtype (made once per thread) when ``like`` fits in it, else a
+    new array. A formula uses each index for one temporary at a time."""
+    if like.size > BLOCK_ELEMENTS:
+        return np.empty_like(like)
+    buffers: dict[tuple[np.dtype[Any], int], Array] | None = getattr(_TEMPORARIES, "buffers", None)
+    if buffers is None:
+        buffers = _TEMPORARIES.buffers = {}
+    key = (like.dtype, index)
+    buffer = buffers.get(key)
+    if buffer is None:
+        buffer = buffers[key] = np.empty(BLOCK_ELEMENTS, dtype=like.dtype)
+    return buffer[: like.size].reshape(like.shape)
+
+
 # Dense updates computed at once on a shard (the dense table's rooms, ``tables.py``): each holds a
 # copy of the variables and slots, and no more unlocked updates than this overlap.
 APPLY_ROOMS = 4
@@ -249,7 +272,28 @@ class Optimizer(abc.ABC):
         return var
 
     def _run(self, var: _VariableState, param: Array, grad: Array, lr: float) -> None:
-        """One update of ``param`` and ``var``'s slots, in place, at step ``var.step``."""
+        """One update of ``param`` and ``var``'s slots, in place, at step ``var.step``.
+
+        A large contiguous variable is updated :data:`BLOCK_ELEMENTS` at a time (flat views of the
+        variable, its gradient and its slots): the formulas' temporaries are then this thread's
+        block-sized buffers (:func:`_temporary`), allocated once, so a push allocates nothing in
+        proportion to the model, and each block's passes run while it is in the cache. Element-wise
+        formulas: the values are those of one whole-array update, bit for bit."""
+        arrays = (param, grad, *var.slots.values())
+        if param.size > BLOCK_ELEMENTS and all(a.flags.c_contiguous for a in arrays):
+            flat_param, flat_grad = param.reshape(-1), grad.reshape(-1)
+            flat_slots = {slot: arr.reshape(-1) for slot, arr in var.slots.items()}
+            rate = var.dtype.type(lr)
+            for start in range(0, param.size, BLOCK_ELEMENTS):
+                end = start + BLOCK_ELEMENTS
+                block = _VariableState(
+                    (min(end, param.size) - start,),
+                    var.dtype,
+                    {slot: arr[start:end] for slot, arr in flat_slots.items()},
+                )
+                block.step = var.step
+                self._update(block, flat_param[start:end], flat_grad[start:end], rate)
+            return
         if param.ndim == 0:
             # numpy ufuncs return scalars, not arrays, for 0-d inputs, and the updates write into
             # temporaries with out=: update 1-element views of the same memory instead (a 0-d
@@ -448,7 +492,7 @@ class _SGD(Optimizer):
         return ("momentum",) if self.config.params["momentum"] != 0.0 else ()
 
     def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
-        scaled = np.multiply(grad, lr)  # gradient * learning_rate
+        scaled = np.multiply(grad, lr, out=_temporary(grad))  # gradient * learning_rate
         if "momentum" not in var.slots:
             np.subtract(param, scaled, out=param)
             return
@@ -460,7 +504,7 @@ class _SGD(Optimizer):
         if self._flag("nesterov"):
             # param += m * momentum - gradient * learning_rate (Keras's order
             # of operations, kept for bit-compatibility).
-            step = np.multiply(m, momentum)
+            step = np.multiply(m, momentum, out=_temporary(m, 1))
             np.subtract(step, scaled, out=step)
             np.add(param, step, out=param)
         else:
@@ -509,7 +553,7 @@ class _Adam(Optimizer):
         alpha = lr * np.sqrt(f(1) - beta_2_power) / (f(1) - beta_1_power)
         # m += (g - m) * (1 - beta_1); the (1 - beta) factors are computed in
         # Python floats and then cast, as Keras does.
-        tmp = np.subtract(grad, m)
+        tmp = np.subtract(grad, m, out=_temporary(grad))
         np.multiply(tmp, f(1 - p["beta_1"]), out=tmp)
         np.add(m, tmp, out=m)
         # v += (g^2 - v) * (1 - beta_2)
@@ -525,7 +569,7 @@ class _Adam(Optimizer):
         # sqrt here ("epsilon hat"), unlike Adagrad and RMSprop.
         np.sqrt(v, out=tmp)
         np.add(tmp, f(p["epsilon"]), out=tmp)
-        step = np.multiply(m, alpha)
+        step = np.multiply(m, alpha, out=_temporary(m, 1))
         np.divide(step, tmp, out=step)
         np.subtract(param, step, out=param)
 
@@ -563,12 +607,12 @@ class _Adagrad(Optimizer):
     def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
         acc = var.slots["accumulator"]
         # acc += g^2
-        tmp = np.square(grad)
+        tmp = np.square(grad, out=_temporary(grad))
         np.add(acc, tmp, out=acc)
         # param -= (lr * g) / sqrt(acc + epsilon); epsilon inside the sqrt.
         np.add(acc, var.dtype.type(self.config.params["epsilon"]), out=tmp)
         np.sqrt(tmp, out=tmp)
-        step = np.multiply(grad, lr)
+        step = np.multiply(grad, lr, out=_temporary(grad, 1))
         np.divide(step, tmp, out=step)
         np.subtract(param, step, out=param)
 
@@ -602,7 +646,7 @@ class _RMSprop(Optimizer):
         rho, one_minus_rho = f(p["rho"]), f(1 - p["rho"])
         velocity = var.slots["velocity"]
         # velocity = rho * velocity + (1 - rho) * g^2
-        tmp = np.square(grad)
+        tmp = np.square(grad, out=_temporary(grad))
         np.multiply(tmp, one_minus_rho, out=tmp)
         np.multiply(velocity, rho, out=velocity)
         np.add(velocity, tmp, out=velocity)
@@ -621,7 +665,7 @@ class _RMSprop(Optimizer):
         np.add(tmp, f(p["epsilon"]), out=tmp)
         # increment = (lr * g) / sqrt(denominator); epsilon inside the sqrt.
         np.sqrt(tmp, out=tmp)
-        increment = np.multiply(grad, lr)
+        increment = np.multiply(grad, lr, out=_temporary(grad, 1))
         np.divide(increment, tmp, out=increment)
         if "momentum" in var.slots:
             # Heavy-ball momentum on the increment: mom = momentum * mom + increment.

@@ -73,6 +73,7 @@ class ParameterServerServicer:
         store.on_version_change(self._versions.notify)
         self._cache_lock = threading.Lock()
         self._cached: tuple[tuple[int, int], list[bytes]] | None = None  # (incarnation, version) -> frames
+        self.bulk_port = 0  # the shard's bulk channel (ps/bulk.py), told to clients by DescribeShard; 0: none
 
     def in_flight(self) -> tuple[int, int]:
         """Push calls in flight and pulls waiting for a newer version, now (metrics; tests)."""
@@ -216,6 +217,7 @@ class ParameterServerServicer:
             boot=store.boot,
             incarnation=store.incarnation,
             checkpoints=store.checkpoint_versions(),
+            bulk_port=self.bulk_port,
         )
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:

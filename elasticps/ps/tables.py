@@ -104,24 +104,38 @@ class Table(Protocol[G]):
 
 
 class DenseSum:
-    """A sync round's sum of dense gradients, one array per variable, kept between rounds."""
+    """A sync round's sum of dense gradients, one array per variable, allocated once with the model
+    and kept between rounds: every pass writes into it (``out=``), nothing is allocated per round.
+
+    A sum that holds nothing yet (after :meth:`clear`) takes its first gradient by copy, not by
+    adding it to zeros, so clearing costs no pass over the arrays; a round of one gradient is not
+    scaled (by 1)."""
 
     def __init__(self, variables: Mapping[str, Array]) -> None:
-        self._sums = {name: np.zeros_like(value) for name, value in variables.items()}
+        self._sums = {name: np.empty_like(value) for name, value in variables.items()}
+        self._empty = set(self._sums)  # the sums that hold no gradient since the last clear
 
     def add(self, gradient: Mapping[str, Array]) -> None:
         for name, value in gradient.items():
-            np.add(self._sums[name], value, out=self._sums[name])
+            total = self._sums[name]
+            if name in self._empty:
+                np.copyto(total, value)
+                self._empty.discard(name)
+            else:
+                np.add(total, value, out=total)
 
     def averaged(self, count: int) -> Mapping[str, Array]:
-        scale = 1.0 / count
-        for total in self._sums.values():
-            np.multiply(total, scale, out=total)
+        for name in self._empty:
+            self._sums[name].fill(0)
+        self._empty.clear()
+        if count != 1:
+            scale = 1.0 / count
+            for total in self._sums.values():
+                np.multiply(total, scale, out=total)
         return self._sums
 
     def clear(self) -> None:
-        for total in self._sums.values():
-            total.fill(0)
+        self._empty = set(self._sums)
 
 
 class DenseTable:

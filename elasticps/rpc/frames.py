@@ -74,6 +74,17 @@ def encode(
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    first, views = describe(head, tensors, state)
+    return _frames(first.SerializeToString(), views, chunk_bytes)
+
+
+def describe(
+    head: pb.Frame, tensors: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None
+) -> tuple[pb.Frame, list[memoryview]]:
+    """The first frame of a stream (``head`` with every tensor's metadata, no payload) and the
+    tensors' bytes in metadata order, as views of the arrays (a copy only of a non-contiguous or
+    big-endian one): what :func:`encode` cuts into frames and the bulk channel (``rpc/bulk.py``)
+    sends as they are."""
     first = pb.Frame()
     first.CopyFrom(head)
     views: list[memoryview] = []
@@ -87,7 +98,7 @@ def encode(
             first.tensors.add(name=name, dtype=wire, shape=array.shape, state=is_state)
             contiguous = np.ascontiguousarray(array, dtype=dtype)
             views.append(contiguous.reshape(-1).view(np.uint8).data)
-    return _frames(first.SerializeToString(), views, chunk_bytes)
+    return first, views
 
 
 def _frames(first: bytes, views: list[memoryview], chunk_bytes: int) -> Iterator[bytes]:
@@ -128,6 +139,28 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+def payload_header(prefix: bytes, length: int) -> int | None:
+    """How many bytes of a ``length``-byte frame starting with ``prefix`` (its first 11 bytes or
+    all of it) come before its payload, when it is a payload-only frame (what :func:`encode`
+    writes: the tag, a varint, the bytes); None for any other frame."""
+    if prefix[:1] != _PAYLOAD_TAG:
+        return None
+    size, position, shift = 0, 1, 0
+    while position < len(prefix) and position < 11:
+        byte = prefix[position]
+        size |= (byte & 0x7F) << shift
+        position += 1
+        shift += 7
+        if not byte & 0x80:
+            return position if position + size == length else None
+    return None
+
+
+def payload_frame_header(size: int) -> bytes:
+    """The bytes before a ``size``-byte payload in a payload-only frame."""
+    return _PAYLOAD_TAG + _varint(size)
 
 
 def _payload_of(message: bytes) -> bytes | memoryview:
@@ -190,13 +223,30 @@ class Assembly:
     frame by frame (:meth:`add`, FrameError as soon as a frame does not fit), then cut into arrays
     (:meth:`finish`). Used by :func:`decode` and by servers that receive frames one at a time."""
 
-    def __init__(self, head: Head) -> None:
+    def __init__(self, head: Head, buffer: np.ndarray | None = None) -> None:
+        """``buffer``: uint8 memory of at least ``head.total`` bytes to receive into (a receiver's
+        preallocated one); otherwise one is allocated."""
         self.head = head
-        try:
-            self._buffer = np.empty(head.total, dtype=np.uint8)
-        except (MemoryError, ValueError):
-            raise FrameError(f"the tensors claim {head.total} bytes, more than this process can hold") from None
+        if buffer is not None and buffer.dtype == np.uint8 and buffer.ndim == 1 and len(buffer) >= head.total:
+            self._buffer = buffer[: head.total]
+        else:
+            try:
+                self._buffer = np.empty(head.total, dtype=np.uint8)
+            except (MemoryError, ValueError):
+                raise FrameError(f"the tensors claim {head.total} bytes, more than this process can hold") from None
         self._filled = _fill(self._buffer, head.first.payload, 0)
+
+    def space(self, size: int) -> memoryview:
+        """The next ``size`` bytes of the buffer, to be received into directly (then :meth:`advance`);
+        FrameError when they are more than the tensors need."""
+        end = self._filled + size
+        if end > len(self._buffer):
+            raise FrameError(f"stream carried more than the {len(self._buffer)} bytes its tensors need")
+        return self._buffer[self._filled : end].data.cast("B")
+
+    def advance(self, size: int) -> None:
+        """``size`` bytes were received into :meth:`space`."""
+        self._filled += size
 
     @property
     def received(self) -> int:

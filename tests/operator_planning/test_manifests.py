@@ -71,6 +71,7 @@ def test_pod_name_labels_owner(role: Role, index: int, name: str) -> None:
 
 
 GRPC = {"name": "grpc", "containerPort": 2222, "protocol": "TCP"}
+BULK = {"name": "bulk", "containerPort": 2224, "protocol": "TCP"}
 HEALTH = {"name": "health", "containerPort": 2223, "protocol": "TCP"}
 METRICS = {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
 
@@ -78,10 +79,10 @@ METRICS = {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
 def test_ps_pod_runs_the_ps_replica_on_port_2222_with_grpc_probes_and_metrics() -> None:
     job = make_job(ps={"replicas": 2}, worker={"replicas": 3})
     c = container(pod_manifest(job, UID, Role.PS, 1))
-    assert c["args"] == [*ps_replica(job, 1, host="0.0.0.0", port=2222).args, "--metrics_port=9090"]
+    assert c["args"] == [*ps_replica(job, 1, host="0.0.0.0", port=2222).args, "--metrics_port=9090", "--bulk_port=2224"]
     assert "--num_ps=2" in c["args"]
     assert not any(a.startswith("--num_workers") for a in c["args"])  # a sync round counts its live workers
-    assert c["ports"] == [GRPC, METRICS]
+    assert c["ports"] == [GRPC, BULK, METRICS]
     assert c["readinessProbe"]["grpc"] == c["livenessProbe"]["grpc"] == {"port": 2222}
 
 
@@ -147,7 +148,7 @@ def test_network_policy_lets_only_the_job_and_the_operator_reach_its_ps() -> Non
     assert spec["podSelector"] == {"matchLabels": {LABEL_JOB: "mnist", LABEL_ROLE: "ps"}}
     assert spec["policyTypes"] == ["Ingress"]
     grpc, metrics = spec["ingress"]
-    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 2224}]  # and the bulk channel
     assert grpc["from"] == [
         {"podSelector": {"matchLabels": {LABEL_JOB: "mnist"}}},
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "elasticps",
@@ -247,7 +248,7 @@ def test_template_probe_and_ports_are_kept_for_the_ps() -> None:
     c = container(pod_manifest(make_job(ps={"template": template}), UID, Role.PS, 0))
     assert c["readinessProbe"] == probe
     assert c["livenessProbe"]["grpc"] == {"port": 2222}
-    assert c["ports"] == [GRPC, METRICS, {"containerPort": 6006, "name": "tensorboard"}]  # 2222 and 9090 are ours
+    assert c["ports"] == [GRPC, BULK, METRICS, {"containerPort": 6006, "name": "tensorboard"}]  # 2222 and 9090 are ours
 
 
 @pytest.mark.parametrize(

@@ -219,10 +219,13 @@ def test_a_sync_round_proven_at_the_dry_run_applies_the_average_at_the_commit(ca
         plain.optimizer.apply(name, plain.dense.variables[name], sums[name], 0.05)
     for name, value in plain.dense.variables.items():
         assert model.dense.variables[name].tobytes() == value.tobytes(), name
-    # The sums were cleared for the next round.
+    # The sums were cleared for the next round: what it adds is all they hold.
     sums_kept = rule._sums[DENSE]
     assert isinstance(sums_kept, DenseSum)
-    assert all(not total.any() for total in sums_kept._sums.values())
+    assert all(not total.any() for total in sums_kept.averaged(1).values())
+    sums_kept.clear()
+    sums_kept.add(two)
+    assert all(np.array_equal(total, two[name]) for name, total in sums_kept.averaged(1).items())
 
 
 def test_magnitude_bounds_the_largest_value() -> None:

@@ -1,0 +1,262 @@
+"""A PS shard's bulk server: ``PushGradients`` and ``PullDense`` over plain TCP (``rpc/bulk.py``).
+
+Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is told to clients by
+``DescribeShard``), on the same store, with the same rules as the servicer (``ps/servicer.py``):
+
+* a push's head is admitted by ``intake.admit_push`` before its payload is buffered; frames that do
+  not fit are refused (INVALID_ARGUMENT) and the store's checks decide the rest, so a refused or cut
+  off push changes nothing; the payload is received straight into a buffer that the connection
+  keeps and reuses while nothing else holds it (a sync round's staged gradient does);
+* ``ServerLimits``: at most ``max_push_streams`` connections at once (one thread each; the next is
+  answered RESOURCE_EXHAUSTED and closed), each read and write bounded by ``stream_idle_s`` and each
+  call by ``stream_deadline_s`` (DEADLINE_EXCEEDED, then the connection is closed), a connection
+  idle between calls for ``stream_deadline_s`` closed;
+* a pull reads under the store's guard: async, the live arrays are sent as they are (a torn read,
+  as on gRPC); sync, the version is copied once into a snapshot that every puller of it is sent;
+  ``wait_ms`` long-polls in the connection's thread, at most ``servicer.MAX_WAIT_MS``;
+* after any refusal the reply is sent and the connection closed (the client falls back to gRPC
+  frames, where the same call gets the same answer).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+import grpc
+import numpy as np
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps import intake
+from elasticps.ps.metrics import PSMetrics
+from elasticps.ps.servicer import MAX_WAIT_MS
+from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
+from elasticps.rpc import bulk, frames
+from elasticps.rpc.limits import ServerLimits
+from elasticps.rpc.receiving import Refused
+
+log = logging.getLogger(__name__)
+
+
+class _Snapshot:
+    """A sync version's tensors copied once, sent to every puller of it."""
+
+    def __init__(self, key: tuple[int, int], head: bytes, data: np.ndarray) -> None:
+        self.key = key
+        self.head = head
+        self.data = data
+
+
+class BulkServer:
+    def __init__(
+        self, store: ParameterStore, metrics: PSMetrics, limits: ServerLimits, host: str, port: int
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._limits = limits
+        self._listener = socket.create_server((host, port), backlog=128)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._snapshot: _Snapshot | None = None
+        self._snapshot_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="bulk-accept", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            for conn in list(self._connections):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._connections)
+
+    # ---- connections ------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                full = len(self._connections) >= self._limits.max_push_streams
+                if not full:
+                    self._connections.add(conn)
+            if full:
+                threading.Thread(target=self._turn_away, args=(conn,), daemon=True).start()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="bulk-conn", daemon=True).start()
+
+    def _turn_away(self, conn: socket.socket) -> None:
+        message = (
+            f"bulk: {self._limits.max_push_streams} connections at once already, the most this PS takes "
+            "(--max_push_streams); retry later"
+        )
+        try:
+            bulk.send(conn, bulk.reply_parts(grpc.StatusCode.RESOURCE_EXHAUSTED, message.encode()), self._deadline("bulk"))
+        except (OSError, bulk.DeadlineExceeded):
+            pass
+        finally:
+            conn.close()
+
+    def _deadline(self, what: str) -> bulk.Deadline:
+        return bulk.Deadline.within(self._limits.stream_idle_s, self._limits.stream_deadline_s, what)
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = np.empty(0, dtype=np.uint8)
+        try:
+            while True:
+                between = bulk.Deadline.within(self._limits.stream_deadline_s, self._limits.stream_deadline_s, "bulk")
+                try:
+                    magic, method = bulk.REQUEST.unpack(bulk.recv_bytes(conn, bulk.REQUEST.size, between))
+                except (bulk.BulkClosed, bulk.DeadlineExceeded, OSError):
+                    return  # closed or idle between calls: nothing was under way
+                if magic != bulk.MAGIC or method not in bulk.METHODS:
+                    self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, "bulk: not a bulk request")
+                    return
+                what = bulk.METHODS[method]
+                deadline = self._deadline(what)
+                try:
+                    if method == bulk.PUSH_GRADIENTS:
+                        buffer = self._push(conn, deadline, buffer)
+                    else:
+                        self._pull(conn, deadline)
+                except bulk.DeadlineExceeded as err:
+                    self._refuse(conn, grpc.StatusCode.DEADLINE_EXCEEDED, f"{err}; nothing was applied")
+                    return
+                except frames.FrameError as err:
+                    self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {err}")
+                    return
+                except Refused as err:
+                    self._refuse(conn, err.code, err.message)
+                    return
+        except (OSError, bulk.BulkClosed, bulk.DeadlineExceeded):
+            return
+        except Exception:  # a bug: never let it kill the PS
+            log.exception("bulk connection failed")
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _refuse(self, conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
+        try:
+            bulk.send(conn, bulk.reply_parts(code, message.encode()), bulk.Deadline.within(1.0, 1.0, "refusal"))
+        except (OSError, bulk.DeadlineExceeded):
+            pass
+
+    # ---- calls --------------------------------------------------------------------------------------
+    def _push(self, conn: socket.socket, deadline: bulk.Deadline, buffer: np.ndarray) -> np.ndarray:
+        store = self._store
+
+        def buffer_for(total: int) -> np.ndarray:
+            nonlocal buffer
+            if len(buffer) < total:
+                buffer = np.empty(total, dtype=np.uint8)
+            return buffer
+
+        decoded = bulk.receive_stream(conn, deadline, self._admit_push, buffer_for)
+        head = decoded.first.push
+        received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
+        self._metrics.bytes_received.inc(received)
+        started = time.perf_counter()
+        try:
+            outcome = store.push(
+                decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch,
+                head.incarnation, state=decoded.state,
+            )  # fmt: skip
+        except UninitializedError as err:
+            self._metrics.pushed("uninitialized")
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        except GradientError as err:
+            self._metrics.pushed("invalid")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+        self._metrics.push_seconds.observe(time.perf_counter() - started)
+        self._metrics.pushed("accepted" if outcome.accepted else "rejected")
+        self._metrics.staleness.observe(outcome.staleness)
+        self._metrics.model_version.set(outcome.version)
+        reply = pb.PushReply(accepted=outcome.accepted, version=outcome.version).SerializeToString()
+        bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, reply), deadline)
+        del decoded
+        # The buffer is kept for the next push unless the store holds views of it (a staged
+        # gradient): then the next push gets a new one. Two references: ``buffer`` and the argument.
+        return buffer if sys.getrefcount(buffer) <= 2 else np.empty(0, dtype=np.uint8)
+
+    def _admit_push(self, head: frames.Head) -> None:
+        try:
+            intake.admit_push(head, self._store.layout, self._store.settings.shard)
+        except Refused as refused:
+            self._metrics.pushed("uninitialized" if refused.code is grpc.StatusCode.FAILED_PRECONDITION else "invalid")
+            raise
+
+    def _pull(self, conn: socket.socket, deadline: bulk.Deadline) -> None:
+        length = bulk.recv_length(conn, deadline)
+        if length > bulk.MAX_MESSAGE_BYTES:
+            raise frames.FrameError(f"a request of {length} bytes")
+        try:
+            request = pb.PullRequest.FromString(bulk.recv_bytes(conn, length, deadline))
+        except Exception:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "PullDense: the request is not a valid message") from None
+        store = self._store
+        if not store.initialized:
+            self._metrics.pulled("uninitialized")
+            self._send_head(conn, pb.Frame(model=pb.ModelHead(initialized=False, version=0)), deadline)
+            return
+        held = (request.incarnation, request.version)
+        if held == (store.incarnation, store.version) and request.wait_ms > 0:
+            store.wait_newer(request.version, min(request.wait_ms, MAX_WAIT_MS) / 1000)
+        if held == (store.incarnation, store.version):
+            self._metrics.pulled("current")
+            head = pb.ModelHead(initialized=True, version=request.version, incarnation=request.incarnation)
+            self._send_head(conn, pb.Frame(model=head), deadline)
+            return
+        self._metrics.pulled("full")
+        if store.consistent_reads:
+            snapshot = self._shared()
+            bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, snapshot.head), snapshot.data.data], deadline)
+            self._metrics.bytes_sent.inc(len(snapshot.head) + len(snapshot.data))
+            return
+        with store.reading_model() as found:
+            live = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
+            first, views = frames.describe(live, found.variables, found.state)
+            head_bytes = first.SerializeToString()
+            bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views], deadline)
+            self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
+
+    def _send_head(self, conn: socket.socket, head: pb.Frame, deadline: bulk.Deadline) -> None:
+        bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, head.SerializeToString()), deadline)
+
+    def _shared(self) -> _Snapshot:
+        store = self._store
+        with self._snapshot_lock:
+            held = self._snapshot
+            if held is not None and held.key == (store.incarnation, store.version):
+                return held
+            with store.reading_model() as found:
+                head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
+                first, views = frames.describe(head, found.variables, found.state)
+                data = np.empty(sum(len(v) for v in views), dtype=np.uint8)
+                offset = 0
+                for view in views:
+                    data[offset : offset + len(view)] = np.frombuffer(view, dtype=np.uint8)
+                    offset += len(view)
+                snapshot = _Snapshot((found.incarnation, found.version), first.SerializeToString(), data)
+            self._snapshot = snapshot
+            return snapshot
+

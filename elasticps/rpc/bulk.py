@@ -1,0 +1,270 @@
+"""The bulk channel: a PS's tensor streams over a plain TCP connection, gRPC kept for the rest.
+
+Callers: the PS's bulk server (``ps/bulk.py``) and the PS client (``ps/client.py``), for
+``PushGradients`` and ``PullDense`` (the model's bytes each step); every other call, and these two
+whenever the channel cannot be used, stays on gRPC. The bytes are those of the gRPC path's frames
+(``rpc/frames.py``), so one set of rules reads them, with a length before each:
+
+* request: ``EPB1``, the method (1 push, 2 pull), then frames, each ``u64 length`` + the serialized
+  ``Frame`` bytes: a push is its head frame (head and tensor metadata) and payload frames, ended by
+  a zero length; a pull is one serialized ``PullRequest``;
+* reply: the status (a ``grpc.StatusCode`` value, 0 OK) and ``u64 length`` + bytes: the reply
+  message (``PushReply``), an error's message, or a pull's head frame (its tensors' metadata), then
+  (pull, OK) the tensors' bytes, as many as the head declares.
+
+A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`), has it admitted (sizes and
+names against the model, before any buffer: ``ps/intake.py``), then receives a payload-only frame
+straight into the stream's buffer (``frames.Assembly.space``), no copy, any other frame through
+``frames.Assembly.add``: a frame that does not fit is refused as on gRPC. Every read is bounded by
+a :class:`Deadline` (an idle limit per read and the whole call's). A sender writes the arrays' own
+memory (``frames.describe``), no copy.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.rpc import frames
+
+MAGIC = b"EPB1"
+PUSH_GRADIENTS = 1
+PULL_DENSE = 2
+METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense"}
+
+REQUEST = struct.Struct("<4sB")  # magic, method
+LENGTH = struct.Struct("<Q")
+REPLY = struct.Struct("<BQ")  # status code value, message bytes
+MAX_HEAD_BYTES = 16 << 20  # a stream's head frame (metadata, and whatever payload it carries)
+MAX_MESSAGE_BYTES = 1 << 20  # a PullRequest, a reply message, an error's message
+_MAX_PREFIX = 11  # a payload frame's tag and varint
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class DeadlineExceeded(Exception):
+    """A read or a write waited past its :class:`Deadline`."""
+
+
+class BulkClosed(ConnectionError):
+    """The peer closed the connection (or sent nothing) where bytes were due."""
+
+
+@dataclass
+class Deadline:
+    """At most ``idle_s`` per read and write, and nothing past ``until`` (``time.monotonic``)."""
+
+    idle_s: float
+    until: float
+    what: str = ""
+
+    @classmethod
+    def within(cls, idle_s: float, total_s: float, what: str = "") -> Deadline:
+        return cls(idle_s, time.monotonic() + total_s, what)
+
+    def timeout(self) -> float:
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded(f"{self.what}: past its deadline")
+        return min(self.idle_s, left)
+
+
+class BulkError(grpc.RpcError, grpc.Call):
+    """A status the bulk server answered, raised as gRPC's call errors are (``rpc/status.py``
+    classifies and retries it like one)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def initial_metadata(self) -> Any:
+        return ()
+
+    def trailing_metadata(self) -> Any:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: Any) -> bool:
+        return False
+
+
+# ---- reading and writing, bounded ----------------------------------------------------------------
+def recv_into(sock: socket.socket, view: memoryview, deadline: Deadline) -> None:
+    got = 0
+    while got < len(view):
+        sock.settimeout(deadline.timeout())
+        try:
+            n = sock.recv_into(view[got:])
+        except TimeoutError:
+            raise DeadlineExceeded(f"{deadline.what}: no bytes for {deadline.idle_s:g} s") from None
+        if n == 0:
+            raise BulkClosed(f"{deadline.what}: the peer closed the connection")
+        got += n
+
+
+def recv_bytes(sock: socket.socket, size: int, deadline: Deadline) -> bytes:
+    buffer = bytearray(size)
+    recv_into(sock, memoryview(buffer), deadline)
+    return bytes(buffer)
+
+
+def recv_length(sock: socket.socket, deadline: Deadline) -> int:
+    (length,) = LENGTH.unpack(recv_bytes(sock, LENGTH.size, deadline))
+    return int(length)
+
+
+_IOV_MAX = 64  # buffers per sendmsg call (Linux takes 1024)
+
+
+def send(sock: socket.socket, parts: Sequence[bytes | memoryview], deadline: Deadline) -> None:
+    """Writes ``parts`` in order, gathered into as few system calls as the kernel takes
+    (``sendmsg``): no copy of the arrays' memory, one TCP segment for the small parts."""
+    views = [memoryview(part).cast("B") for part in parts if len(part)]
+    while views:
+        sock.settimeout(deadline.timeout())
+        try:
+            sent = sock.sendmsg(views[:_IOV_MAX])
+        except TimeoutError:
+            raise DeadlineExceeded(f"{deadline.what}: the peer took no bytes for {deadline.idle_s:g} s") from None
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def reply_parts(code: grpc.StatusCode, message: bytes) -> list[bytes]:
+    return [REPLY.pack(code.value[0], len(message)), message]
+
+
+def read_reply(sock: socket.socket, deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
+    value, length = REPLY.unpack(recv_bytes(sock, REPLY.size, deadline))
+    if length > MAX_MESSAGE_BYTES:
+        raise BulkClosed(f"{deadline.what}: a reply of {length} bytes")
+    return _CODES.get(value, grpc.StatusCode.UNKNOWN), recv_bytes(sock, length, deadline)
+
+
+# ---- a tensor stream, received ---------------------------------------------------------------------
+def receive_stream(
+    sock: socket.socket,
+    deadline: Deadline,
+    admit: Callable[[frames.Head], None],
+    buffer_for: Callable[[int], np.ndarray | None] = lambda _: None,
+) -> frames.Decoded:
+    """The frames of one stream (after its method byte), as ``frames.decode`` would return them;
+    FrameError for what a gRPC stream would be refused, whatever ``admit`` raises for its head.
+    ``buffer_for(total)``: a buffer of at least ``total`` bytes to receive into, or None."""
+    length = recv_length(sock, deadline)
+    if length == 0:
+        raise frames.FrameError("empty stream: no head frame")
+    if length > MAX_HEAD_BYTES:
+        raise frames.FrameError(f"a head frame of {length} bytes, more than the {MAX_HEAD_BYTES} taken")
+    head = frames.read_head(recv_bytes(sock, length, deadline))
+    admit(head)
+    assembly = frames.Assembly(head, buffer_for(head.total))
+    while (length := recv_length(sock, deadline)) != 0:
+        left = head.total - assembly.received
+        prefix = recv_bytes(sock, min(length, _MAX_PREFIX), deadline)
+        start = frames.payload_header(prefix, length)
+        if start is not None:
+            size = length - start
+            view = assembly.space(size)  # FrameError when it does not fit: before reading it
+            early = prefix[start:]
+            view[: len(early)] = early
+            recv_into(sock, view[len(early) :], deadline)
+            assembly.advance(size)
+            continue
+        if length > left + MAX_HEAD_BYTES:  # any other encoding of a payload, with room for its fields
+            raise frames.FrameError(f"a frame of {length} bytes, more than the {left} bytes left can be")
+        assembly.add(prefix + recv_bytes(sock, length - len(prefix), deadline))
+    return assembly.finish()
+
+
+# ---- the client's side -------------------------------------------------------------------------------
+class BulkConnection:
+    """One connection to a PS's bulk server: one call at a time (the client keeps a few)."""
+
+    def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float) -> None:
+        self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timeout_s = timeout_s
+        self.broken = False
+
+    def _deadline(self, what: str) -> Deadline:
+        return Deadline.within(self._timeout_s, self._timeout_s, what)
+
+    def push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray]) -> pb.PushReply:
+        """Sends one push stream; its reply, or BulkError with the status the server answered."""
+        first, views = frames.describe(head, tensors, state)
+        head_bytes = first.SerializeToString()
+        total = sum(len(v) for v in views)
+        parts: list[bytes | memoryview] = [REQUEST.pack(MAGIC, PUSH_GRADIENTS), LENGTH.pack(len(head_bytes)), head_bytes]
+        if total:
+            header = frames.payload_frame_header(total)
+            parts += [LENGTH.pack(len(header) + total), header, *views]
+        parts.append(LENGTH.pack(0))
+        deadline = self._deadline("PushGradients")
+        code, message = self._exchange(parts, deadline)
+        if code is not grpc.StatusCode.OK:
+            raise BulkError(code, message.decode(errors="replace"))
+        return pb.PushReply.FromString(message)
+
+    def pull(self, request: pb.PullRequest) -> frames.Decoded:
+        body = request.SerializeToString()
+        deadline = self._deadline("PullDense")
+        code, message = self._exchange([REQUEST.pack(MAGIC, PULL_DENSE), LENGTH.pack(len(body)), body], deadline)
+        if code is not grpc.StatusCode.OK:
+            raise BulkError(code, message.decode(errors="replace"))
+        try:
+            head = frames.read_head(message)
+            assembly = frames.Assembly(head)
+            size = head.total - assembly.received
+            recv_into(self._sock, assembly.space(size), deadline)
+            assembly.advance(size)
+            return assembly.finish()
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _exchange(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
+        try:
+            send(self._sock, parts, deadline)
+        except BaseException:
+            self.broken = True
+            raise
+        try:
+            code, message = read_reply(self._sock, deadline)
+        except BaseException:
+            self.broken = True
+            raise
+        if code is not grpc.StatusCode.OK:
+            self.broken = True  # the server ends the connection after a refusal
+        return code, message
+
+    def close(self) -> None:
+        self.broken = True
+        self._sock.close()

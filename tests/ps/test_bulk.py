@@ -1,0 +1,395 @@
+"""The bulk channel (``rpc/bulk.py``, ``ps/bulk.py``): the same answers as gRPC frames, the same
+limits, the model untouched by anything refused, and the client's fallback to gRPC frames.
+
+The malformed pushes and pulls of ``bench/malformed.py`` (the fuzz test's cases, issue 13) are sent
+over the bulk wire format: each gets the status code it gets over gRPC, and the shard's every array
+is unchanged after it."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from bench import malformed
+from bench.malformed import INVALID, OK, Target, push_head, stream, t
+from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps import routes
+from elasticps.ps.bulk import BulkServer
+from elasticps.ps.client import PSClient
+from elasticps.ps.metrics import PSMetrics
+from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.servicer import add_to_server as add_ps
+from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.rpc import bulk, frames
+from elasticps.rpc.limits import ServerLimits
+
+MODES = {"sync": UpdateRule.SYNC, "async": UpdateRule.ASYNC}
+W = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+B = np.full(3, 0.5, np.float32)
+S = np.zeros(3, np.float32)
+TARGET = Target("w", "b", "bn/mean", W, B, S)
+PS_CASES = malformed.ps_cases(TARGET)
+BULK_CASES = {name: case for name, case in PS_CASES.items() if case.method in malformed.BULK_METHODS}
+BULK_IDS = [(name, mode) for name, case in BULK_CASES.items() for mode in case.modes]
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@dataclass
+class Shard:
+    store: ParameterStore
+    server: BulkServer
+
+    def call(self, method: str, request: list[bytes] | bytes) -> grpc.StatusCode:
+        return malformed.bulk_call(self.server.port, method, request)[0]
+
+    def everything(self) -> dict[str, bytes]:
+        return {k: np.ascontiguousarray(v).tobytes() for k, v in self.store.snapshot().arrays.items()}
+
+
+@pytest.fixture
+def make_shard() -> Iterator[Callable[..., Shard]]:
+    servers: list[BulkServer] = []
+
+    def make(mode: str, limits: ServerLimits = ServerLimits()) -> Shard:
+        store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=MODES[mode])))
+        store.initialize({"w": W, "b": B}, OptimizerConfig("adam", {"learning_rate": 0.001}), state={"bn/mean": S})
+        server = BulkServer(store, PSMetrics(CollectorRegistry(), 0), limits, "127.0.0.1", 0)
+        server.start()
+        servers.append(server)
+        shard = Shard(store, server)
+        assert shard.call("PushGradients", stream(push_head(), malformed.good_grads(TARGET, 0.5))) is OK
+        if mode == "sync":
+            store.commit(0, ["fuzz"])
+        assert store.version == 1
+        return shard
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.mark.parametrize(("case", "mode"), BULK_IDS, ids=[f"{c}-{m}" for c, m in BULK_IDS])
+def test_a_bad_call_over_the_bulk_channel_is_refused_and_the_model_is_unchanged(
+    make_shard: Callable[..., Shard], case: str, mode: str
+) -> None:
+    shard = make_shard(mode)
+    everything = shard.everything()
+    spec = BULK_CASES[case]
+    assert shard.call(spec.method, spec.request) is spec.code
+    assert shard.everything() == everything
+    assert shard.call("PushGradients", stream(push_head(version=1), malformed.good_grads(TARGET))) is OK
+
+
+@pytest.mark.parametrize("garbage", [b"", b"EPB1\x07", b"GET / HTTP/1.1\r\n\r\n", b"EPB1\x01" + b"\xff" * 8])
+def test_bytes_that_are_no_bulk_request_are_refused(make_shard: Callable[..., Shard], garbage: bytes) -> None:
+    shard = make_shard("async")
+    everything = shard.everything()
+    with socket.create_connection(("127.0.0.1", shard.server.port), timeout=10) as sock:
+        try:
+            sock.sendall(garbage)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # answered and closed already
+        try:
+            code, _ = bulk.read_reply(sock, bulk.Deadline.within(10, 10))
+        except (bulk.BulkClosed, OSError):
+            code = None  # closed without a word: nothing was under way
+    assert code in (INVALID, None)
+    assert shard.everything() == everything
+
+
+def test_a_head_that_declares_more_than_the_model_is_refused_before_its_payload(make_shard: Callable[..., Shard]) -> None:
+    shard = make_shard("async")
+    huge = malformed.T("w", malformed.F32, [1 << 20, 1 << 10], b"")
+    first = stream(push_head(), [huge, t("b", B)])[0]
+    with socket.create_connection(("127.0.0.1", shard.server.port), timeout=10) as sock:
+        # Only the head: the answer comes before any payload is sent.
+        sock.sendall(bulk.REQUEST.pack(bulk.MAGIC, bulk.PUSH_GRADIENTS) + bulk.LENGTH.pack(len(first)) + first)
+        code, message = bulk.read_reply(sock, bulk.Deadline.within(10, 10))
+    assert code is INVALID and b"float32[1048576, 1024] in the push" in message
+
+
+def test_connections_past_the_limit_are_resource_exhausted_and_the_rest_served(make_shard: Callable[..., Shard]) -> None:
+    shard = make_shard("async", ServerLimits(max_push_streams=3))
+
+    def until(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while shard.server.connections() != count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shard.server.connections() == count
+
+    until(0)
+    held = [socket.create_connection(("127.0.0.1", shard.server.port)) for _ in range(2)]
+    try:
+        until(2)
+        assert shard.call("PushGradients", stream(push_head(version=1), malformed.good_grads(TARGET))) is OK
+        until(2)
+        held.append(socket.create_connection(("127.0.0.1", shard.server.port)))
+        until(3)
+        assert shard.call("PushGradients", stream(push_head(version=2), malformed.good_grads(TARGET))) is EXHAUSTED
+    finally:
+        for sock in held:
+            sock.close()
+    until(0)
+    assert shard.call("PushGradients", stream(push_head(version=2), malformed.good_grads(TARGET))) is OK
+
+
+@pytest.mark.parametrize("drip", [False, True])
+def test_a_stalled_or_dripping_push_is_cut_off_and_nothing_is_applied(make_shard: Callable[..., Shard], drip: bool) -> None:
+    limits = ServerLimits(stream_idle_s=0.3, stream_deadline_s=1.0 if drip else 30.0)
+    shard = make_shard("async", limits)
+    everything = shard.everything()
+    first, rest = stream(push_head(version=1), malformed.good_grads(TARGET), split=8)
+    with socket.create_connection(("127.0.0.1", shard.server.port), timeout=10) as sock:
+        sock.sendall(bulk.REQUEST.pack(bulk.MAGIC, bulk.PUSH_GRADIENTS) + bulk.LENGTH.pack(len(first)) + first)
+        sock.sendall(bulk.LENGTH.pack(len(rest)) + rest[:3])
+        started = time.monotonic()
+        if drip:  # a byte every 0.1 s: never idle, past the whole deadline
+            for byte in rest[3:]:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break
+                if time.monotonic() - started > 5:
+                    break
+                time.sleep(0.1)
+        code, message = bulk.read_reply(sock, bulk.Deadline.within(10, 10))
+    assert code is DEADLINE
+    assert shard.everything() == everything
+
+
+# ---- the client: over the channel, and falling back to gRPC frames ---------------------------------
+@pytest.fixture
+def ps(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., tuple[str, ParameterStore, BulkServer | None]]]:
+    servers: list[BulkServer] = []
+
+    def start(mode: str, bulk_port: int | None) -> tuple[str, ParameterStore, BulkServer | None]:
+        """A PS: gRPC, and a bulk server when ``bulk_port`` is None; else the port it advertises."""
+        store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=MODES[mode])))
+        metrics = PSMetrics(CollectorRegistry(), 0)
+        servicer = ParameterServerServicer(store, metrics=metrics)
+        server = None
+        if bulk_port is None:
+            server = BulkServer(store, metrics, ServerLimits(), "127.0.0.1", 0)
+            server.start()
+            servers.append(server)
+            servicer.bulk_port = server.port
+        else:
+            servicer.bulk_port = bulk_port
+        return f"127.0.0.1:{grpc_servers(lambda s: add_ps(servicer, s))}", store, server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def model(size: int = 3000) -> dict[str, np.ndarray]:
+    return {"a": np.linspace(-1, 1, size, dtype=np.float32), "b": np.full((10, 7), 0.25, np.float64)}
+
+
+def gradient(scale: float, size: int = 3000) -> dict[str, np.ndarray]:
+    return {name: np.full_like(value, scale) for name, value in model(size).items()}
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_pushes_and_pulls_over_the_bulk_channel_train_as_over_grpc(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]], mode: str
+) -> None:
+    address, store, server = ps(mode, None)
+    clients = [PSClient([address], worker=f"w{i}", deadline_s=10) for i in range(2)]
+    try:
+        versions = clients[0].push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        expected = model()
+        for step in range(3):
+            for i, client in enumerate(clients):
+                pushed = client.push_gradients(gradient(0.1 * (i + 1)), versions, minibatch=f"m{step}.{i}")
+                assert pushed.all_accepted
+            if mode == "sync":
+                store.commit(versions[0], ["w0", "w1"])
+                for name in expected:
+                    mean = (expected[name].dtype.type(0.1) + expected[name].dtype.type(0.2)) * expected[name].dtype.type(0.5)
+                    expected[name] = expected[name] - mean * expected[name].dtype.type(0.5)
+            else:
+                for i in range(2):
+                    for name in expected:
+                        expected[name] = expected[name] - expected[name].dtype.type(0.1 * (i + 1)) * expected[name].dtype.type(0.5)
+            pulled = clients[1].pull(versions=[-1])
+            versions = pulled.versions
+            for name, value in expected.items():
+                np.testing.assert_allclose(pulled.tensors[name], value, rtol=1e-6)
+        assert server is not None and server.connections() >= 1  # it went over the channel
+        assert all(route is not None and route.fallbacks == 0 for route in clients[0]._routes)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_blocked_bulk_port_falls_back_to_grpc_frames(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> None:
+    blocked = socket.socket()  # bound, never listening: connecting is refused
+    blocked.bind(("127.0.0.1", 0))
+    try:
+        address, store, _ = ps("async", blocked.getsockname()[1])
+        client = PSClient([address], worker="w", deadline_s=10)
+        try:
+            versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+            assert client.push_gradients(gradient(0.1), versions).all_accepted
+            pulled = client.pull(versions=[-1])
+            np.testing.assert_allclose(pulled.tensors["a"], model()["a"] - np.float32(0.1) * np.float32(0.5), rtol=1e-6)
+            route = client._routes[0]
+            assert route is not None and route.fallbacks >= 2
+            assert store.version == 1
+        finally:
+            client.close()
+    finally:
+        blocked.close()
+
+
+def test_a_shard_without_a_bulk_channel_is_served_by_grpc_frames(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> None:
+    address, store, _ = ps("async", 0)
+    client = PSClient([address], worker="w", deadline_s=10)
+    try:
+        versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        assert client.push_gradients(gradient(0.1), versions).all_accepted
+        assert store.version == 1
+        route = client._routes[0]
+        assert route is not None and route.fallbacks == 1  # asked once, then not for RETRY_AFTER_S
+    finally:
+        client.close()
+
+
+def test_a_refusal_over_the_bulk_channel_is_the_grpc_status(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> None:
+    address, store, server = ps("async", None)
+    client = PSClient([address], worker="w", deadline_s=10)
+    try:
+        versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        bad = gradient(0.1)
+        bad["a"][7] = np.nan
+        with pytest.raises(grpc.RpcError) as caught:
+            client.push_gradients(bad, versions)
+        assert isinstance(caught.value, grpc.Call) and caught.value.code() is INVALID
+        assert store.version == 0
+        assert client.push_gradients(gradient(0.1), versions).all_accepted
+    finally:
+        client.close()
+
+
+def test_received_payload_lands_in_the_buffer_given() -> None:
+    head = pb.Frame(push=pb.PushHead(worker="w"))
+    tensors = {"x": np.arange(10, dtype=np.float32)}
+    first, views = frames.describe(head, tensors)
+    header = frames.payload_frame_header(40)
+    left, right = socket.socketpair()
+    try:
+        bulk.send(left, [bulk.LENGTH.pack(len(first.SerializeToString())), first.SerializeToString(),
+                         bulk.LENGTH.pack(len(header) + 40), header, *views, bulk.LENGTH.pack(0)],
+                  bulk.Deadline.within(5, 5))  # fmt: skip
+        buffer = np.zeros(64, dtype=np.uint8)
+        decoded = bulk.receive_stream(right, bulk.Deadline.within(5, 5), lambda _: None, lambda _: buffer)
+    finally:
+        left.close()
+        right.close()
+    assert np.array_equal(decoded.tensors["x"], tensors["x"])
+    assert np.shares_memory(decoded.tensors["x"], buffer)
+
+
+def test_the_route_asks_again_after_a_while() -> None:
+    now = [0.0]
+    asked: list[int] = []
+
+    def describe() -> int:
+        asked.append(1)
+        return 0
+
+    route = routes.BulkRoute("127.0.0.1:1", describe, 5.0, clock=lambda: now[0])
+    assert route.take() is None and route.take() is None
+    assert len(asked) == 1
+    now[0] = routes.RETRY_AFTER_S + 1
+    assert route.take() is None
+    assert len(asked) == 2
+
+
+def test_a_model_is_still_pushed_over_grpc(ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]) -> None:
+    address, store, server = ps("async", None)
+    client = PSClient([address], worker="w", deadline_s=10)
+    try:
+        client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        assert store.initialized
+    finally:
+        client.close()
+
+
+def test_a_staged_sync_gradient_keeps_its_buffer_while_the_connection_pushes_again(
+    make_shard: Callable[..., Shard],
+) -> None:
+    shard = make_shard("sync")
+    connection = bulk.BulkConnection("127.0.0.1", shard.server.port, 5.0, 10.0)
+    try:
+        ones = {"w": np.full_like(W, 1.0), "b": np.full_like(B, 1.0)}
+        threes = {"w": np.full_like(W, 3.0), "b": np.full_like(B, 3.0)}
+        for worker, gradient in (("a", ones), ("b", threes)):
+            head = pb.Frame(push=pb.PushHead(worker=worker, version=1))
+            assert connection.push(head, gradient, {}).accepted
+    finally:
+        connection.close()
+    shard.store.commit(1, ["a", "b"])
+    # Adam's first moment after rounds of mean gradient 0.5 and 2: had the second push overwritten
+    # the first's staged bytes, the second mean would be 3.
+    m = shard.store.optimizer.state()["slot/m/b"]
+    assert np.allclose(m, 0.9 * (0.1 * 0.5) + 0.1 * 2.0, rtol=1e-5)
+
+
+def test_stop_ends_the_server_and_its_connections(make_shard: Callable[..., Shard]) -> None:
+    shard = make_shard("async")
+    idle = socket.create_connection(("127.0.0.1", shard.server.port), timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while shard.server.connections() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        shard.server.stop()
+        shard.server._thread.join(5)
+        assert not shard.server._thread.is_alive()
+        try:
+            assert idle.recv(1) == b""  # closed by the server
+        except ConnectionResetError:
+            pass  # or reset
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", shard.server.port), timeout=2)
+    finally:
+        idle.close()
+
+
+def test_a_port_that_does_not_connect_is_tried_again_later_and_later() -> None:
+    blocked = socket.socket()  # bound, never listening: connecting is refused
+    blocked.bind(("127.0.0.1", 0))
+    now = [0.0]
+    asked: list[float] = []
+
+    def describe() -> int:
+        asked.append(now[0])
+        return int(blocked.getsockname()[1])
+
+    try:
+        route = routes.BulkRoute("127.0.0.1:1", describe, 5.0, clock=lambda: now[0])
+        for _ in range(40):
+            assert route.take() is None
+            now[0] += 10.0
+    finally:
+        blocked.close()
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
+    assert gaps == [30.0, 60.0, 120.0]  # twice as long after each failure
