@@ -152,6 +152,9 @@ class ParameterServerServicer:
             cached = self._cached
             if cached is not None and cached[0] == (self._store.incarnation, self._store.version):
                 return cached[1]
+            # The old version's frames go before the new ones are encoded: a shard of P bytes holds
+            # one encoding (P), not two, while it encodes (pulls still sending them keep their own).
+            self._cached = cached = None
             with self._store.reading_model() as found:
                 incarnation, version = found.incarnation, found.version
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
