@@ -17,8 +17,8 @@ Measured, per run:
 * **bytes per shard**: the parameter bytes each PS logs when it takes the model; the spread is
   max / mean - 1;
 * **PS memory**: each PS process's peak ``VmRSS``, sampled every ``SAMPLE_S`` from ``/proc``, over its
-  parameter bytes; also *above idle*: the peak less the RSS the process had before the model came
-  (the Python, gRPC and numpy it carries whatever the model).
+  parameter bytes; also *above idle*: the peak less the RSS the process had once serving, before
+  the model came (the Python, gRPC and numpy it carries whatever the model).
 
 Writes ``bench/results/large_model.json`` and ``docs/large-model.md`` (verdicts against issue 14's
 targets). Progress lines (model version, PS resident MiB) go to stdout while a job runs. Data is
@@ -111,13 +111,8 @@ class Memory:
     """One PS process's resident memory over a run, in KiB."""
 
     peak_kib: int = 0
+    idle_kib: int = 0  # the first sample once the PS serves (its port file written), before any model
     samples: list[tuple[float, int]] = field(default_factory=list)  # (Unix time, VmRSS)
-
-    def idle_kib(self, model_at: float | None) -> int:
-        """The last sample before the model came at ``model_at`` (Unix time): the process with its
-        imports and its server, without a model."""
-        before = [rss for t, rss in self.samples if model_at is None or t < model_at]
-        return before[-1] if before else 0
 
 
 def _stamp(line: str) -> float | None:
@@ -149,6 +144,8 @@ def run_job(document: dict[str, Any], work: Path, ps: int) -> dict[str, Any]:
                 if rss is None:
                     continue
                 held.samples.append((round(time.time(), 2), rss))
+                if not held.idle_kib and (run_dir / f"ps-{index}.port").exists():
+                    held.idle_kib = rss
                 held.peak_kib = max(held.peak_kib, rss)
             if now - shown >= PROGRESS_S:
                 shown = now
@@ -177,7 +174,6 @@ def _from_logs(run_dir: Path, ps: int) -> dict[str, Any]:
     initialised: list[float] = []
     finished: list[float] = []
     shard_bytes = [0] * ps
-    model_at: list[float | None] = [None] * ps
     for path in sorted(run_dir.glob(f"{JOB}-*.log")):
         for line in path.read_text(errors="replace").splitlines():
             counters = _COUNTERS.search(line)
@@ -191,10 +187,8 @@ def _from_logs(run_dir: Path, ps: int) -> dict[str, Any]:
                 shard_bytes[int(shard.group(1))] = int(shard.group(2))
                 if (t := _stamp(line)) is not None:
                     initialised.append(t)
-                    model_at[int(shard.group(1))] = t
     window = max(finished) - min(initialised) if finished and initialised else float("nan")
-    return {"steps": steps, "rejected": rejected, "training_s": round(window, 2), "shard_bytes": shard_bytes,
-            "model_at": model_at}
+    return {"steps": steps, "rejected": rejected, "training_s": round(window, 2), "shard_bytes": shard_bytes}
 
 
 def one_process(train: Path, valid: Path, updates: int, minibatch: int, work: Path) -> dict[str, Any]:
@@ -213,8 +207,7 @@ def one_process(train: Path, valid: Path, updates: int, minibatch: int, work: Pa
 
 def summarize(job: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     memory: list[Memory] = job.pop("memory")
-    model_at: list[float | None] = job.pop("model_at")
-    idle = [m.idle_kib(t) for m, t in zip(memory, model_at)]
+    idle = [m.idle_kib for m in memory]
     computed = job["steps"] + job["rejected"]
     shard_bytes = job["shard_bytes"]
     mean = sum(shard_bytes) / len(shard_bytes) if shard_bytes else 0

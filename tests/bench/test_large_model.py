@@ -46,15 +46,12 @@ def test_counters_window_and_shard_bytes_come_from_the_logs(tmp_path: Path) -> N
     assert (found["steps"], found["rejected"]) == (100, 4)
     assert found["training_s"] == 30.0  # first shard's model to the last worker's end
     assert found["shard_bytes"] == [60_000_000, 40_000_000]
-    assert found["model_at"][1] - found["model_at"][0] == 1.5
 
 
 def test_figures_and_verdicts(tmp_path: Path) -> None:
     _write_logs(tmp_path / "run")
     found = lm._from_logs(tmp_path / "run", 2)
-    at0, at1 = found["model_at"]
-    memory = [lm.Memory(peak_kib=300_000, samples=[(at0 - 1, 100_000), (at0 + 1, 300_000)]),
-              lm.Memory(peak_kib=120_000, samples=[(at1 - 1, 100_000), (at1 + 1, 120_000)])]  # fmt: skip
+    memory = [lm.Memory(peak_kib=300_000, idle_kib=100_000), lm.Memory(peak_kib=120_000, idle_kib=100_000)]
     job = {**found, "memory": memory, "elapsed_s": 60.0, "model_version": 50, "metrics": {"accuracy": 0.8}}
     run = lm.summarize(job, {"train_seconds": 20.0, "metrics": {"accuracy": 0.9}})
     assert run["rejected_fraction"] == round(4 / 104, 4)
