@@ -52,11 +52,11 @@ from elasticps.rpc.waking import Changes
 
 MAX_WAIT_MS = 10_000  # the longest a long poll waits before it answers "still current"
 LIVE_BATCH_BYTES = 4 << 20  # async pulls: frames encoded per trip to the work pool
-# Sync pulls: every version's shared frames are encoded by this one thread. glibc gives each thread
-# that allocates its own arena and keeps what is freed there; encoded by any thread of the work
-# pool, a version's frames (the shard's bytes, in 1 MiB pieces) left a shard-sized free block in
-# each arena they passed through. Measured (docs/large-model.md): a shard of 89 MiB peaked at
-# 1.01-1.13 GiB resident with the pool encoding, 0.80-0.83 GiB with this thread.
+# Sync pulls: every version's shared frames (the shard's bytes in 1 MiB pieces) are encoded by this
+# one thread. Measured (docs/large-model.md): a shard of 89 MiB peaked at 1.01-1.13 GiB resident
+# when any thread of the work pool encoded them, 0.80-0.83 GiB with this thread. The likely reason:
+# glibc gives busy threads arenas of their own and keeps what is freed in each, so pieces freed in
+# several arenas stayed resident in each (the PS's heap held 350-415 MiB free at its peak).
 _ENCODER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encoder")
 
 Context = aio.ServicerContext[Any, Any]
