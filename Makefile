@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -62,8 +62,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) bench-large
 	$(PY) -m bench.run
+
+# Issue 14's job: a 23M-parameter MLP, 6,400 MNIST records, 2 PS + 2 workers, sync, against one
+# process on the same minibatches: rejections, the time ratio, bytes per shard, PS memory per
+# parameter byte (docs/large-model.md, bench/results/large_model.json). Skipped without MNIST.
+bench-large: $(STAMP)
+	$(PY) -m bench.large_model --mnist $(MNIST_DIR)
 
 # 32 async fake workers for 5 minutes against 2 PS while malformed calls arrive at 10/s: failed
 # legitimate calls, PS memory, the model finite (docs/reliability.md). Not part of `make test`.

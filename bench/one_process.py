@@ -135,15 +135,17 @@ def train(
     learning_rate: float = 0.0,
     seed: int = 0,
     recalibration_records: int = 10_000,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Trains ``model_def`` for ``updates`` minibatches; returns the validation metrics (means)."""
+    """Trains ``model_def`` (``custom_model(**params)``) for ``updates`` minibatches; returns the
+    validation metrics (means)."""
     import tensorflow as tf
 
     from elasticps.worker.keras_trainer import KerasTrainer
     from elasticps.worker.model_loading import load_model_module
 
     tf.random.set_seed(seed)
-    trainer = KerasTrainer(load_model_module(model_def), {}, minibatch, seed=seed, learning_rate=learning_rate)
+    trainer = KerasTrainer(load_model_module(model_def), params or {}, minibatch, seed=seed, learning_rate=learning_rate)
     features, labels = training
     trainer.build(features[:1], None if labels is None else labels[:1])
     started, done, epochs = time.monotonic(), 0, 0
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minibatch", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=0.0, help="> 0 replaces the module optimizer's")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--params", type=json.loads, default={}, help="custom_model's keyword arguments, as JSON")
     parser.add_argument("--recalibration_records", type=int, default=10_000, help="0: no recalibrated metrics")
     parser.add_argument("--exported", help="evaluate this folder's model.keras (a job's export) instead of training")
     parser.add_argument("--result_file", type=Path)
@@ -200,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             args.learning_rate,
             args.seed,
             args.recalibration_records,
+            args.params,
         )
     line = json.dumps(result)
     print(line)

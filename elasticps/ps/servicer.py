@@ -29,6 +29,7 @@ live arrays as it streams them, a few MiB at a time. The servicer itself has no 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Generator
@@ -51,6 +52,12 @@ from elasticps.rpc.waking import Changes
 
 MAX_WAIT_MS = 10_000  # the longest a long poll waits before it answers "still current"
 LIVE_BATCH_BYTES = 4 << 20  # async pulls: frames encoded per trip to the work pool
+# Sync pulls: every version's shared frames (the shard's bytes in 1 MiB pieces) are encoded by this
+# one thread. Measured (docs/large-model.md): a shard of 89 MiB peaked at 1.01-1.13 GiB resident
+# when any thread of the work pool encoded them, 0.80-0.83 GiB with this thread. The likely reason:
+# glibc gives busy threads arenas of their own and keeps what is freed in each, so pieces freed in
+# several arenas stayed resident in each (the PS's heap held 350-415 MiB free at its peak).
+_ENCODER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encoder")
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -119,7 +126,8 @@ class ParameterServerServicer:
         # The store says whether a version is fixed while it is read (then encode it once for every
         # puller) or live (then encode it for this pull, while reading).
         if store.consistent_reads:
-            for message in await asyncio.to_thread(self._shared_frames):
+            encoded = await asyncio.get_running_loop().run_in_executor(_ENCODER, self._shared_frames)
+            for message in encoded:
                 self._metrics.bytes_sent.inc(len(message))
                 yield message
         else:
@@ -153,6 +161,9 @@ class ParameterServerServicer:
             cached = self._cached
             if cached is not None and cached[0] == (self._store.incarnation, self._store.version):
                 return cached[1]
+            # The old version's frames go before the new ones are encoded: a shard of P bytes holds
+            # one encoding (P), not two, while it encodes (pulls still sending them keep their own).
+            self._cached = cached = None
             with self._store.reading_model() as found:
                 incarnation, version = found.incarnation, found.version
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))

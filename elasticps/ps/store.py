@@ -174,8 +174,9 @@ class ParameterStore:
                 version, incarnation = self._version.value, self.incarnation
             self._install(Model(dense, built, state=held_state), version, incarnation)
         log.info(
-            "shard %d initialised at version %d: %d variables, %d state tensors, %s",
-            self.settings.shard, version, len(tensors), len(state), built.config.name,
+            "shard %d initialised at version %d: %d variables, %d state tensors, %d parameter bytes, %s",
+            self.settings.shard, version, len(tensors), len(state),
+            sum(value.nbytes for value in tensors.values()), built.config.name,
         )
         return True
 

@@ -15,6 +15,9 @@ stopped (SIGTERM: the calls in flight then are not counted; the soak stops its w
 * ``steps``, ``pulls``, ``rejected`` (the workers' own counters) and ``errors`` (a worker whose
   loop raised: its type and message).
 
+``--push_delay_s S`` holds every push of this process's workers S seconds before it is sent: the
+time a large model's gradients spend on the wire, so a process of slow pushers runs beside fast ones.
+
 ``--progress FILE`` appends the calls so far as one JSON line every ``--progress_s`` seconds.
 """
 
@@ -113,9 +116,10 @@ class PushLog:
 class TimedPSClient(PSClient):
     """The real client, its pushes timed and counted into a :class:`PushLog`."""
 
-    def __init__(self, pushes: PushLog, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, pushes: PushLog, *args: Any, push_delay_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pushes = pushes
+        self._push_delay_s = push_delay_s
 
     def push_gradients(
         self,
@@ -127,6 +131,8 @@ class TimedPSClient(PSClient):
         state: Mapping[str, np.ndarray] | None = None,
     ) -> Pushed:
         started = time.monotonic()
+        if self._push_delay_s > 0:
+            time.sleep(self._push_delay_s)
         pushed = super().push_gradients(gradients, versions, learning_rate, minibatch, incarnations, state)
         self._pushes.add(time.monotonic() - started, pushed)
         return pushed
@@ -145,6 +151,7 @@ class FleetConfig:
     timeout_s: float = 30.0  # each call's deadline (JoinRound: plus its wait)
     deadline_s: float = 60.0  # how long a client retries transient failures
     heartbeat_s: float = 5.0
+    push_delay_s: float = 0.0  # every push waits this long before it is sent (a slow, large push)
 
 
 class Fleet:
@@ -168,7 +175,8 @@ class Fleet:
         for i in range(config.workers):
             name = f"{config.name}-{i}"
             ps = TimedPSClient(self.pushes, config.ps_addrs, worker=name, deadline_s=config.deadline_s,
-                               timeout_s=config.timeout_s, interceptors=[self.calls])  # fmt: skip
+                               timeout_s=config.timeout_s, interceptors=[self.calls],
+                               push_delay_s=config.push_delay_s)  # fmt: skip
             coordinator = CoordinatorClient(config.ps_addrs[0], worker=name, deadline_s=config.deadline_s,
                                             timeout_s=config.timeout_s, interceptors=[self.calls])  # fmt: skip
             self._closers += [ps.close, coordinator.close]
@@ -240,6 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress_s", type=float, default=5.0)
     parser.add_argument("--timeout_s", type=float, default=30.0, help="each call's deadline")
     parser.add_argument("--deadline_s", type=float, default=60.0, help="how long transient failures are retried")
+    parser.add_argument("--push_delay_s", type=float, default=0.0, help="hold every push this long before sending it")
     add_data_flags(parser)
     add_training_flags(parser)
 
@@ -258,6 +267,7 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
         progress_s=args.progress_s,
         timeout_s=args.timeout_s,
         deadline_s=args.deadline_s,
+        push_delay_s=args.push_delay_s,
     )
 
 

@@ -184,17 +184,20 @@ class ScaleJob:
 
     def start_workers(
         self, processes: int, per_process: int, timeout_s: float = 30.0, deadline_s: float = 60.0,
-        progress_s: float = 0.0,
+        progress_s: float = 0.0, push_delay_s: float = 0.0, first: int = 0,
     ) -> None:  # fmt: skip
         """``processes`` processes of ``per_process`` fake workers each (``progress_s``: each
-        appends its calls so far to ``<directory>/w<i>.progress`` that often)."""
+        appends its calls so far to ``<directory>/w<i>.progress`` that often; ``push_delay_s``:
+        every push of theirs waits that long; ``first``: the first process's number, ``w<first>``)."""
         flags = training_args(self.training) + data_args(self.data)
-        for i in range(processes):
+        for i in range(first, first + processes):
             report = self.directory / f"w{i}.json"
             report.unlink(missing_ok=True)
             argv = [sys.executable, "-m", "elasticps.tools.fake_workers", f"--ps_addrs={','.join(self.addresses)}",
                     f"--workers={per_process}", f"--name=w{i}", f"--report={report}", f"--timeout_s={timeout_s}",
                     f"--deadline_s={deadline_s}", *flags]  # fmt: skip
+            if push_delay_s > 0:
+                argv.append(f"--push_delay_s={push_delay_s}")
             if progress_s > 0:
                 argv += [f"--progress={self.directory / f'w{i}.progress'}", f"--progress_s={progress_s}"]
             self.workers.append(self._spawn(f"w{i}", argv))

@@ -1,21 +1,25 @@
 """A small multi-layer perceptron for tabular records (float features, integer class label).
 
-Used by the tests and the quick examples: it trains in seconds on generated data.
+Used by the tests and the quick examples: it trains in seconds on generated data. ``hidden`` is one
+width or a list of widths, one dense ReLU layer each: ``features=784, hidden=[8192, 2048],
+classes=10`` is the 23M-parameter (92 MB of float32) model of ``bench/large_model.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 
-def custom_model(features: int = 8, hidden: int = 16, classes: int = 2) -> keras.Model:
+def custom_model(features: int = 8, hidden: int | Sequence[int] = 16, classes: int = 2) -> keras.Model:
+    widths = [hidden] if isinstance(hidden, int) else list(hidden)
     return keras.Sequential(
         [
             keras.Input(shape=(features,)),
-            keras.layers.Dense(hidden, activation="relu"),
+            *(keras.layers.Dense(width, activation="relu") for width in widths),
             keras.layers.Dense(classes),
         ],
         name="mlp",
