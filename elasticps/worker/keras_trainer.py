@@ -43,6 +43,11 @@ def configure_threads(num_threads: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(num_threads)
 
 
+# Fused assigns traced for this many sets of pulled names at most (a set is the variables of the
+# shards a pull found newer: all of them, mostly); other sets are assigned one variable at a time.
+MAX_ASSIGNERS = 16
+
+
 def minibatch_sizes(count: int, minibatch_size: int) -> list[int]:
     """The sizes of the minibatches ``count`` records make: full ones, then the rest (if any)."""
     full, rest = divmod(count, minibatch_size)
@@ -176,7 +181,7 @@ class KerasTrainer:
         self._sizes = [int(np.prod(shape)) for shape in self._shapes]
         # One buffer of gradients out of TensorFlow when the variables share one dtype (they may not).
         self._flat = len({v.dtype for v in self._ordered}) == 1
-        self._step: Any = None  # traced on the first minibatch, for any minibatch size (see _compiled)
+        self._step: Any = None  # traced on the first minibatch, for any minibatch size (see compiled)
         self._eval: Any = None
         self._assigners: dict[tuple[str, ...], Any] = {}  # one fused assign per set of names pulled
         self._built = True
@@ -210,6 +215,10 @@ class KerasTrainer:
             for name in names:
                 if name not in self._variables:
                     raise ModelError(f"the PS holds variable {name!r}, which this model does not have")
+            if len(self._assigners) >= MAX_ASSIGNERS:  # many shards moving in many combinations
+                for name, value in tensors.items():
+                    self._variables[name].assign(value)
+                return
             assigner = self._assigners[names] = fused_assign([self._variables[name] for name in names])
         assigner(*tensors.values())
 

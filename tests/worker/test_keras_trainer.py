@@ -208,3 +208,16 @@ def test_a_data_function_that_cannot_run_in_a_graph_runs_eagerly() -> None:
     trainer.build(features, labels)
     assert sum(len(y) for _, y in trainer.batches(features, labels, "training")) == 6
     assert len(calls) == 3  # the failed trace, then eagerly for the build and the task
+
+
+def test_past_the_cap_of_traced_assigns_a_new_set_of_names_is_assigned_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import elasticps.worker.keras_trainer as keras_trainer
+
+    monkeypatch.setattr(keras_trainer, "MAX_ASSIGNERS", 1)
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    trainer.build(*records(1))
+    first, second = list(trainer.weights())[:2]
+    trainer.assign({first: np.full_like(trainer.weights()[first], 1.0)})
+    trainer.assign({second: np.full_like(trainer.weights()[second], 4.0)})  # not traced: the cap is reached
+    assert len(trainer._assigners) == 1
+    assert np.all(trainer.weights()[first] == 1.0) and np.all(trainer.weights()[second] == 4.0)
