@@ -43,6 +43,88 @@ def configure_threads(num_threads: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(num_threads)
 
 
+# Fused assigns traced for this many sets of pulled names at most (a set is the variables of the
+# shards a pull found newer: all of them, mostly); other sets are assigned one variable at a time.
+MAX_ASSIGNERS = 16
+
+
+def minibatch_sizes(count: int, minibatch_size: int) -> list[int]:
+    """The sizes of the minibatches ``count`` records make: full ones, then the rest (if any)."""
+    full, rest = divmod(count, minibatch_size)
+    return [minibatch_size] * full + ([rest] if rest else [])
+
+
+def split_flat(flat: np.ndarray, shapes: list[tuple[int, ...]], sizes: list[int]) -> list[np.ndarray]:
+    """Views of one flat buffer as consecutive arrays of ``shapes`` (``sizes``: their element counts)."""
+    views, offset = [], 0
+    for shape, size in zip(shapes, sizes):
+        views.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    return views
+
+
+def any_batch(spec: Any) -> Any:
+    """A tensor's spec with its leading (minibatch) dimension left open."""
+    shape = spec.shape
+    return tf.TensorSpec([None, *shape[1:]], spec.dtype) if shape.rank else spec
+
+
+def compiled(function: Any, example: tuple[Any, ...]) -> Any:
+    """``function`` under ``tf.function`` for arguments shaped as ``example`` with any minibatch
+    size: traced once, the last (smaller) minibatch of a task included."""
+    signature = tf.nest.map_structure(lambda t: any_batch(tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))), example)
+    return tf.function(function, input_signature=list(signature))
+
+
+def fused_assign(variables: list[tf.Variable]) -> Any:
+    """One traced call assigning a value to each of ``variables`` (in that order)."""
+    signature = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+
+    def assign_all(*values: Any) -> None:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    return tf.function(assign_all, input_signature=signature)
+
+
+class TaskPipeline:
+    """A task's records through a module's data function into one batch, traced once.
+
+    ``prepare`` maps a dataset of records to one of ``(features, labels)`` elements; built anew
+    for every task, its ``map`` functions would be traced anew every time. Here the whole pipeline
+    (slices of the records, ``prepare``, one batch of everything) is one ``tf.function`` taking
+    the records with any count, traced on the first task only. A data function that cannot run
+    inside a graph runs eagerly, as before, on every task.
+    """
+
+    def __init__(self, prepare: Any) -> None:
+        self._prepare = prepare
+        self._traced: Any = None
+        self._eager = False
+
+    def _element(self, *records: Any) -> Any:
+        dataset = tf.data.Dataset.from_tensor_slices(records[0] if len(records) == 1 else records)
+        return self._prepare(dataset).batch(tf.shape(records[0], out_type=tf.int64)[0]).get_single_element()
+
+    def __call__(self, records: tuple[np.ndarray, ...]) -> Any:
+        count = len(records[0])
+        if count == 0 or self._eager:
+            return self._eager_element(records)
+        if self._traced is None:
+            signature = [any_batch(tf.TensorSpec.from_tensor(tf.convert_to_tensor(r))) for r in records]
+            try:
+                self._traced = tf.function(self._element, input_signature=signature)
+                return self._traced(*records)
+            except (TypeError, ValueError, NotImplementedError, tf.errors.OpError):
+                self._traced, self._eager = None, True
+                return self._eager_element(records)
+        return self._traced(*records)
+
+    def _eager_element(self, records: tuple[np.ndarray, ...]) -> Any:
+        dataset = tf.data.Dataset.from_tensor_slices(records[0] if len(records) == 1 else records)
+        return self._prepare(dataset).batch(max(1, len(records[0]))).get_single_element()
+
+
 class KerasTrainer:
     """One worker's Keras model. ``learning_rate`` is the job's (``spec.training.learningRate``): when
     > 0 it replaces the model optimizer's own rate for SSP's local steps, as the PS replaces it for
@@ -77,6 +159,7 @@ class KerasTrainer:
         self._variables: dict[str, tf.Variable] = {}
         self._state: dict[str, tf.Variable] = {}
         self._predict: Any = None  # the inference step, traced on first use
+        self._pipelines: dict[tuple[Any, ...], TaskPipeline] = {}  # by mode and the records' dtypes and shapes
 
     # ---- variables ---------------------------------------------------------------------------
     def _build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
@@ -94,8 +177,13 @@ class KerasTrainer:
         self._state = self._state_variables(variables)
         self._ordered = list(variables.values())
         self._names = list(variables)
-        self._step = tf.function(self._gradient_step, reduce_retracing=True)
-        self._eval = tf.function(self._eval_step, reduce_retracing=True)
+        self._shapes = [tuple(v.shape) for v in self._ordered]
+        self._sizes = [int(np.prod(shape)) for shape in self._shapes]
+        # One buffer of gradients out of TensorFlow when the variables share one dtype (they may not).
+        self._flat = len({v.dtype for v in self._ordered}) == 1
+        self._step: Any = None  # traced on the first minibatch, for any minibatch size (see compiled)
+        self._eval: Any = None
+        self._assigners: dict[tuple[str, ...], Any] = {}  # one fused assign per set of names pulled
         self._built = True
 
     def _state_variables(self, trainable: Mapping[str, tf.Variable]) -> dict[str, tf.Variable]:
@@ -119,14 +207,25 @@ class KerasTrainer:
         return {name: np.asarray(v.numpy()) for name, v in self._variables.items()}
 
     def assign(self, tensors: Mapping[str, np.ndarray]) -> None:
-        for name, value in tensors.items():
-            variable = self._variables.get(name)
-            if variable is None:
-                raise ModelError(f"the PS holds variable {name!r}, which this model does not have")
-            variable.assign(value)
+        """Takes the pulled values: one traced call assigns them all (a pull brings the same
+        names again and again: every variable, or the variables of the shards that moved)."""
+        names = tuple(tensors)
+        assigner = self._assigners.get(names)
+        if assigner is None:
+            for name in names:
+                if name not in self._variables:
+                    raise ModelError(f"the PS holds variable {name!r}, which this model does not have")
+            if len(self._assigners) >= MAX_ASSIGNERS:  # many shards moving in many combinations
+                for name, value in tensors.items():
+                    self._variables[name].assign(value)
+                return
+            assigner = self._assigners[names] = fused_assign([self._variables[name] for name in names])
+        assigner(*tensors.values())
 
     def state(self) -> dict[str, np.ndarray]:
-        """The model's non-trainable floating-point variables now (copies), by path."""
+        """The model's non-trainable floating-point variables now (copies), by path (none: ``{}``)."""
+        if not self._state:
+            return {}
         return {name: np.asarray(v.numpy()) for name, v in self._state.items()}
 
     def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -140,14 +239,9 @@ class KerasTrainer:
         return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
 
     # ---- data --------------------------------------------------------------------------------
-    def _dataset(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> tf.data.Dataset:
-        records = features if labels is None else (features, labels)
-        dataset = tf.data.Dataset.from_tensor_slices(records)
-        return self._module.prepare(dataset, mode, self._metadata)
-
     def _pairs(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> tuple[Any, Any, int]:
         """Every record through the module's data function, as one batch: ``(x, y, records)``."""
-        element = self._dataset(features, labels, mode).batch(max(1, len(features))).get_single_element()
+        element = self._prepared(features, labels, mode)
         if not (isinstance(element, tuple) and len(element) == 2):
             what = "dataset_fn(dataset, mode, metadata)" if self._module.feed is None else "feed(dataset, mode)"
             if labels is None and self._module.feed is None and self._module.dataset_fn is None:
@@ -159,19 +253,34 @@ class KerasTrainer:
         x, y = element
         return x, y, int(tf.shape(tf.nest.flatten(y)[0])[0])
 
+    def _prepared(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> Any:
+        """The records through the data function as one element (:class:`TaskPipeline`)."""
+        records = (features,) if labels is None else (features, labels)
+        key = (mode, *((np.asarray(r).dtype, np.shape(r)[1:]) for r in records))
+        pipeline = self._pipelines.get(key)
+        if pipeline is None:
+            pipeline = self._pipelines[key] = TaskPipeline(lambda dataset: self._module.prepare(dataset, mode, self._metadata))
+        return pipeline(records)
+
     def batches(self, features: np.ndarray, labels: np.ndarray | None, mode: str) -> Iterator[tuple[Any, Any]]:
         """Minibatches of a task's records, shuffled for training.
 
         The module's data function runs once over the whole task (one batch of fixed-shape
-        tensors); minibatches are then gathered from it, which costs far less per step than
-        iterating a tf.data pipeline.
+        tensors); the records are then shuffled and cut into minibatches by two ops per tensor
+        for the whole task, which costs far less per step than iterating a tf.data pipeline.
         """
         self._build(features, labels)
         x, y, count = self._pairs(features, labels, Mode(mode))
-        order = self._rng.permutation(count) if mode == Mode.TRAINING else np.arange(count)
-        for start in range(0, count, self._minibatch_size):
-            index = tf.constant(order[start : start + self._minibatch_size])
-            yield tf.nest.map_structure(lambda t: tf.gather(t, index), (x, y))
+        sizes = minibatch_sizes(count, self._minibatch_size)
+        if not sizes:
+            return
+        pair = (x, y)
+        if mode == Mode.TRAINING:
+            order = tf.constant(self._rng.permutation(count))
+            pair = tf.nest.map_structure(lambda t: tf.gather(t, order), pair)
+        parts = [tf.split(t, sizes) for t in tf.nest.flatten(pair)]
+        for index in range(len(sizes)):
+            yield tf.nest.pack_sequence_as(pair, [split[index] for split in parts])
 
     # ---- steps -------------------------------------------------------------------------------
     def _gradient_step(self, x: Any, y: Any) -> tuple[Any, list[Any]]:
@@ -181,8 +290,18 @@ class KerasTrainer:
         gradients = tape.gradient(loss, self._ordered)
         return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self._ordered)]
 
+    def _flat_gradient_step(self, x: Any, y: Any) -> tuple[Any, Any]:
+        loss, gradients = self._gradient_step(x, y)
+        return loss, tf.concat([tf.reshape(g, [-1]) for g in gradients], axis=0)
+
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+        """The mean loss and every variable's gradient: the graph concatenates them into one
+        vector, so one buffer comes out of TensorFlow, and each gradient is a view into it."""
+        if self._step is None:
+            self._step = compiled(self._flat_gradient_step if self._flat else self._gradient_step, (x, y))
         loss, gradients = self._step(x, y)
+        if self._flat:
+            return float(loss), dict(zip(self._names, split_flat(gradients.numpy(), self._shapes, self._sizes)))
         return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
@@ -203,6 +322,8 @@ class KerasTrainer:
         sums: dict[str, float] = {}
         for x, y in self.batches(features, labels, Mode.EVALUATION):
             count = int(tf.shape(tf.nest.flatten(y)[0])[0])
+            if self._eval is None:
+                self._eval = compiled(self._eval_step, (x, y))
             for name, value in self._eval(x, y).items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
         return sums

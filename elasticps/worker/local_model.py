@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ class Counters:
     """What this worker did over its life (logged at the end; the tests read them)."""
 
     steps: int = 0
+    examples: int = 0  # training examples in the steps
     pulls: int = 0
     rejected: int = 0
     reinitialised: int = 0
@@ -61,6 +62,8 @@ class LocalModel:
         self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
         self._in_flight: Future[Pushed] | None = None
         self._placed = False  # whether the client has this model's placement (before any pull)
+        self._ahead: Future[Pulled] | None = None  # a pull started early (pull_ahead), not yet taken
+        self._ahead_pool: ThreadPoolExecutor | None = None
 
     @property
     def worker(self) -> str:
@@ -95,10 +98,29 @@ class LocalModel:
         self.settle()
         self.pull()
 
+    def pull_ahead(self) -> None:
+        """Starts a pull in the background: the next pull takes its answer instead of asking.
+
+        For the moments the caller knows a pull comes next and has other things to do first
+        (sync: the round was committed; the task's loop, the report and the next minibatch come
+        before the next step). At most one travels; while it does, no other pull may be asked."""
+        if self._ahead is not None:
+            return
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="pull-ahead")
+        versions, incarnations = list(self._versions), list(self._incarnations)
+        self._ahead = self._ahead_pool.submit(self._ps.pull, versions, 0, None, incarnations)
+
     def _pull(self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None) -> None:
         self._place()
+        # A pull started ahead is this pull (any pull: a waiting or partial one returns to a
+        # caller that looks at the versions again and asks once more if they do not suit it).
+        ahead, self._ahead = self._ahead, None
         with self.metrics.pull_seconds.time():
-            pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
+            if ahead is not None:
+                pulled = ahead.result()
+            else:
+                pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:

@@ -38,11 +38,15 @@ from elasticps.api.output import exported_job
 from elasticps.api.spec import DataSpec, ModelSpec, PredictionSpec, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
+from elasticps.worker.cpu import cpu_line, cpu_seconds
 from elasticps.worker.exporting import Exporter
 
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
+# An experiment, not (yet) a spec field: "1" makes async and SSP workers pull while their push
+# travels (steps.AsyncStep's overlap; one own step more of staleness).
+OVERLAP_ENV = "ELASTICPS_ASYNC_OVERLAP"
 EXIT_STOPPED = 128 + signal.SIGTERM
 # After SIGTERM: time to hand the task back and close the channels; then the process exits
 # regardless (a PS that is gone too, as when a whole job is deleted, would keep the report retrying).
@@ -198,6 +202,7 @@ def _run(config: WorkerConfig) -> int:
         metrics=metrics,
         exporter=_exporter(config),
         prediction=prediction,
+        overlap=os.environ.get(OVERLAP_ENV, "") == "1",
     )
     try:
         worker.run()
@@ -211,6 +216,9 @@ def _run(config: WorkerConfig) -> int:
         if health_server is not None:
             health_server.stop(grace=None)
     log.info("%s done: %s", name, worker.counters)
+    total = cpu_seconds()
+    since = None if worker.first_task_cpu_s is None else total - worker.first_task_cpu_s
+    log.info("%s", cpu_line(name, total, since, worker.counters.examples))
     return 0
 
 

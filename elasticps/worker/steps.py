@@ -48,8 +48,9 @@ class Step(Protocol):
 
 
 class SyncStep:
-    def __init__(self, model: LocalModel, rounds: RoundsLike) -> None:
+    def __init__(self, model: LocalModel, rounds: RoundsLike, pull_ahead: bool = False) -> None:
         self._model = model
+        self._pull_ahead = pull_ahead
         self._rounds = rounds
         self._session = secrets.token_hex(3)  # minibatch names stay unique across restarts
         self._sequence = 0
@@ -66,6 +67,8 @@ class SyncStep:
             version = model.versions[0]
             loss, gradients = model.gradients(x, y)
             if model.push(gradients, minibatch).all_accepted and self._counted(version):
+                if self._pull_ahead:
+                    model.pull_ahead()  # committed: the next step's model, fetched while the loop goes on
                 return loss
             model.counters.rejected += 1  # the round moved on without it: pull and train it again
             model.metrics.rejected.inc()
@@ -84,19 +87,29 @@ class SyncStep:
 
 
 class AsyncStep:
-    def __init__(self, model: LocalModel) -> None:
+    """``overlap``: the pull for the next minibatch starts as soon as the push is sent, the two
+    travelling together (and with the loop's work between minibatches); the next gradient may then
+    be computed on a model without this worker's last one: one own step more of staleness."""
+
+    def __init__(self, model: LocalModel, overlap: bool = False) -> None:
         self._model = model
+        self._overlap = overlap
 
     def start_task(self) -> None:
         pass
 
     def train(self, x: Any, y: Any) -> float:
-        # The pull must see this worker's own last gradient: pulling while it is in flight would
-        # add a step of staleness to every gradient (measured: with momentum 0.9 that made async
-        # MNIST diverge).
-        self._model.refresh()
+        # By default the pull sees this worker's own last gradient: pulling while it is in flight
+        # adds a step of staleness to every gradient (measured once: with momentum 0.9 that made
+        # async MNIST diverge), so it is only an option (overlap).
+        if self._overlap:
+            self._model.pull()  # takes the pull started with the last push, if any
+        else:
+            self._model.refresh()
         loss, gradients = self._model.gradients(x, y)
         self._model.push_async(gradients)
+        if self._overlap:
+            self._model.pull_ahead()
         return loss
 
     def end_task(self) -> None:
@@ -104,11 +117,14 @@ class AsyncStep:
 
 
 class SSPStep:
-    def __init__(self, model: LocalModel, pull_every: int) -> None:
+    """``overlap``: as :class:`AsyncStep`'s, for the pull every ``pull_every`` minibatches."""
+
+    def __init__(self, model: LocalModel, pull_every: int, overlap: bool = False) -> None:
         if pull_every < 1:
             raise ValueError(f"pull_every must be >= 1, got {pull_every}")
         self._model = model
         self._pull_every = pull_every
+        self._overlap = overlap
         self._since_pull = 0  # minibatches trained since the last pull, within this task
 
     def start_task(self) -> None:
@@ -116,7 +132,10 @@ class SSPStep:
 
     def train(self, x: Any, y: Any) -> float:
         if self._since_pull == 0:
-            self._model.refresh()  # as in AsyncStep: the pull includes our own last push
+            if self._overlap:
+                self._model.pull()  # takes the pull started with the last push, if any
+            else:
+                self._model.refresh()  # as in AsyncStep: the pull includes our own last push
         loss, gradients = self._model.gradients(x, y)
         self._model.push_async(gradients)
         self._since_pull += 1
@@ -124,26 +143,30 @@ class SSPStep:
             self._model.apply_local(gradients)  # the next pull replaces this local step's effect
         else:
             self._since_pull = 0
+            if self._overlap:
+                self._model.pull_ahead()
         return loss
 
     def end_task(self) -> None:
         self._model.settle()
 
 
-StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike], Step]
+StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike, bool], Step]
 
 # Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync with
 # local steps has no entry: the spec refuses getModelFrequency > 1 without useAsync (api/modes.py).
+# The last argument: async pulls overlap the push (see AsyncStep); sync always pulls ahead.
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
-    (UpdateRule.SYNC, False): lambda mode, model, rounds: SyncStep(model, rounds),
-    (UpdateRule.ASYNC, False): lambda mode, model, rounds: AsyncStep(model),
-    (UpdateRule.ASYNC, True): lambda mode, model, rounds: SSPStep(model, mode.pull_every),
+    (UpdateRule.SYNC, False): lambda mode, model, rounds, overlap: SyncStep(model, rounds, pull_ahead=True),
+    (UpdateRule.ASYNC, False): lambda mode, model, rounds, overlap: AsyncStep(model, overlap),
+    (UpdateRule.ASYNC, True): lambda mode, model, rounds, overlap: SSPStep(model, mode.pull_every, overlap),
 }
 
 
-def step_for(mode: TrainingMode, model: LocalModel, rounds: RoundsLike) -> Step:
-    """The step of ``mode``, working on ``model`` (sync: joining ``rounds``)."""
+def step_for(mode: TrainingMode, model: LocalModel, rounds: RoundsLike, overlap: bool = False) -> Step:
+    """The step of ``mode``, working on ``model`` (sync: joining ``rounds``); ``overlap``: async
+    and SSP pull while their push travels (one own step more of staleness)."""
     factory = STEPS.get((mode.rule, mode.pull_every > 1))
     if factory is None:
         raise ValueError(f"no worker step for the training mode {mode.label}")
-    return factory(mode, model, rounds)
+    return factory(mode, model, rounds, overlap)

@@ -45,6 +45,7 @@ from elasticps.api.spec import TrainingSpec
 from elasticps.data.readers import Reader
 from elasticps.model_contract import Mode
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.worker.cpu import cpu_seconds
 from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
@@ -100,6 +101,7 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         exporter: Exporter | None = None,
         prediction: Prediction | None = None,
+        overlap: bool = False,
     ) -> None:
         if training_data is None and (prediction is None or not prediction.standalone):
             raise ValueError("a worker without training data only predicts, with an exported model")
@@ -112,9 +114,10 @@ class Worker:
         self._prediction = prediction
         self._stop = threading.Event()
         self.counters = Counters()
+        self.first_task_cpu_s: float | None = None  # this process's CPU when its first training task began
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
-        self._step = step_for(mode, self._model, coordinator)
+        self._step = step_for(mode, self._model, coordinator, overlap)
         # Sync shards meet at every round, so the final model is one version on every shard; async
         # shards count their own pushes and may stay apart (the coordinator names such a model by
         # the oldest shard's version, which a non-strict settled pull returns too).
@@ -183,6 +186,8 @@ class Worker:
     def _train(self, task: pb.Task, result: pb.TaskResult) -> None:
         if self._training_data is None:
             raise RuntimeError("a training task, but this worker has no training data")
+        if self.first_task_cpu_s is None:
+            self.first_task_cpu_s = cpu_seconds()
         features, labels = self._training_data.read(task.start, task.end)
         loss_sum = 0.0
         rejected_before = self.counters.rejected
@@ -191,6 +196,7 @@ class Worker:
             count = records_in(y)
             loss_sum += self._step.train(x, y) * count
             self.counters.steps += 1
+            self.counters.examples += count
             self._metrics.steps.inc()
             self._metrics.records.inc(count)
         self._step.end_task()

@@ -7,9 +7,10 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from elasticps.api.optimizer import OptimizerError
-from elasticps.worker.keras_trainer import KerasTrainer
+from elasticps.worker.keras_trainer import KerasTrainer, minibatch_sizes, split_flat
 from elasticps.worker.model_loading import ModelError, ModelModule
 
 
@@ -95,3 +96,128 @@ def test_assigned_state_is_what_evaluation_uses() -> None:
     assert trainer.evaluate(features, labels)["loss"] != pytest.approx(before)
     with pytest.raises(ModelError, match="state 'other'"):
         trainer.assign_state({"other": np.zeros(1, np.float32)})
+
+
+# ---- the hot path: traced once, one buffer of gradients, one assign --------------------------------
+def two_layer_module() -> ModelModule:
+    return ModelModule(
+        name="two",
+        custom_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)]),
+        loss=lambda labels, predictions: keras.losses.mean_squared_error(labels, predictions),
+        optimizer=lambda: keras.optimizers.SGD(0.1),
+        feed=None,
+        eval_metrics_fn=None,
+    )
+
+
+def records(count: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(count)
+    return rng.normal(size=(count, 3)).astype(np.float32), rng.normal(size=(count, 1)).astype(np.float32)
+
+
+def test_minibatches_cover_the_task_once_in_full_minibatches_then_the_rest() -> None:
+    assert minibatch_sizes(10, 4) == [4, 4, 2]
+    assert minibatch_sizes(8, 4) == [4, 4]
+    assert minibatch_sizes(0, 4) == []
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    features, labels = records(10)
+    trainer.build(features, labels)
+    batches = list(trainer.batches(features, labels, "training"))
+    assert [len(y) for _, y in batches] == [4, 4, 2]
+    seen = np.concatenate([np.asarray(x) for x, _ in batches])
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, features))  # shuffled, each record once
+    pairs = {tuple(row): tuple(label) for x, y in batches for row, label in zip(np.asarray(x), np.asarray(y))}
+    assert all(pairs[tuple(row)] == tuple(label) for row, label in zip(features, labels))  # still paired
+    in_order = np.concatenate([np.asarray(x) for x, _ in trainer.batches(features, labels, "evaluation")])
+    np.testing.assert_array_equal(in_order, features)
+
+
+def test_the_gradient_step_is_traced_once_for_every_minibatch_size_and_task() -> None:
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    for count in (10, 7, 3):  # tasks of several sizes: last minibatches of 2, 3 and 3 records
+        features, labels = records(count)
+        for x, y in trainer.batches(features, labels, "training"):
+            trainer.gradients(x, y)
+        trainer.evaluate(features, labels)
+    assert trainer._step.experimental_get_tracing_count() == 1
+    assert trainer._eval.experimental_get_tracing_count() == 1
+
+
+def test_gradients_are_each_variables_own_though_they_come_out_in_one_buffer() -> None:
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    features, labels = records(4)
+    trainer.build(features, labels)
+    (x, y), = trainer.batches(features, labels, "evaluation")
+    loss, gradients = trainer.gradients(x, y)
+    model = trainer.model
+    with tf.GradientTape() as tape:
+        expected_loss = tf.reduce_mean(keras.losses.mean_squared_error(y, model(x, training=True)))
+    expected = tape.gradient(expected_loss, model.trainable_variables)
+    assert list(gradients) == [v.path for v in model.trainable_variables]
+    for (name, value), want in zip(gradients.items(), expected):
+        assert value.shape == tuple(want.shape), name
+        np.testing.assert_allclose(value, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    assert loss == pytest.approx(float(expected_loss), rel=1e-5)
+
+
+def test_split_flat_gives_views_of_consecutive_parts() -> None:
+    flat = np.arange(10, dtype=np.float32)
+    first, second = split_flat(flat, [(2, 3), (4,)], [6, 4])
+    np.testing.assert_array_equal(first, [[0, 1, 2], [3, 4, 5]])
+    np.testing.assert_array_equal(second, [6, 7, 8, 9])
+    assert np.shares_memory(first, flat) and np.shares_memory(second, flat)  # views, no copies
+
+
+def test_one_assign_takes_all_pulled_variables_or_those_of_the_shards_that_moved() -> None:
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    trainer.build(*records(1))
+    names = list(trainer.weights())
+    everything = {name: np.full_like(value, 2.0) for name, value in trainer.weights().items()}
+    trainer.assign(everything)
+    for name, value in trainer.weights().items():
+        np.testing.assert_array_equal(value, everything[name], err_msg=name)
+    some = {names[1]: np.full_like(everything[names[1]], 5.0)}
+    trainer.assign(some)
+    after = trainer.weights()
+    np.testing.assert_array_equal(after[names[1]], some[names[1]])
+    np.testing.assert_array_equal(after[names[0]], everything[names[0]])  # untouched
+    trainer.assign({name: np.full_like(value, 3.0) for name, value in everything.items()})  # the traced one again
+    assert all(np.all(value == 3.0) for value in trainer.weights().values())
+    with pytest.raises(ModelError, match="variable 'other'"):
+        trainer.assign({"other": np.zeros(1, np.float32)})
+
+
+def test_a_model_without_state_has_an_empty_one() -> None:
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    trainer.build(*records(1))
+    assert trainer.state() == {}
+
+
+def test_a_data_function_that_cannot_run_in_a_graph_runs_eagerly() -> None:
+    calls: list[int] = []
+
+    def feed(dataset: Any, mode: str) -> Any:
+        calls.append(1)
+        if not tf.executing_eagerly():
+            raise NotImplementedError("eager only")
+        return dataset
+
+    module = ModelModule("eager", two_layer_module().custom_model, two_layer_module().loss, two_layer_module().optimizer, feed, None)
+    trainer = KerasTrainer(module, {}, minibatch_size=4)
+    features, labels = records(6)
+    trainer.build(features, labels)
+    assert sum(len(y) for _, y in trainer.batches(features, labels, "training")) == 6
+    assert len(calls) == 3  # the failed trace, then eagerly for the build and the task
+
+
+def test_past_the_cap_of_traced_assigns_a_new_set_of_names_is_assigned_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import elasticps.worker.keras_trainer as keras_trainer
+
+    monkeypatch.setattr(keras_trainer, "MAX_ASSIGNERS", 1)
+    trainer = KerasTrainer(two_layer_module(), {}, minibatch_size=4)
+    trainer.build(*records(1))
+    first, second = list(trainer.weights())[:2]
+    trainer.assign({first: np.full_like(trainer.weights()[first], 1.0)})
+    trainer.assign({second: np.full_like(trainer.weights()[second], 4.0)})  # not traced: the cap is reached
+    assert len(trainer._assigners) == 1
+    assert np.all(trainer.weights()[first] == 1.0) and np.all(trainer.weights()[second] == 4.0)

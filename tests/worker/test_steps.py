@@ -359,3 +359,59 @@ def test_an_async_push_is_tagged_with_the_versions_its_gradients_were_computed_a
     model.push_async(gradients)  # settles the first push first
     assert ps.kinds() == ["push_async", "pull", "landed", "push_async"]
     assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [1, 1]]
+
+
+# ---- pulling ahead -------------------------------------------------------------------------------
+def test_sync_pulls_the_next_model_as_soon_as_its_round_is_committed() -> None:
+    ps, _, model = ready(UpdateRule.SYNC)
+    step = step_for(SYNC, model, FakeCoordinator([], ps))
+    first, second = minibatches(2)
+    step.train(*first)
+    # The round is committed: the next model is on its way before the next minibatch is handed in.
+    assert pulls(ps)[-1] == ("pull", [0, 0], 0, None) and len(pulls(ps)) == 2
+    step.train(*second)  # takes the pull started ahead: computes on the round's model without asking
+    assert len(pulls(ps)) == 2
+    assert [event[1] for event in ps.events if event[0] == "push"] == [[0, 0], [1, 1]]  # on version 1
+    model.pull()  # the one started after the second round
+    assert [event[1] for event in pulls(ps)] == [[0, 0], [0, 0], [1, 1]]
+    assert model.versions == [2, 2]
+
+
+def test_a_pull_started_ahead_is_what_any_next_pull_takes() -> None:
+    ps, _, model = ready(UpdateRule.SYNC)
+    ps.others_update()
+    model.pull_ahead()
+    model.pull_ahead()  # one at a time: a second call starts nothing
+    model.pull_aligned(ALIGN_WAIT_MS)  # takes its answer: every shard at version 1, nothing more to ask
+    assert pulls(ps) == [("pull", [0, 0], 0, None)]
+    assert model.versions == [1, 1]
+    model.pull()  # nothing ahead any more: asks
+    assert pulls(ps) == [("pull", [0, 0], 0, None), ("pull", [1, 1], 0, None)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_async_overlap_pulls_while_the_push_travels(overlap: bool) -> None:
+    ps, _, model = ready(UpdateRule.ASYNC)
+    step = step_for(ASYNC, model, FakeCoordinator([], ps), overlap=overlap)
+    step.start_task()
+    for x, y in minibatches(3):
+        step.train(x, y)
+    step.end_task()
+    tags = [event[1] for event in ps.events if event[0] == "push_async"]
+    if overlap:  # the pull left with the push: each model lacks this worker's last gradient
+        assert tags == [[0, 0], [0, 0], [1, 1]]
+    else:  # the pull waited for the push: staleness 0
+        assert tags == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_ssp_overlap_pulls_with_the_kth_push() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = step_for(TrainingMode(rule=UpdateRule.ASYNC, pull_every=2), model, FakeCoordinator([], ps), overlap=True)
+    step.start_task()
+    for x, y in minibatches(4):
+        step.train(x, y)
+    step.end_task()
+    # Minibatch 3 starts from the pull sent with push 2: push 1 had landed (one push in flight at a
+    # time), push 2 had not, so the model is at version 1.
+    assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    assert model.counters.pulls == 1 + 2  # the first, then one per k = 2 minibatches (the last one's still ahead)
