@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench import doc_regions
+
 GOAL_RATIO = 0.5
 GOAL_SIZES_MB = (16, 64)
 
@@ -228,8 +230,8 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         "runs; compare the ratios."
     )
     add("")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
+    # Only this benchmark's region of the file: the peer comparison and the hand-written sections stay.
+    doc_regions.write_region(path, "datapath", "\n".join(out), at_top=True)
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
