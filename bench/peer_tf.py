@@ -276,6 +276,9 @@ def run(
         "steps_per_execution": STEPS_PER_EXECUTION,
         "wall_s": figures["wall_s"],
         "first_step_s": figures["first_step_s"],
+        # time.monotonic() when this process started timing (before TensorFlow's import): a parent that
+        # timed the start of this process on the same clock adds the interpreter's start-up.
+        "started_monotonic": STARTED,
         "examples_per_s_epoch2": epochs[1]["examples_per_s"] if len(epochs) > 1 else None,
         "epochs": epochs,
         "test_accuracy": figures["test_accuracy"],
