@@ -52,7 +52,11 @@ def verdicts(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for system, metric, op, target, what in targets:
         value = ratio(summary, system, metric)
         ok = value is not None and (value >= target if op == ">=" else value <= target)
-        out.append({"system": system, "metric": metric, "what": what, "op": op, "target": target, "ratio": value, "pass": ok})
+        medians = [summary.get(k, {}).get(metric, {}).get("median") for k in (system, PEER.key)]
+        out.append(
+            {"system": system, "metric": metric, "what": what, "op": op, "target": target, "ratio": value, "pass": ok,
+             "median": medians[0], "peer_median": medians[1]}
+        )
     return out
 
 
@@ -62,6 +66,8 @@ def _label(key: str) -> str:
 
 def verdict_line(v: dict[str, Any]) -> str:
     value = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x"
+    if v["metric"] == "test_accuracy" and v["ratio"] is not None:
+        value = f"{v['median']:.4f} vs {v['peer_median']:.4f}"
     target = "the peer's" if v["metric"] == "test_accuracy" else f"{v['target']}x the peer's"
     return f"{_label(v['system'])}: {v['what']} {v['op']} {target}: {'PASS' if v['pass'] else 'MISS'} ({value})"
 

@@ -143,6 +143,7 @@ def test_verdicts_against_the_issues_targets() -> None:
     # 6200 / 5000 = 1.24 >= 1.2; 30 / 36 = 0.83 <= 0.85; 0.987 >= 0.984; sync 5000 / 5000 = 1.0 >= 1.0
     assert all(v["pass"] for v in verdicts), verdicts
     assert by[("async+lr", "examples_per_s_epoch2")]["ratio"] == pytest.approx(1.24)
+    assert peer_report.verdict_line(by[("async+lr", "test_accuracy")]).endswith("PASS (0.9870 vs 0.9840)")
     slower = [r if r["system"] != "async+lr" else {**r, "wall_s": r["wall_s"] + 2.0, "test_accuracy": 0.9} for r in RUNS]
     missed = {(v["system"], v["metric"]): v["pass"] for v in peer_report.verdicts(peer_report.aggregate(slower))}
     assert missed == {
