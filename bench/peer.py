@@ -54,10 +54,12 @@ def run_one(system: peer_jobs.System, document: dict[str, Any], epochs: int, wor
 
 def progress_line(round_index: int, rounds: int, system: peer_jobs.System, run: dict[str, Any]) -> str:
     ex = run.get("examples_per_s_epoch2")
+    cpu2 = run.get("cpu_s_per_1000_examples_epoch2")
     return (
         f"round {round_index + 1}/{rounds} {system.label}: wall {run['wall_s']:.1f} s, first step "
         f"{run['first_step_s']:.1f} s, epoch 2 {'-' if ex is None else f'{ex:,.0f}'} examples/s, "
-        f"CPU {run['cpu_s_per_1000_examples']:.2f} s/1,000 examples, accuracy {run['test_accuracy']:.4f}"
+        f"CPU {run['cpu_s_per_1000_examples']:.2f} s/1,000 examples (epoch 2 {'-' if cpu2 is None else f'{cpu2:.2f}'}), "
+        f"accuracy {run['test_accuracy']:.4f}"
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from bench.peer_tf import cpu_seconds
 from bench.peer_timeline import Sample, figures
 from elasticps.coordinator.client import CoordinatorClient
 
@@ -42,6 +43,16 @@ class RunFailed(RuntimeError):
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _live_cpu_s(runner: int, run_dir: Path) -> float | None:
+    """CPU seconds so far of the runner and of the replicas it started (their pid files): an epoch's
+    CPU is the difference at its two ends. None when one could not be read (a process just exited)."""
+    try:
+        pids = [runner, *(int(p.read_text()) for p in run_dir.glob("*.pid"))]
+        return sum(cpu_seconds(pid) for pid in pids)
+    except (OSError, ValueError):
+        return None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -83,6 +94,7 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
         "test_accuracy": peer["test_accuracy"],
         "cpu_s": cpu_s,
         "cpu_s_per_1000_examples": _per_1000(cpu_s, examples),
+        "cpu_s_per_1000_examples_epoch2": peer["epochs"][1].get("cpu_s_per_1000_examples") if len(peer["epochs"]) > 1 else None,
         "examples": examples,
         "exited_s": exited_s,
         "evaluation_s": peer["evaluation_s"],
@@ -128,6 +140,7 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
                                 records_total=reply.records_total,
                                 model_version=reply.model_version,
                                 finished=reply.finished,
+                                cpu_s=_live_cpu_s(process.pid, run_dir),
                             )
                         )
                 time.sleep(POLL_S)
@@ -151,6 +164,7 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
         "test_accuracy": result["metrics"].get("accuracy"),
         "cpu_s": cpu_s,
         "cpu_s_per_1000_examples": _per_1000(cpu_s, examples),
+        "cpu_s_per_1000_examples_epoch2": timed["cpu_s_per_1000_examples_epoch2"],
         "examples": examples,
         "exited_s": exited_s,
         "evaluation_s": timed["evaluation_s"],

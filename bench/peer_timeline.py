@@ -9,7 +9,8 @@ as a :class:`Sample`, timed from the moment ``elasticps run`` was started. From 
   the examples/s of epoch k are the records done between the answers at boundaries k-1 and k over
   the time between them (epoch 1 starts at the first step, with 0 records);
 * ``wall_s``: the first answer with ``finished`` (every training task and the final evaluation
-  done: the test accuracy is known).
+  done: the test accuracy is known);
+* the CPU seconds of an epoch: the difference of the samples' ``cpu_s`` at its two ends, when read.
 
 Each time is late by at most one poll interval plus one call; the examples/s of an epoch subtract
 two such times, so their errors mostly cancel.
@@ -29,6 +30,7 @@ class Sample:
     records_total: int
     model_version: int
     finished: bool
+    cpu_s: float | None = None  # CPU seconds of the run's processes so far (None: not read)
 
 
 class IncompleteRun(ValueError):
@@ -52,28 +54,32 @@ def figures(samples: Sequence[Sample], num_epochs: int) -> dict[str, Any]:
         raise IncompleteRun("records_total is 0")
     per_epoch = total // num_epochs
     first = _first(ordered, "the first update", lambda s: s.model_version >= 1)
-    previous = (first.t, 0)
-    epochs = []
+    previous = Sample(first.t, 0, total, first.model_version, False, first.cpu_s)
+    epochs: list[dict[str, Any]] = []
     for k in range(1, num_epochs + 1):
         boundary = total if k == num_epochs else k * per_epoch
         crossed = _first(ordered, f"{boundary} records done", lambda s, b=boundary: s.records_done >= b)
-        seconds = crossed.t - previous[0]
-        records = crossed.records_done - previous[1]
+        seconds = crossed.t - previous.t
+        records = crossed.records_done - previous.records_done
+        cpu = None if crossed.cpu_s is None or previous.cpu_s is None else crossed.cpu_s - previous.cpu_s
         epochs.append(
             {
                 "records": records,
                 "seconds": seconds,
                 "examples_per_s": records / seconds if seconds > 0 else float("nan"),
                 "ended_s": crossed.t,
+                "cpu_s": cpu,
+                "cpu_s_per_1000_examples": None if cpu is None or not records else cpu / (records / 1000),
             }
         )
-        previous = (crossed.t, crossed.records_done)
+        previous = crossed
     done = _first(ordered, "the job finished", lambda s: s.finished)
     return {
         "first_step_s": first.t,
         "wall_s": done.t,
         "epochs": epochs,
         "examples_per_s_epoch2": epochs[1]["examples_per_s"] if len(epochs) > 1 else None,
+        "cpu_s_per_1000_examples_epoch2": epochs[1]["cpu_s_per_1000_examples"] if len(epochs) > 1 else None,
         "examples": total,
         "evaluation_s": done.t - epochs[-1]["ended_s"],
         "samples": len(ordered),

@@ -75,8 +75,8 @@ def test_rounds_rotate_the_order_of_the_systems() -> None:
 
 
 # ---- timeline --------------------------------------------------------------------------------------
-def sample(t: float, done: int, version: int, finished: bool = False) -> Sample:
-    return Sample(t=t, records_done=done, records_total=120_000, model_version=version, finished=finished)
+def sample(t: float, done: int, version: int, finished: bool = False, cpu: float | None = None) -> Sample:
+    return Sample(t=t, records_done=done, records_total=120_000, model_version=version, finished=finished, cpu_s=cpu)
 
 
 def test_first_step_epochs_and_wall_from_the_answers() -> None:
@@ -96,6 +96,20 @@ def test_first_step_epochs_and_wall_from_the_answers() -> None:
     assert got["epochs"][0]["seconds"] == 15.0
     assert got["examples_per_s_epoch2"] == pytest.approx(57_952 / 18.0)
     assert got["evaluation_s"] == pytest.approx(1.5)
+    assert got["cpu_s_per_1000_examples_epoch2"] is None  # no CPU read
+
+
+def test_cpu_of_each_epoch_from_the_samples_at_its_ends() -> None:
+    samples = [
+        sample(7.0, 0, 1, cpu=20.0),
+        sample(22.0, 60_000, 980, cpu=50.0),
+        sample(40.0, 120_000, 1876, cpu=86.0),
+        sample(41.0, 120_000, 1876, finished=True, cpu=None),  # a process had exited
+    ]
+    got = figures(samples, num_epochs=2)
+    assert [e["cpu_s"] for e in got["epochs"]] == [30.0, 36.0]
+    assert got["cpu_s_per_1000_examples_epoch2"] == pytest.approx(0.6)
+    assert got["wall_s"] == 41.0
 
 
 @pytest.mark.parametrize(
@@ -172,6 +186,8 @@ def test_doc_section_has_a_row_per_system_the_ratios_and_the_verdicts() -> None:
     rows = [line for line in text.splitlines() if line.startswith("| ") and "system" not in line]
     assert [row.split(" | ")[0] for row in rows] == ["| " + s.label for s in peer_jobs.SYSTEMS]
     assert "| 30.0 (29.0-31.0) | 0.83 | 6,200 (6,100-6,300) | 1.24 |" in text
+    assert all(row.count(" | ") == 9 for row in rows)  # every column, "-" where runs lack the figure
+    assert "| - |" in rows[0]  # no CPU of epoch 2 in these runs
     assert "PASS (1.24x)" in text and "MISS" not in text
     assert "steps per scheduled function" in text and "1 round(s) only" not in text
     assert "1 round(s) only" in peer_report.markdown({**doc, "repeats": 1}, "img/peer.png", "r.json")
