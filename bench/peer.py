@@ -43,6 +43,21 @@ def round_order(round_index: int, systems: tuple[peer_jobs.System, ...] = peer_j
     return list(systems[shift:] + systems[:shift])
 
 
+def data_problem(document: dict[str, Any]) -> str | None:
+    """Why the job's records cannot be read (one line), or None: checked once, before any run."""
+    from elasticps.api.parsing import SpecError, load_job_file
+    from elasticps.data.readers import DataError, count_records
+
+    with tempfile.TemporaryDirectory(prefix="elasticps-peer-check-") as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(yaml.safe_dump(peer_jobs.derive(document, peer_jobs.ASYNC)))
+        try:
+            count_records(load_job_file(path).spec.data)
+        except (SpecError, DataError) as err:
+            return " ".join(str(err).split())
+    return None
+
+
 def run_one(system: peer_jobs.System, document: dict[str, Any], epochs: int, work: Path) -> dict[str, Any]:
     work.mkdir(parents=True)
     job = work / "job.yaml"
@@ -83,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as err:
         parser.error(f"--systems: unknown {err}")
     document = yaml.safe_load(args.job.read_text())
+    os.chdir(ROOT)  # the runs start here: the job's relative data paths are relative to the repository
+    problem = data_problem(document)
+    if problem:
+        print(f"bench.peer: {args.job}: {problem}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     load_before = os.getloadavg()
     runs: list[dict[str, Any]] = []

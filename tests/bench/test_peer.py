@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench import doc_regions, peer_jobs, peer_report
-from bench.peer import round_order
+from bench.peer import data_problem, round_order
 from bench.peer_timeline import IncompleteRun, Sample, figures
 from elasticps.api.parsing import load_job_file
 
@@ -72,6 +72,14 @@ def test_rounds_rotate_the_order_of_the_systems() -> None:
     assert keys[0] == ["peer", "sync", "async", "async+lr"]
     assert keys[1] == ["sync", "async", "async+lr", "peer"]
     assert keys[4] == keys[0]
+
+
+def test_records_that_cannot_be_read_are_one_line_before_any_run(tmp_path: Path) -> None:
+    assert data_problem(example()) is None  # run from the repository, as `make bench-peer` does
+    document = example()
+    document["spec"]["data"]["training"] = str(tmp_path / "absent")
+    problem = data_problem(document)
+    assert problem is not None and "absent" in problem and "\n" not in problem
 
 
 # ---- timeline --------------------------------------------------------------------------------------
