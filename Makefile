@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -62,8 +62,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The 23M-parameter sync job (bench-large), the PS data path against its ceiling (bench/run.py), then
+# elasticps against TensorFlow's ParameterServerStrategy on one MNIST job (bench/peer.py); each
+# rewrites only its own section of docs/benchmarks.md (or its own page).
 bench: $(STAMP) bench-large
 	$(PY) -m bench.run
+	$(PY) -m bench.peer $(PEER_ARGS)
+
+# Only the comparison with TensorFlow's ParameterServerStrategy: 1 PS + 2 workers, the peer, elasticps
+# sync, async and async + staleness-aware lr, interleaved, median of 3 rounds (about 10 minutes on 2
+# quiet cores). PEER_ARGS=--repeats 1 for a quick look.
+PEER_ARGS ?=
+bench-peer: $(STAMP)
+	$(PY) -m bench.peer $(PEER_ARGS)
 
 # Issue 14's job: a 23M-parameter MLP, 6,400 MNIST records, 2 PS + 2 workers, sync, against one
 # process on the same minibatches: rejections, the time ratio, bytes per shard, PS memory per

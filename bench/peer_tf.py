@@ -24,7 +24,8 @@ the PS; each step reads them, computes the gradient on a worker and applies it o
 
 An epoch is ``records // minibatch`` steps over both workers together (each worker reads its own
 shuffled, repeated copy of the training records). The very first step is scheduled alone and waited
-for, which gives the time to first step; each epoch ends with ``coordinator.join()``.
+for, which gives the time to first step; each epoch ends with ``coordinator.join()``
+(its seconds and the CPU seconds of all processes during it are recorded).
 
 Prints one JSON object (and writes it to ``--out``): wall time, time to first step (from this
 process's start, TensorFlow's import included), examples/s in epoch 2 (and each epoch), final test
@@ -224,6 +225,7 @@ def train(job: PeerJob, cluster: dict[str, list[str]], cpu: Callable[[], float])
     epochs: list[dict[str, float]] = []
     for epoch in range(job.epochs):
         began = time.monotonic()
+        cpu_began = cpu()
         remaining = steps_per_epoch - (1 if epoch == 0 else 0)
         while remaining > 0:
             count = min(STEPS_PER_EXECUTION, remaining)
@@ -231,7 +233,15 @@ def train(job: PeerJob, cluster: dict[str, list[str]], cpu: Callable[[], float])
             remaining -= count
         coordinator.join()
         seconds = time.monotonic() - began
-        epochs.append({"seconds": seconds, "examples_per_s": steps_per_epoch * job.minibatch / seconds})
+        epoch_cpu_s = cpu() - cpu_began
+        epochs.append(
+            {
+                "seconds": seconds,
+                "examples_per_s": steps_per_epoch * job.minibatch / seconds,
+                "cpu_s": epoch_cpu_s,
+                "cpu_s_per_1000_examples": epoch_cpu_s / (steps_per_epoch * job.minibatch / 1000),
+            }
+        )
         print(f"epoch {epoch + 1}: {seconds:.1f} s, {epochs[-1]['examples_per_s']:,.0f} examples/s", file=sys.stderr, flush=True)
 
     training_cpu_s = cpu() - cpu_at_first_step
@@ -276,6 +286,9 @@ def run(
         "steps_per_execution": STEPS_PER_EXECUTION,
         "wall_s": figures["wall_s"],
         "first_step_s": figures["first_step_s"],
+        # time.monotonic() when this process started timing (before TensorFlow's import): a parent that
+        # timed the start of this process on the same clock adds the interpreter's start-up.
+        "started_monotonic": STARTED,
         "examples_per_s_epoch2": epochs[1]["examples_per_s"] if len(epochs) > 1 else None,
         "epochs": epochs,
         "test_accuracy": figures["test_accuracy"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench import doc_regions
+
 # PS push + pull against the ceiling measured in the same run (raw TCP moving the same bytes, the
 # receiver applying the same SGD: ``bench/tcp_apply.py``), per model size in MB.
 GOALS = {1: 0.5, 16: 0.8, 64: 0.8}
@@ -218,7 +220,7 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
             add(f"| {size['size_mb']} MB | {' | '.join(cells)} | {size['cases'][default]['median_s'] * 1e3:.0f} |")
         add("")
 
-    add(LAST_GENERATED)
+    add("## How it was measured")
     add("")
     add(
         "- **Raw TCP**: this process and a server process (`bench/tcp_echo.py`) on 127.0.0.1, TCP_NODELAY. "
@@ -270,31 +272,8 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         "runs; compare the ratios."
     )
     add("")
-    tail = kept_sections(path)
-    if tail:
-        out.extend(tail)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
-
-
-LAST_GENERATED = "## How it was measured"
-
-
-def kept_sections(path: Path) -> list[str]:
-    """The sections written by hand after the generated ones (from the first ``## `` heading that
-    follows :data:`LAST_GENERATED`): a run rewrites its own part of the page and keeps them."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    try:
-        start = lines.index(LAST_GENERATED) + 1
-    except ValueError:
-        return []
-    for index in range(start, len(lines)):
-        if lines[index].startswith("## "):
-            return lines[index:]
-    return []
+    # Only this benchmark's region of the file: the peer comparison and the hand-written sections stay.
+    doc_regions.write_region(path, "datapath", "\n".join(out), at_top=True)
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
