@@ -181,6 +181,19 @@ class KerasTrainer:
         gradients = tape.gradient(loss, self._ordered)
         return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self._ordered)]
 
+    def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        """Runs the gradient step once on these records (one minibatch), so that TensorFlow
+        traces and optimises it now, before the worker's first pull: the first call takes seconds
+        (tracing, then graph optimisation on first execution), and a gradient computed on a model
+        pulled before them would reach an async PS as stale as the other workers' pushes in
+        those seconds. The gradients are thrown away; the weights are untouched (no update is
+        applied) and the state (BatchNorm statistics) is put back as it was."""
+        self._build(features, labels)
+        x, y, _ = self._pairs(features, labels, Mode.TRAINING)
+        state = self.state()
+        self._step(x, y)
+        self.assign_state(state)
+
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         loss, gradients = self._step(x, y)
         return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}

@@ -113,6 +113,7 @@ class Worker:
         self._stop = threading.Event()
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
+        self._minibatch_size = settings.minibatch_size
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
         self._step = step_for(mode, self._model, coordinator)
         # Sync shards meet at every round, so the final model is one version on every shard; async
@@ -127,6 +128,10 @@ class Worker:
         try:
             if self._training_data is not None:
                 self._trainer.build(*self._training_data.read(0, 1))
+                # The step's first run (TensorFlow tracing it) takes seconds: done before the first
+                # pull, so that the first gradient is no staler than any other (docs/architecture.md).
+                records = min(self._minibatch_size, self._training_data.num_records)
+                self._trainer.warm_up(*self._training_data.read(0, records))
                 self._model.initialise()
             while True:
                 task = self._coordinator.get_task()

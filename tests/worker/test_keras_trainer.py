@@ -95,3 +95,19 @@ def test_assigned_state_is_what_evaluation_uses() -> None:
     assert trainer.evaluate(features, labels)["loss"] != pytest.approx(before)
     with pytest.raises(ModelError, match="state 'other'"):
         trainer.assign_state({"other": np.zeros(1, np.float32)})
+
+
+def test_warm_up_traces_the_gradient_step_and_changes_no_weight_and_no_state() -> None:
+    # The first run of the step (tracing) takes seconds with a real model; a worker does it before
+    # its first pull (worker/training.py), so its first gradient is computed on a fresh model.
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features, labels = np.full((8, 2), 3.0, np.float32), np.ones(8, np.float32)
+    trainer.build(features[:1], labels[:1])
+    weights, state = trainer.weights(), trainer.state()
+    trainer.warm_up(features, labels)
+    assert trainer._step.experimental_get_tracing_count() == 1
+    for name, value in {**weights, **state}.items():
+        np.testing.assert_array_equal({**trainer.weights(), **trainer.state()}[name], value, err_msg=name)
+    (x, y), = trainer.batches(features, labels, "training")
+    trainer.gradients(x, y)  # the first real step runs what the warm-up traced
+    assert trainer._step.experimental_get_tracing_count() == 1
