@@ -81,6 +81,20 @@ def records_in(batch: Any) -> int:
         batch = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
     return int(len(batch))
 
+def minibatch_sizes(records: int, records_per_task: int, minibatch: int) -> list[int]:
+    """The sizes of the training minibatches a job has, largest first: the coordinator cuts
+    ``[0, records)`` into tasks of ``records_per_task`` (the last one shorter, ``coordinator/tasks.py``)
+    and each task is cut into minibatches (the last one shorter)."""
+    tasks = ({records_per_task} if records >= records_per_task else set()) | ({records % records_per_task} - {0})
+    sizes: set[int] = set()
+    for task in tasks:
+        if task >= minibatch:
+            sizes.add(minibatch)
+        if task % minibatch:
+            sizes.add(task % minibatch)
+    return sorted(sizes, reverse=True)
+
+
 WAIT_S = 0.2  # pause after a WAIT task (nothing to hand out yet) before asking again
 EXPORT_WAIT_MS = 500  # an export's pulls wait this long for a shard behind the others
 EXPORT_ATTEMPTS = 20  # ... this many times
@@ -114,6 +128,7 @@ class Worker:
         self.counters = Counters()
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._minibatch_size = settings.minibatch_size
+        self._records_per_task = settings.records_per_task
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
         self._step = step_for(mode, self._model, coordinator)
         # Sync shards meet at every round, so the final model is one version on every shard; async
@@ -128,10 +143,12 @@ class Worker:
         try:
             if self._training_data is not None:
                 self._trainer.build(*self._training_data.read(0, 1))
-                # The step's first run (TensorFlow tracing it) takes seconds: done before the first
-                # pull, so that the first gradient is no staler than any other (docs/architecture.md).
-                records = min(self._minibatch_size, self._training_data.num_records)
-                self._trainer.warm_up(*self._training_data.read(0, records))
+                # The step's first run on a minibatch shape (TensorFlow tracing it) takes seconds:
+                # done before the first pull, so that no gradient is staler for it than any other
+                # (docs/architecture.md). Two shapes are enough: the second trace serves every size.
+                sizes = minibatch_sizes(self._training_data.num_records, self._records_per_task, self._minibatch_size)
+                for size in sizes[:2]:
+                    self._trainer.warm_up(*self._training_data.read(0, size))
                 self._model.initialise()
             while True:
                 task = self._coordinator.get_task()

@@ -111,3 +111,17 @@ def test_warm_up_traces_the_gradient_step_and_changes_no_weight_and_no_state() -
     (x, y), = trainer.batches(features, labels, "training")
     trainer.gradients(x, y)  # the first real step runs what the warm-up traced
     assert trainer._step.experimental_get_tracing_count() == 1
+
+
+def test_after_warming_up_two_minibatch_sizes_no_size_traces_the_step_again() -> None:
+    # A job whose tasks end in a shorter minibatch (worker/training.py warms up both sizes): the
+    # second trace is for any batch size, so no later step pays for a trace.
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features, labels = np.full((8, 2), 3.0, np.float32), np.ones(8, np.float32)
+    trainer.warm_up(features, labels)
+    trainer.warm_up(features[:5], labels[:5])
+    traced = trainer._step.experimental_get_tracing_count()
+    for size in (8, 5, 3, 1):
+        (x, y), = trainer.batches(features[:size], labels[:size], "training")
+        trainer.gradients(x, y)
+    assert trainer._step.experimental_get_tracing_count() == traced == 2

@@ -158,6 +158,22 @@ def test_the_step_is_warmed_up_on_one_minibatch_before_the_first_pull(mode: Trai
         np.testing.assert_array_equal(trainer.statistics[name], value, err_msg=name)
 
 
+@pytest.mark.parametrize(
+    ("records", "per_task", "minibatch", "sizes"),
+    [
+        (60000, 2048, 64, [64, 32]),  # MNIST: 29 tasks of 2048, the last of 608 = 9 x 64 + 32
+        (25600, 2048, 64, [64]),  # 12 tasks of 2048 and one of 1024: whole minibatches only
+        (100, 30, 8, [8, 6, 2]),  # tasks of 30 = 3 x 8 + 6, the last of 10 = 8 + 2
+        (10, 2048, 64, [10]),  # one task, shorter than a minibatch
+        (0, 2048, 64, []),
+    ],
+)
+def test_minibatch_sizes_are_those_the_tasks_are_cut_into(
+    records: int, per_task: int, minibatch: int, sizes: list[int]
+) -> None:
+    assert training.minibatch_sizes(records, per_task, minibatch) == sizes
+
+
 def test_the_worker_repushes_its_model_to_a_shard_that_lost_it_between_tasks() -> None:
     ps = FakePS(UpdateRule.ASYNC)
     rig = make_worker(TrainingMode(rule=UpdateRule.ASYNC), [training_task(1, 0, 8), training_task(2, 8, 16)], ps=ps)

@@ -411,6 +411,7 @@ class FakeTrainer:
     def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         """As a real trainer: the step runs once (a training forward pass moves the statistics),
         then the state is put back."""
+        assert labels is not None  # the fake's records always have labels
         saved = self.state()
         self.gradients(*next(self.batches(features, labels, "training")))
         self.computed.pop()
