@@ -139,6 +139,9 @@ class NumpyTrainer:
             end = start + self._minibatch_size
             yield features[start:end], None if labels is None else labels[start:end]
 
+    def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        pass  # nothing to compile
+
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         signal = float(np.mean(x)) if len(x) else 0.0  # in [0, 1): the minibatch's records decide it
         gradients: dict[str, np.ndarray] = {}

@@ -294,6 +294,19 @@ class KerasTrainer:
         loss, gradients = self._gradient_step(x, y)
         return loss, tf.concat([tf.reshape(g, [-1]) for g in gradients], axis=0)
 
+    def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        """Runs the gradient step once on these records (one minibatch), so that TensorFlow
+        traces and optimises it now, before the worker's first pull: the first call takes seconds
+        (tracing, then graph optimisation on first execution), and a gradient computed on a model
+        pulled before them would reach an async PS as stale as the other workers' pushes in
+        those seconds. The gradients are thrown away; the weights are untouched (no update is
+        applied) and the state (BatchNorm statistics) is put back as it was."""
+        self._build(features, labels)
+        x, y, _ = self._pairs(features, labels, Mode.TRAINING)
+        state = self.state()
+        self.gradients(x, y)  # compiles the step for any minibatch size (``compiled``)
+        self.assign_state(state)
+
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """The mean loss and every variable's gradient: the graph concatenates them into one
         vector, so one buffer comes out of TensorFlow, and each gradient is a view into it."""

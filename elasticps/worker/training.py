@@ -116,6 +116,7 @@ class Worker:
         self.counters = Counters()
         self.first_task_cpu_s: float | None = None  # this process's CPU when its first training task began
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
+        self._minibatch_size = settings.minibatch_size
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
         self._step = step_for(mode, self._model, coordinator, overlap)
         # Sync shards meet at every round, so the final model is one version on every shard; async
@@ -130,6 +131,11 @@ class Worker:
         try:
             if self._training_data is not None:
                 self._trainer.build(*self._training_data.read(0, 1))
+                # The step's first run (TensorFlow tracing it, for every minibatch size at once)
+                # takes seconds: done before the first pull, so that no gradient is staler for it
+                # than any other (docs/architecture.md).
+                size = min(self._minibatch_size, self._training_data.num_records)
+                self._trainer.warm_up(*self._training_data.read(0, size))
                 self._model.initialise()
             while True:
                 task = self._coordinator.get_task()

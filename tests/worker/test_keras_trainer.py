@@ -221,3 +221,31 @@ def test_past_the_cap_of_traced_assigns_a_new_set_of_names_is_assigned_one_by_on
     trainer.assign({second: np.full_like(trainer.weights()[second], 4.0)})  # not traced: the cap is reached
     assert len(trainer._assigners) == 1
     assert np.all(trainer.weights()[first] == 1.0) and np.all(trainer.weights()[second] == 4.0)
+
+
+def test_warm_up_traces_the_gradient_step_and_changes_no_weight_and_no_state() -> None:
+    # The first run of the step (tracing) takes seconds with a real model; a worker does it before
+    # its first pull (worker/training.py), so its first gradient is computed on a fresh model.
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features, labels = np.full((8, 2), 3.0, np.float32), np.ones(8, np.float32)
+    trainer.build(features[:1], labels[:1])
+    weights, state = trainer.weights(), trainer.state()
+    trainer.warm_up(features, labels)
+    assert trainer._step.experimental_get_tracing_count() == 1
+    for name, value in {**weights, **state}.items():
+        np.testing.assert_array_equal({**trainer.weights(), **trainer.state()}[name], value, err_msg=name)
+    (x, y), = trainer.batches(features, labels, "training")
+    trainer.gradients(x, y)  # the first real step runs what the warm-up traced
+    assert trainer._step.experimental_get_tracing_count() == 1
+
+
+def test_after_one_warm_up_no_minibatch_size_traces_the_step_again() -> None:
+    # A job whose tasks end in a shorter minibatch: the step is traced for any batch size, so one
+    # warm-up (worker/training.py) spares every later step a trace.
+    trainer = KerasTrainer(bn_module(), {}, minibatch_size=8)
+    features, labels = np.full((8, 2), 3.0, np.float32), np.ones(8, np.float32)
+    trainer.warm_up(features, labels)
+    for size in (8, 5, 3, 1):
+        (x, y), = trainer.batches(features[:size], labels[:size], "training")
+        trainer.gradients(x, y)
+    assert trainer._step.experimental_get_tracing_count() == 1

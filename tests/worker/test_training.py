@@ -130,9 +130,32 @@ def test_evaluation_settles_the_last_push_and_pulls_first(mode: TrainingMode) ->
 def test_the_first_worker_initialises_the_ps_with_its_model() -> None:
     rig = make_worker(TrainingMode(), [])
     rig.worker.run()
-    assert rig.ps.kinds() == ["pull", "push_model", "pull", "leave"]
+    assert rig.ps.kinds() == ["warm_up", "pull", "push_model", "pull", "leave"]
     assert all(shard.initialized for shard in rig.ps.shards)
     assert rig.worker.counters.pulls == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_step_is_warmed_up_on_one_minibatch_before_the_first_pull(mode: TrainingMode) -> None:
+    # A trainer's first step takes seconds (TensorFlow traces it): run before the first pull, it
+    # never makes the first gradient stale (under async, by every push of the others meanwhile).
+    trainer = FakeTrainer()
+    rig = make_worker(mode, [training_task(1, 0, 8)], trainer=trainer)
+    rig.worker.run()
+    kinds = rig.ps.kinds()
+    assert kinds[0] == "warm_up" and kinds.count("warm_up") == 1
+    assert kinds.index("warm_up") < kinds.index("pull") < kinds.index("gradients")
+    assert trainer.warmed_up == [32]  # min(minibatch size 64, the 32 training records)
+    assert [first for first, _ in trainer.computed] == [0, 4]  # the task's minibatches, trained once each
+    # The warm-up put the state back: the job ends with the statistics of a worker without one.
+    class Cold(FakeTrainer):
+        def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+            pass
+
+    cold = Cold()
+    make_worker(mode, [training_task(1, 0, 8)], trainer=cold).worker.run()
+    for name, value in cold.statistics.items():
+        np.testing.assert_array_equal(trainer.statistics[name], value, err_msg=name)
 
 
 def test_the_worker_repushes_its_model_to_a_shard_that_lost_it_between_tasks() -> None:

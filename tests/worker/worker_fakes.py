@@ -386,6 +386,7 @@ class FakeTrainer:
         self.built = False
         self.computed: list[tuple[int, dict[str, np.ndarray]]] = []  # (first record id, weights then)
         self.applied_locally = 0
+        self.warmed_up: list[int] = []  # records of each warm_up
         self.evaluated: list[dict[str, np.ndarray]] = []
         self.fail_on_record: int | None = None
         self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
@@ -414,6 +415,18 @@ class FakeTrainer:
     def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
         for start in range(0, len(labels), self.minibatch_size):
             yield features[start : start + self.minibatch_size], labels[start : start + self.minibatch_size]
+
+    def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        """As a real trainer: the step runs once (a training forward pass moves the statistics),
+        then the state is put back."""
+        assert labels is not None  # the fake's records always have labels
+        saved = self.state()
+        self.gradients(*next(self.batches(features, labels, "training")))
+        self.computed.pop()
+        self.assign_state(saved)
+        self.warmed_up.append(len(features))
+        if self.events is not None:
+            self.events[-1] = ("warm_up", len(features))
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         first = int(x[0, 0])
