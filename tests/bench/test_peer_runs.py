@@ -47,7 +47,10 @@ def test_an_async_run_gives_every_figure_from_its_own_answers(tmp_path: Path) ->
     work.mkdir()
     run = run_elasticps(job, work, num_epochs=2)
     assert run["examples"] == 2 * RECORDS
-    assert [e["records"] for e in run["epochs"]] == [RECORDS, RECORDS]  # tasks divide the epoch exactly
+    # An epoch ends at the first answer at or past its records; a fast job may finish more than one
+    # task between two answers, so epoch 1 may count a task or two of epoch 2's.
+    first, second = [e["records"] for e in run["epochs"]]
+    assert first >= RECORDS and first + second == 2 * RECORDS and second > 0
     assert 0 < run["first_step_s"] < run["epochs"][0]["ended_s"] < run["epochs"][1]["ended_s"] <= run["wall_s"]
     assert run["wall_s"] <= run["exited_s"]
     assert run["examples_per_s_epoch2"] > 0

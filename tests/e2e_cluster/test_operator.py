@@ -112,7 +112,7 @@ def test_a_network_policy_guards_the_ps_of_each_job(kubectl: Kubectl, ns: str) -
     assert spec["podSelector"] == {"matchLabels": {"elasticps.io/job-name": "tj", "elasticps.io/replica-type": "ps"}}
     assert spec["policyTypes"] == ["Ingress"]
     grpc, metrics = spec["ingress"]
-    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 2224}]  # gRPC, bulk
     assert grpc["from"][0] == {"podSelector": {"matchLabels": {"elasticps.io/job-name": "tj"}}}
     assert metrics == {"ports": [{"protocol": "TCP", "port": 9090}]}
     selected = kubectl.json("get", "pods", "-n", ns, "-l", "elasticps.io/job-name=tj,elasticps.io/replica-type=ps")
