@@ -89,9 +89,10 @@ class LocalModel:
             self._ps.place(weights, self._trainer.state())
             self._placed = True
 
-    def pull(self, wait_ms: int = 0) -> None:
-        """Takes what the PS has that is newer; with ``wait_ms``, waits that long for a newer version."""
-        self._pull(wait_ms=wait_ms)
+    def pull(self, wait_ms: int = 0, take_ahead: bool = False) -> None:
+        """Takes what the PS has that is newer; with ``wait_ms``, waits that long for a newer version.
+        ``take_ahead``: the answer of a pull started ahead is enough (the caller started it for this)."""
+        self._pull(wait_ms=wait_ms, take_ahead=take_ahead)
 
     def refresh(self) -> None:
         """Settles the push in flight, then pulls: the local copy then includes this worker's own updates."""
@@ -111,21 +112,33 @@ class LocalModel:
         versions, incarnations = list(self._versions), list(self._incarnations)
         self._ahead = self._ahead_pool.submit(self._ps.pull, versions, 0, None, incarnations)
 
-    def _pull(self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None) -> None:
+    def _pull(
+        self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None, take_ahead: bool = False
+    ) -> None:
+        """One pull. A pull started ahead (:meth:`pull_ahead`) is always taken first: it must not
+        travel beside another. Its answer is what ``take_ahead`` callers wanted (the model for the
+        next step); any other caller wants the model as it is now, which may have moved since that
+        pull was started (another worker's rounds while this one reported a task, say), so it asks
+        again from there (an unchanged shard answers with its version alone)."""
         self._place()
-        # A pull started ahead is this pull (any pull: a waiting or partial one returns to a
-        # caller that looks at the versions again and asks once more if they do not suit it).
         ahead, self._ahead = self._ahead, None
-        with self.metrics.pull_seconds.time():
-            if ahead is not None:
+        if ahead is not None:
+            with self.metrics.pull_seconds.time():
                 pulled = ahead.result()
-            else:
-                pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
+            if not self._take(pulled, initialise) or take_ahead:
+                return
+        with self.metrics.pull_seconds.time():
+            pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
+        self._take(pulled, initialise)
+
+    def _take(self, pulled: Pulled, initialise: bool) -> bool:
+        """Makes a pull's answer the local copy; False when it found shards without a model and
+        repaired them instead (the repair pulled again)."""
         self.counters.pulls += 1
         if pulled.uninitialized:
             if not initialise:
                 self._repair(pulled)
-                return
+                return False
             self._ps.push_model(
                 self._trainer.weights(),
                 self._trainer.optimizer_config(self._learning_rate),
@@ -139,6 +152,7 @@ class LocalModel:
         self._versions = pulled.versions
         self._incarnations = pulled.incarnations
         self.metrics.model_version.set(pulled.versions[0])
+        return True
 
     def pull_settled(self, wait_ms: int, attempts: int, strict: bool) -> int:
         """Settles the push in flight and pulls until every shard is at one (incarnation, version);
@@ -160,8 +174,9 @@ class LocalModel:
 
     def pull_aligned(self, wait_ms: int) -> None:
         """Pulls until every shard is at the same version (sync: a round is being committed on the
-        shards one after another; the lagging ones are waited for, up to ``wait_ms`` per pull)."""
-        self.pull()
+        shards one after another; the lagging ones are waited for, up to ``wait_ms`` per pull). A
+        pull started ahead, after this worker's last round was committed, is the first pull."""
+        self.pull(take_ahead=True)
         while len(set(zip(self._incarnations, self._versions))) > 1:
             newest = max(zip(self._incarnations, self._versions))
             held = zip(self._incarnations, self._versions)

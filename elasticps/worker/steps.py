@@ -103,7 +103,7 @@ class AsyncStep:
         # adds a step of staleness to every gradient (measured once: with momentum 0.9 that made
         # async MNIST diverge), so it is only an option (overlap).
         if self._overlap:
-            self._model.pull()  # takes the pull started with the last push, if any
+            self._model.pull(take_ahead=True)  # the pull started with the last push, if any
         else:
             self._model.refresh()
         loss, gradients = self._model.gradients(x, y)
@@ -133,7 +133,7 @@ class SSPStep:
     def train(self, x: Any, y: Any) -> float:
         if self._since_pull == 0:
             if self._overlap:
-                self._model.pull()  # takes the pull started with the last push, if any
+                self._model.pull(take_ahead=True)  # the pull started with the last push, if any
             else:
                 self._model.refresh()  # as in AsyncStep: the pull includes our own last push
         loss, gradients = self._model.gradients(x, y)

@@ -372,7 +372,7 @@ def test_sync_pulls_the_next_model_as_soon_as_its_round_is_committed() -> None:
     step.train(*second)  # takes the pull started ahead: computes on the round's model without asking
     assert len(pulls(ps)) == 2
     assert [event[1] for event in ps.events if event[0] == "push"] == [[0, 0], [1, 1]]  # on version 1
-    model.pull()  # the one started after the second round
+    model.pull(take_ahead=True)  # the one started after the second round
     assert [event[1] for event in pulls(ps)] == [[0, 0], [0, 0], [1, 1]]
     assert model.versions == [2, 2]
 
@@ -387,6 +387,24 @@ def test_a_pull_started_ahead_is_what_any_next_pull_takes() -> None:
     assert model.versions == [1, 1]
     model.pull()  # nothing ahead any more: asks
     assert pulls(ps) == [("pull", [0, 0], 0, None), ("pull", [1, 1], 0, None)]
+
+
+def test_a_pull_that_wants_the_model_as_it_is_now_asks_again_after_the_one_started_ahead() -> None:
+    # A sync worker's last round was committed and the next model pulled ahead; then it reported its
+    # task while the other worker's rounds went on. The evaluation (or export) that follows must see
+    # the model as it is now, not the one pulled ahead: evaluating that one under the newer version
+    # made the reported accuracy differ from the exported model's.
+    ps, _, model = ready(UpdateRule.SYNC)
+    model.pull_ahead()
+    assert model._ahead is not None
+    model._ahead.result()  # answered: versions [0, 0]
+    ps.others_update()  # the other worker's round, committed after that answer
+    model.refresh()
+    assert model.versions == [1, 1]
+    assert pulls(ps) == [("pull", [0, 0], 0, None), ("pull", [0, 0], 0, None)]  # the second from the first's answer
+    model.pull_ahead()
+    model.pull_aligned(ALIGN_WAIT_MS)  # a training step's pull takes the answer started ahead alone
+    assert len(pulls(ps)) == 3
 
 
 @pytest.mark.parametrize("overlap", [False, True])
