@@ -132,8 +132,8 @@ def run(config: WorkerConfig) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         return _run(config)
-    except Stopped as stopped:
-        log.info("worker-%d: %s", config.worker_id, stopped)
+    except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
+        log.info("worker-%d: stopped by signal SIGTERM", config.worker_id)
         return EXIT_STOPPED
 
 

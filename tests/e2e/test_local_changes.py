@@ -168,7 +168,9 @@ def test_scaling_workers_starts_or_stops_processes_and_every_record_is_trained(
 
 # The training settings of each mode; sync joins the matrix once its rounds are wired in.
 MODES: dict[str, dict[str, object]] = {"async": {"useAsync": True, "taskTimeoutSeconds": 5}, "sync": {}}
-SCALE_EPOCHS = 3
+# Long enough that the job is still training after both scalings (4 workers, then 1), with workers
+# that train 12,000 records in a few seconds.
+SCALE_EPOCHS = 8
 
 
 def scale(run_dir: Path, workers: int) -> str:
