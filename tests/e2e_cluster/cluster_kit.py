@@ -122,6 +122,7 @@ class Watch:
     path: str
     events: list[tuple[str, str, int, dict[str, Any]]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)  # the stream closed (the server may close a slow watcher's)
 
     def start(self) -> Watch:
         import kubernetes.client
@@ -153,6 +154,8 @@ class Watch:
                         break
             except urllib3.exceptions.HTTPError:
                 pass  # the connection went (the cluster stopped, or the test ended): so does the watch
+            finally:
+                self.ended.set()
             raw.release_conn()
 
         threading.Thread(target=run, daemon=True).start()
