@@ -9,7 +9,7 @@ the PS and one step on the worker.
 Under the ``parameterServer`` strategy a mode is a pair (seed 000): the PS's update rule (sync
 averaging or async apply; staleness-aware learning rates wrap the async rule) and the worker's step
 (sync with retraining of rejected minibatches, async, or SSP: async with local steps between pulls).
-The async-only knobs (staleness-aware rates, ``useLocking``, ``getModelFrequency`` > 1) are refused
+The async-only knobs (staleness-aware rates, ``useLocking``, ``overlapPull``, ``getModelFrequency`` > 1) are refused
 with sync rather than ignored (:meth:`TrainingMode.problems`), so a sync mode is always plain Sync.
 """
 
@@ -21,6 +21,9 @@ from enum import Enum
 from elasticps.api.spec import TrainingSpec
 
 
+OVERLAP_PULL_SYNC = "needs useAsync: true (a sync worker always starts its pull as the round commits)"
+
+
 class UpdateRule(str, Enum):
     """How a PS shard turns pushed gradients into model versions."""
 
@@ -30,12 +33,14 @@ class UpdateRule(str, Enum):
 
 @dataclass(frozen=True)
 class TrainingMode:
-    """What a job trains with. ``pull_every``: the worker pulls every k steps (SSP when > 1)."""
+    """What a job trains with. ``pull_every``: the worker pulls every k steps (SSP when > 1);
+    ``overlap_pull``: async and SSP pulls leave with the push before them (``worker/steps.py``)."""
 
     rule: UpdateRule = UpdateRule.SYNC
     staleness_lr: bool = False
     use_locking: bool = False
     pull_every: int = 1
+    overlap_pull: bool = False
 
     @classmethod
     def of(cls, training: TrainingSpec) -> TrainingMode:
@@ -44,6 +49,7 @@ class TrainingMode:
             staleness_lr=training.lr_staleness_modulation,
             use_locking=training.use_locking,
             pull_every=training.get_model_frequency,
+            overlap_pull=training.overlap_pull,
         )
 
     @property
@@ -68,6 +74,8 @@ class TrainingMode:
             found.append(("lrStalenessModulation", "needs useAsync: true"))
         if self.use_locking:
             found.append(("useLocking", "needs useAsync: true (sync already applies one update at a time)"))
+        if self.overlap_pull:
+            found.append(("overlapPull", OVERLAP_PULL_SYNC))
         if self.pull_every > 1:
             found.append(("getModelFrequency", "needs useAsync: true (local steps between pulls are asynchronous SGD)"))
         return found

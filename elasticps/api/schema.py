@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from elasticps.api.fields import FieldInfo, camel, field_info
+from elasticps.api.modes import OVERLAP_PULL_SYNC
 from elasticps.api.spec import (
     API_VERSION,
     GROUP,
@@ -118,6 +119,10 @@ TRAINING_RULES: list[dict[str, str]] = [
     {
         "rule": "!has(self.useLocking) || !self.useLocking || (has(self.useAsync) && self.useAsync)",
         "message": "spec.training.useLocking: needs useAsync: true (sync already applies one update at a time)",
+    },
+    {
+        "rule": "!has(self.overlapPull) || !self.overlapPull || (has(self.useAsync) && self.useAsync)",
+        "message": f"spec.training.overlapPull: {OVERLAP_PULL_SYNC}",
     },
     {
         "rule": "!has(self.getModelFrequency) || self.getModelFrequency <= 1 || (has(self.useAsync) && self.useAsync)",

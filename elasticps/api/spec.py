@@ -176,6 +176,12 @@ class TrainingSpec:
         False, help="async: divide the learning rate by the gradient's staleness when it is > 0"
     )
     use_locking: bool = spec_field(False, help="async: serialise the updates of each variable")
+    overlap_pull: bool = spec_field(
+        False,
+        help="async: the pull for the next minibatch leaves with the push of the last one and travels "
+        "while the worker's loop goes on, so the next gradient may be computed on a model without "
+        "this worker's own last gradient (one own step more of staleness)",
+    )
     get_model_frequency: int = spec_field(
         1,
         minimum=1,

@@ -44,9 +44,6 @@ from elasticps.worker.exporting import Exporter
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
-# An experiment, not (yet) a spec field: "1" makes async and SSP workers pull while their push
-# travels (steps.AsyncStep's overlap; one own step more of staleness).
-OVERLAP_ENV = "ELASTICPS_ASYNC_OVERLAP"
 EXIT_STOPPED = 128 + signal.SIGTERM
 # After SIGTERM: time to hand the task back and close the channels; then the process exits
 # regardless (a PS that is gone too, as when a whole job is deleted, would keep the report retrying).
@@ -202,7 +199,6 @@ def _run(config: WorkerConfig) -> int:
         metrics=metrics,
         exporter=_exporter(config),
         prediction=prediction,
-        overlap=os.environ.get(OVERLAP_ENV, "") == "1",
     )
     try:
         worker.run()

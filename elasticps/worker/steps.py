@@ -101,7 +101,7 @@ class AsyncStep:
     def train(self, x: Any, y: Any) -> float:
         # By default the pull sees this worker's own last gradient: pulling while it is in flight
         # adds a step of staleness to every gradient (measured once: with momentum 0.9 that made
-        # async MNIST diverge), so it is only an option (overlap).
+        # async MNIST diverge), so it is only an option (spec.training.overlapPull).
         if self._overlap:
             self._model.pull(take_ahead=True)  # the pull started with the last push, if any
         else:
@@ -151,22 +151,21 @@ class SSPStep:
         self._model.settle()
 
 
-StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike, bool], Step]
+StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike], Step]
 
 # Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync with
 # local steps has no entry: the spec refuses getModelFrequency > 1 without useAsync (api/modes.py).
-# The last argument: async pulls overlap the push (see AsyncStep); sync always pulls ahead.
+# Async and SSP pulls leave with the push when mode.overlap_pull (see AsyncStep); sync always pulls ahead.
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
-    (UpdateRule.SYNC, False): lambda mode, model, rounds, overlap: SyncStep(model, rounds, pull_ahead=True),
-    (UpdateRule.ASYNC, False): lambda mode, model, rounds, overlap: AsyncStep(model, overlap),
-    (UpdateRule.ASYNC, True): lambda mode, model, rounds, overlap: SSPStep(model, mode.pull_every, overlap),
+    (UpdateRule.SYNC, False): lambda mode, model, rounds: SyncStep(model, rounds, pull_ahead=True),
+    (UpdateRule.ASYNC, False): lambda mode, model, rounds: AsyncStep(model, mode.overlap_pull),
+    (UpdateRule.ASYNC, True): lambda mode, model, rounds: SSPStep(model, mode.pull_every, mode.overlap_pull),
 }
 
 
-def step_for(mode: TrainingMode, model: LocalModel, rounds: RoundsLike, overlap: bool = False) -> Step:
-    """The step of ``mode``, working on ``model`` (sync: joining ``rounds``); ``overlap``: async
-    and SSP pull while their push travels (one own step more of staleness)."""
+def step_for(mode: TrainingMode, model: LocalModel, rounds: RoundsLike) -> Step:
+    """The step of ``mode``, working on ``model`` (sync: joining ``rounds``)."""
     factory = STEPS.get((mode.rule, mode.pull_every > 1))
     if factory is None:
         raise ValueError(f"no worker step for the training mode {mode.label}")
-    return factory(mode, model, rounds, overlap)
+    return factory(mode, model, rounds)

@@ -101,7 +101,6 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         exporter: Exporter | None = None,
         prediction: Prediction | None = None,
-        overlap: bool = False,
     ) -> None:
         if training_data is None and (prediction is None or not prediction.standalone):
             raise ValueError("a worker without training data only predicts, with an exported model")
@@ -118,7 +117,7 @@ class Worker:
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._minibatch_size = settings.minibatch_size
         self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
-        self._step = step_for(mode, self._model, coordinator, overlap)
+        self._step = step_for(mode, self._model, coordinator)
         # Sync shards meet at every round, so the final model is one version on every shard; async
         # shards count their own pushes and may stay apart (the coordinator names such a model by
         # the oldest shard's version, which a non-strict settled pull returns too).

@@ -33,8 +33,10 @@ def test_mode_of_training(training: dict[str, Any], rule: UpdateRule, label: str
     assert mode.problems() == []
 
 
-def test_locking_is_carried() -> None:
+def test_locking_and_overlap_are_carried() -> None:
     assert TrainingMode.of(TrainingSpec(use_async=True, use_locking=True)).use_locking
+    assert TrainingMode.of(TrainingSpec(use_async=True, overlap_pull=True)).overlap_pull
+    assert not TrainingMode.of(TrainingSpec(use_async=True)).overlap_pull
 
 
 def test_staleness_lr_without_async_is_a_problem_naming_the_field() -> None:
@@ -48,6 +50,11 @@ def test_staleness_lr_without_async_is_a_problem_naming_the_field() -> None:
     ("training", "field", "why"),
     [
         ({"useLocking": True}, "useLocking", "needs useAsync: true (sync already applies one update at a time)"),
+        (
+            {"overlapPull": True},
+            "overlapPull",
+            "needs useAsync: true (a sync worker always starts its pull as the round commits)",
+        ),
         (
             {"getModelFrequency": 4},
             "getModelFrequency",
@@ -68,10 +75,11 @@ def test_async_only_settings_are_refused_in_sync_mode(training: dict[str, Any], 
 
 
 def test_every_refused_combination_is_named() -> None:
-    spec = TrainingSpec(lr_staleness_modulation=True, use_locking=True, get_model_frequency=3)
+    spec = TrainingSpec(lr_staleness_modulation=True, use_locking=True, overlap_pull=True, get_model_frequency=3)
     assert [field for field, _ in TrainingMode.of(spec).problems()] == [
         "lrStalenessModulation",
         "useLocking",
+        "overlapPull",
         "getModelFrequency",
     ]
     assert TrainingMode.of(TrainingSpec(get_model_frequency=1)).problems() == []

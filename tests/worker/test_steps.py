@@ -410,7 +410,7 @@ def test_a_pull_that_wants_the_model_as_it_is_now_asks_again_after_the_one_start
 @pytest.mark.parametrize("overlap", [False, True])
 def test_async_overlap_pulls_while_the_push_travels(overlap: bool) -> None:
     ps, _, model = ready(UpdateRule.ASYNC)
-    step = step_for(ASYNC, model, FakeCoordinator([], ps), overlap=overlap)
+    step = step_for(TrainingMode(rule=UpdateRule.ASYNC, overlap_pull=overlap), model, FakeCoordinator([], ps))
     step.start_task()
     for x, y in minibatches(3):
         step.train(x, y)
@@ -424,7 +424,8 @@ def test_async_overlap_pulls_while_the_push_travels(overlap: bool) -> None:
 
 def test_ssp_overlap_pulls_with_the_kth_push() -> None:
     ps, trainer, model = ready(UpdateRule.ASYNC)
-    step = step_for(TrainingMode(rule=UpdateRule.ASYNC, pull_every=2), model, FakeCoordinator([], ps), overlap=True)
+    mode = TrainingMode(rule=UpdateRule.ASYNC, pull_every=2, overlap_pull=True)
+    step = step_for(mode, model, FakeCoordinator([], ps))
     step.start_task()
     for x, y in minibatches(4):
         step.train(x, y)
