@@ -185,10 +185,13 @@ def markdown(doc: dict[str, Any], image: str, results: str) -> str:
         "records (read by elasticps's own readers in both), minibatch, optimizer (the module's, with the job's "
         "learning rate), epochs; evaluation only at the end for both (`evaluationSteps: 0`: no evaluation runs "
         "during epoch 2), no export and no checkpoints (the peer has neither).",
-        "- **Threads**: TensorFlow's default thread pools in every process of both systems (elasticps workers "
-        "run without `--num_threads`, i.e. 0: TensorFlow's default; the peer's servers and coordinator set none); the elasticps PS is numpy + "
-        "gRPC without TensorFlow, with its default RPC threads. Both systems run 3 processes besides their "
-        "driver on the same 2 cores.",
+        f"- **Threads**: each worker computes its gradients with an intra-op pool of {peer_run.get('intra_op_threads', '?')} "
+        "thread(s), the machine's CPUs over the 2 workers, in both systems: `elasticps run` gives each local worker "
+        "that share (`--num_threads`, both pools; in a pod the worker sizes them to its CPU limit), and the peer's "
+        "processes get the same intra-op size through `TF_NUM_INTRAOP_THREADS` (its inter-op pools keep "
+        "TensorFlow's default: its servers run remote ops through them, and with 1 thread they deadlocked). The "
+        "elasticps PS is numpy + gRPC without TensorFlow. Both systems run 3 processes besides their driver on the "
+        "same cores.",
         f"- **Compilation**: both run their training step as a `tf.function`. The peer runs "
         f"{peer_run.get('steps_per_execution', 10)} steps per scheduled function, the `steps_per_execution` "
         "TensorFlow's parameter-server tutorial uses with `Model.fit` (Keras 3, which the models use, has no "

@@ -27,9 +27,11 @@ from typing import Any
 
 import grpc
 
+from bench.peer_jobs import WORKER_REPLICAS
 from bench.peer_tf import cpu_seconds
 from bench.peer_timeline import Sample, figures
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import worker_threads
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
@@ -66,6 +68,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
+def peer_threads() -> int:
+    """The intra-op threads of the peer's processes: what `elasticps run` gives each of its workers
+    (``local.fleet.worker_threads``: the machine's CPUs over the workers), so both systems run
+    their gradient computations with pools of one size. The inter-op pools keep TensorFlow's
+    default: the peer's servers run remote ops through them, and with 1 thread they deadlocked."""
+    return worker_threads(len(os.sched_getaffinity(0)), WORKER_REPLICAS)
+
+
 def _per_1000(cpu_s: float, examples: int) -> float:
     return cpu_s / (examples / 1000) if examples else float("nan")
 
@@ -77,7 +87,7 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "bench.peer_tf", "--job", str(job), "--out", str(out)],
-            cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+            cwd=REPO, env={**_env(), "TF_NUM_INTRAOP_THREADS": str(peer_threads())}, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
         )
         code = process.wait(timeout=RUN_TIMEOUT_S)
     exited_s = time.monotonic() - started
@@ -102,6 +112,7 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
         "interpreter_start_s": shift,
         "steps_per_execution": peer["steps_per_execution"],
         "tensorflow": peer["tensorflow"],
+        "intra_op_threads": peer_threads(),
     }
 
 

@@ -18,6 +18,10 @@ A PS keeps its port for the whole run: the first start binds port 0 and reports 
 start (a replacement, a resume after suspend) binds that port again, so the workers' addresses
 stay valid. Each start gets a fresh uid, so the planner tells a replacement from the old one.
 
+The workers share this machine's CPUs: each gets ``--num_threads`` of :func:`worker_threads` (its
+share of the CPUs, at least 1), since TensorFlow would otherwise size every worker's thread pools to
+the whole machine and the workers' threads would contend for the same cores.
+
 PS 0's ``--ps_addrs`` lists every shard in order, its own at index 0. PS 0 never dials its own
 entry (its shard is in the same process), and on its first start its port is not known before it
 binds: that entry is then ``127.0.0.1:0``, a placeholder; every later start names the real port.
@@ -25,6 +29,7 @@ binds: that entry is then ``127.0.0.1:0``, a placeholder; every later start name
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +43,11 @@ from elasticps.planning.roles import desired
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0
+
+
+def worker_threads(cpus: int, workers: int) -> int:
+    """TensorFlow threads for each of ``workers`` workers sharing ``cpus`` CPUs: an equal share, at least 1."""
+    return max(1, cpus // max(1, workers))
 
 
 @dataclass
@@ -154,7 +164,10 @@ class Fleet:
         wanted = range(desired(job, Role.PS))
         if any(i not in self.ports for i in wanted):
             return None
-        return worker_replica(job, slot.index, [f"{HOST}:{self.ports[i]}" for i in wanted])
+        threads = worker_threads(len(os.sched_getaffinity(0)), desired(job, Role.WORKER))
+        return worker_replica(
+            job, slot.index, [f"{HOST}:{self.ports[i]}" for i in wanted], extra=[f"--num_threads={threads}"]
+        )
 
     def _ps_replica(self, job: TrainingJob, index: int) -> Replica | None:
         """PS ``index``'s command line, or None while PS 0 waits for the other shards' ports."""

@@ -1,4 +1,10 @@
-"""The worker's own CPU, for the line it logs at exit: CPU seconds per 1,000 training examples.
+"""The worker's CPUs: how many it may use (its TensorFlow thread pools' size), and the CPU seconds
+per 1,000 training examples it logs at exit.
+
+:func:`available_cpus`: the CPUs this process may run on (its affinity), capped by its cgroup's CPU
+quota (a pod's CPU limit: ``cpu.max`` of cgroup v2, ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` of
+v1), rounded up. TensorFlow sizes its pools by the machine's CPUs and knows nothing of the quota, so
+a worker limited to 1 CPU on a 64-core node would otherwise run 64 threads in a 1-CPU budget.
 
 ``worker/main.py`` reads :func:`cpu_seconds` at start-up and when the first training task begins
 (``training.py`` marks it), and logs :func:`cpu_line` at the end: the figure over the whole life
@@ -9,7 +15,44 @@ the pushes and pulls. Evaluation tasks are included; only training examples are 
 
 from __future__ import annotations
 
+import math
+import os
 import resource
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def quota_cpus(quota: str, period: str = "") -> int | None:
+    """CPUs of a cgroup quota, rounded up: v2's ``cpu.max`` text (``"150000 100000"``, or
+    ``"max 100000"``: none) as ``quota``; v1's ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us``
+    texts (quota -1: none) as ``quota`` and ``period``. None without a quota or for text that is not one."""
+    fields = quota.split() + period.split()
+    if len(fields) != 2 or fields[0] in ("max", "-1"):
+        return None
+    try:
+        allowed, each = int(fields[0]), int(fields[1])
+    except ValueError:
+        return None
+    if allowed <= 0 or each <= 0:
+        return None
+    return max(1, math.ceil(allowed / each))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def available_cpus(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may use: its affinity, capped by its cgroup's quota when it has one."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = quota_cpus(_read(cgroup / "cpu.max"))
+    if quota is None:
+        quota = quota_cpus(_read(cgroup / "cpu" / "cpu.cfs_quota_us"), _read(cgroup / "cpu" / "cpu.cfs_period_us"))
+    return cpus if quota is None else max(1, min(cpus, quota))
 
 
 def cpu_seconds() -> float:

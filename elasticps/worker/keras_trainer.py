@@ -37,10 +37,12 @@ from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
 
 
 def configure_threads(num_threads: int) -> None:
-    """Caps TensorFlow's thread pools (0 leaves TensorFlow's defaults); call before any op runs."""
-    if num_threads > 0:
-        tf.config.threading.set_intra_op_parallelism_threads(num_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+    """Sizes TensorFlow's two thread pools (within an op, between ops) to ``num_threads`` each;
+    call before any op runs."""
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(num_threads)
 
 
 # Fused assigns traced for this many sets of pulled names at most (a set is the variables of the

@@ -38,7 +38,7 @@ from elasticps.api.output import exported_job
 from elasticps.api.spec import DataSpec, ModelSpec, PredictionSpec, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
-from elasticps.worker.cpu import cpu_line, cpu_seconds
+from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
 from elasticps.worker.exporting import Exporter
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.zoo.mnist_cnn")
     parser.add_argument("--model_params", default="{}", help="JSON object of keyword arguments for custom_model()")
-    parser.add_argument("--num_threads", type=int, default=0, help="TensorFlow threads (0: TensorFlow's default)")
+    parser.add_argument(
+        "--num_threads",
+        type=int,
+        default=0,
+        help="threads of each TensorFlow pool (0: the CPUs this process may use: its affinity, capped by "
+        "its cgroup's CPU quota, e.g. a pod's CPU limit; elasticps run gives each local worker its share)",
+    )
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
         "--health_port", type=int, default=0, help="serve the gRPC health-checking service on this port (0: off)"
@@ -86,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    if args.num_threads < 0:
+        raise SystemExit(f"error: --num_threads: must be >= 0, got {args.num_threads}")
     try:
         params = json.loads(args.model_params)
     except json.JSONDecodeError as err:
@@ -151,7 +159,7 @@ def _run(config: WorkerConfig) -> int:
 
     name = f"worker-{config.worker_id}"
     try:
-        keras_trainer.configure_threads(config.num_threads)
+        keras_trainer.configure_threads(config.num_threads or available_cpus())
         module = load_model_module(config.model_def)
         data, options = config.data, ReaderOptions.of(config.data)
         training = open_reader(data.reader, data.training, options) if data.training else None

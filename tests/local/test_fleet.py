@@ -219,3 +219,21 @@ def test_a_replacement_is_told_as_elasticps_run_always_said_it(tmp_path: Path, l
         "Workers scaled down to 2: deleting tj-worker-2.",
     ]
     assert phases(fleet) == {"tj-ps-0": ("Running", None, False)}  # exited: gone at once, to be created again
+
+
+@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (2, 1, 2), (16, 4, 4), (2, 8, 1), (7, 2, 3), (4, 0, 4)])
+def test_each_local_worker_gets_its_share_of_the_cpus(cpus: int, workers: int, threads: int) -> None:
+    assert fleet_module.worker_threads(cpus, workers) == threads
+
+
+def test_workers_are_started_with_their_share_of_the_cpus(
+    tmp_path: Path, launcher: Launcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fleet_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    job, fleet = make_job(ps=1, workers=3), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    serve(fleet, job, 0, 4100)
+    fleet.create(job, "tj-worker-0", Role.WORKER, 0)
+    [ps0, worker] = launcher.started
+    assert arg(ps0, "num_threads") is None  # the PS runs no TensorFlow
+    assert arg(worker, "num_threads") == "2"

@@ -1,8 +1,49 @@
-"""The worker's exit line: its CPU per 1,000 training examples."""
+"""The worker's CPUs: how many it may use (a cgroup quota caps its affinity), and its exit line: its
+CPU per 1,000 training examples."""
 
 from __future__ import annotations
 
-from elasticps.worker.cpu import cpu_line, cpu_seconds, per_thousand
+import os
+from pathlib import Path
+
+import pytest
+
+from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds, per_thousand, quota_cpus
+
+
+@pytest.mark.parametrize(
+    ("quota", "period", "cpus"),
+    [
+        ("max 100000\n", "", None),  # v2, no limit
+        ("100000 100000\n", "", 1),
+        ("150000 100000\n", "", 2),  # 1.5 CPUs: rounded up
+        ("50000 100000", "", 1),  # half a CPU: still one thread
+        ("400000 100000", "", 4),
+        ("-1\n", "100000\n", None),  # v1, no limit
+        ("200000\n", "100000\n", 2),
+        ("", "", None),  # no such file
+        ("garbage", "", None),
+        ("0 100000", "", None),
+        ("100000 0", "", None),
+        ("1 2 3", "", None),
+    ],
+)
+def test_a_cgroup_quota_is_read_as_whole_cpus(quota: str, period: str, cpus: int | None) -> None:
+    assert quota_cpus(quota, period) == cpus
+
+
+def test_the_quota_caps_the_affinity(tmp_path: Path) -> None:
+    mine = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path) == mine  # no cgroup files: the affinity
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert available_cpus(tmp_path) == 1  # a pod limited to one CPU
+    (tmp_path / "cpu.max").write_text(f"{(mine + 8) * 100000} 100000\n")
+    assert available_cpus(tmp_path) == mine  # a quota above the affinity does not add CPUs
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cpus(tmp_path) == 1  # cgroup v1
 
 
 def test_the_line_gives_the_whole_life_and_the_steady_part_per_thousand_examples() -> None:
