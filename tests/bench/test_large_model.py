@@ -36,7 +36,7 @@ def _write_logs(run: Path) -> None:
     for i, (stamp, rejected) in enumerate([("08:20:40,000", 1), ("08:20:46,000", 3)]):
         (run / f"large-worker-{i}.log").write_text(
             f"2026-11-24 {stamp} INFO elasticps.worker.training: job finished: "
-            f"Counters(steps=50, pulls=51, rejected={rejected}, reinitialised=0)\n"
+            f"Counters(steps=50, examples=3200, pulls=51, rejected={rejected}, reinitialised=0)\n"
         )
 
 
