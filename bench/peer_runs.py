@@ -87,7 +87,8 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "bench.peer_tf", "--job", str(job), "--out", str(out)],
-            cwd=REPO, env={**_env(), "TF_NUM_INTRAOP_THREADS": str(peer_threads())}, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+            cwd=REPO, env={**_env(), "TF_NUM_INTRAOP_THREADS": str(peer_threads())},
+            stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
         )
         code = process.wait(timeout=RUN_TIMEOUT_S)
     exited_s = time.monotonic() - started
