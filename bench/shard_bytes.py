@@ -17,16 +17,12 @@ import argparse
 import hashlib
 import json
 import re
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from bench.ps_processes import PSProcesses
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.client import PSClient
 from elasticps.ps.sharding import Piece, Placed, Placement, TensorInfo, place
@@ -51,13 +47,6 @@ def by_name(num_shards: int) -> Placement:
     return Placement(num_shards, [Placed(t, (Piece(t.name, shard(t.name)),)) for t in MLP])
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def rss_bytes(pid: int) -> int:
     found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
     return int(found[1]) * 1024 if found else -1
@@ -66,32 +55,13 @@ def rss_bytes(pid: int) -> int:
 def measure(placement: Placement, work: Path) -> dict[str, list[int]]:
     """Pushes the model and one gradient through real PS processes placed by ``placement``."""
     count = placement.num_shards
-    ports, metrics = [free_port() for _ in range(count)], [free_port() for _ in range(count)]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
     train = work / "train.npz"
     np.savez(train, x=np.zeros((8, 4), np.float32), y=np.zeros(8, np.int64))
-    processes = []
+    shards = PSProcesses(count, work, train)
     try:
-        for shard in reversed(range(count)):
-            port_file = work / f"ps-{shard}.port"
-            port_file.unlink(missing_ok=True)
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "elasticps", "ps", "--host=127.0.0.1", f"--port={ports[shard]}",
-                     f"--port_file={port_file}", f"--metrics_port={metrics[shard]}", f"--ps_id={shard}",
-                     f"--num_ps={count}", f"--ps_addrs={','.join(addresses)}", "--use_async",
-                     "--data_reader=npz", f"--training_data={train}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-            )
-            deadline = time.monotonic() + 60
-            while not port_file.exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"PS {shard} did not start")
-                time.sleep(0.05)
         rng = np.random.default_rng(0)
         model = {t.name: rng.standard_normal(t.shape).astype(np.float32) * 0.01 for t in MLP}
-        client = PSClient(addresses, worker="bench", deadline_s=120.0, timeout_s=120.0, placement=placement)
+        client = PSClient(shards.addresses, worker="bench", deadline_s=120.0, timeout_s=120.0, placement=placement)
         try:
             client.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.01}))
             gradient = {name: np.zeros_like(value) for name, value in model.items()}
@@ -102,19 +72,10 @@ def measure(placement: Placement, work: Path) -> dict[str, list[int]]:
                 raise RuntimeError("the pulled model differs from the pushed one")
         finally:
             client.close()
-        received = []
-        for shard, port in enumerate(metrics):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                text = response.read().decode()
-            found = re.search(rf'elasticps_ps_tensor_bytes_received_total{{shard="{shard}"}} (\S+)', text)
-            received.append(int(float(found[1])) if found else -1)
-        rss = [rss_bytes(p.pid) for p in reversed(processes)]
-        return {"metrics_bytes": received, "rss_bytes": rss}
+        received = [int(b) for b in shards.bytes_received()]
+        return {"metrics_bytes": received, "rss_bytes": [rss_bytes(pid) for pid in shards.pids()]}
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        shards.stop()
 
 
 def main() -> None:

@@ -9,18 +9,14 @@ tensor bytes) are within 10% of each other.
 
 from __future__ import annotations
 
-import re
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from local_jobs import wait_for, write_data
+from bench.ps_processes import PSProcesses as Shards
+from local_jobs import write_data
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.client import ModelMismatch, PSClient
 
@@ -28,13 +24,6 @@ pytestmark = pytest.mark.slow
 
 ADAM = OptimizerConfig("adam", {"learning_rate": 0.01})
 SPLIT_BYTES = 16 << 10  # the big kernel (48 KB) is split, the rest is not
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def model() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -51,44 +40,6 @@ def model() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
 def gradients(step: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(100 + step)
     return {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in model()[0].items()}
-
-
-class Shards:
-    """``count`` PS processes of one job (async), their addresses and metrics ports."""
-
-    def __init__(self, count: int, directory: Path, train: Path) -> None:
-        self.ports = [free_port() for _ in range(count)]
-        self.metrics = [free_port() for _ in range(count)]
-        self.addresses = [f"127.0.0.1:{port}" for port in self.ports]
-        self.processes: list[subprocess.Popen[bytes]] = []
-        for shard in reversed(range(count)):  # PS 0 (the coordinator) last: the others are up
-            port_file = directory / f"ps-{count}-{shard}.port"
-            self.processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "elasticps", "ps", "--host=127.0.0.1", f"--port={self.ports[shard]}",
-                     f"--port_file={port_file}", f"--metrics_port={self.metrics[shard]}", f"--ps_id={shard}",
-                     f"--num_ps={count}", f"--ps_addrs={','.join(self.addresses)}", "--use_async",
-                     "--data_reader=npz", f"--training_data={train}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-            )
-            wait_for(port_file.exists, 60, f"PS {shard} of {count}")
-
-    def bytes_received(self) -> list[float]:
-        found = []
-        for shard, port in enumerate(self.metrics):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                text = response.read().decode()
-            match = re.search(rf'elasticps_ps_tensor_bytes_received_total{{shard="{shard}"}} (\S+)', text)
-            assert match is not None, text
-            found.append(float(match[1]))
-        return found
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=30)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from bench.shard_bytes import MLP
 from elasticps.api.spec import TrainingSpec
 from elasticps.ps.sharding import (
     DEFAULT_SPLIT_BYTES,
@@ -25,15 +26,6 @@ from elasticps.ps.sharding import (
 
 F32 = np.dtype(np.float32)
 
-# The 23M model of issue 14: an MLP 784-8192-2048-10 (92 MB of float32).
-MLP = [
-    TensorInfo("mlp/dense/kernel", (784, 8192), F32),
-    TensorInfo("mlp/dense/bias", (8192,), F32),
-    TensorInfo("mlp/dense_1/kernel", (8192, 2048), F32),
-    TensorInfo("mlp/dense_1/bias", (2048,), F32),
-    TensorInfo("mlp/dense_2/kernel", (2048, 10), F32),
-    TensorInfo("mlp/dense_2/bias", (10,), F32),
-]
 
 
 def pieces_cover_each_tensor_once(placement: Placement, tensors: list[TensorInfo]) -> None:
