@@ -166,17 +166,9 @@ def payload_frame_header(size: int) -> bytes:
 def _payload_of(message: bytes) -> bytes | memoryview:
     """The payload of a frame after the first: parsed by hand when it is a payload-only frame
     (what :func:`encode` writes), by protobuf otherwise (any other valid encoding)."""
-    if message[:1] == _PAYLOAD_TAG:
-        size, position, shift = 0, 1, 0
-        while position < len(message) and position < 11:
-            byte = message[position]
-            size |= (byte & 0x7F) << shift
-            position += 1
-            shift += 7
-            if not byte & 0x80:
-                if position + size == len(message):
-                    return memoryview(message)[position:]
-                break
+    start = payload_header(message, len(message))
+    if start is not None:
+        return memoryview(message)[start:]
     frame = _parse(message)
     if frame.HasField("push") or frame.HasField("model") or len(frame.tensors):
         raise FrameError("a head or tensor metadata after the first frame")
