@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.replicas import Replica
+from elasticps.files import write_atomically
 
 CHILD_ENV = {
     "PYTHONUNBUFFERED": "1",
@@ -50,8 +51,9 @@ def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
             env={**os.environ, **CHILD_ENV},
             start_new_session=True,  # Ctrl-C and SIGTERM reach the runner, which stops every child itself
         )
-    # The pid file lets a person (or a fault-injection test) find a replica's process.
-    (log_dir / f"{replica.name}.pid").write_text(f"{popen.pid}\n")
+    # The pid file lets a person (or a fault-injection test) find a replica's process. Written
+    # atomically: a reader polling for it never finds it empty (a replacement rewrites it).
+    write_atomically(log_dir / f"{replica.name}.pid", f"{popen.pid}\n")
     return Process(replica, log_path, popen, restarts)
 
 
