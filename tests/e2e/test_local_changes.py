@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -168,9 +169,11 @@ def test_scaling_workers_starts_or_stops_processes_and_every_record_is_trained(
 
 # The training settings of each mode; sync joins the matrix once its rounds are wired in.
 MODES: dict[str, dict[str, object]] = {"async": {"useAsync": True, "taskTimeoutSeconds": 5}, "sync": {}}
-# Long enough that the job is still training after both scalings (4 workers, then 1), with workers
-# that train 12,000 records in a few seconds.
+# With paced_net's pause per task (30 tasks an epoch), long enough that the job is still training
+# after both scalings (4 workers, then 1) however fast the workers compute: at least 3 s an epoch
+# with 4 workers, 6 s with 2.
 SCALE_EPOCHS = 8
+HERE = Path(__file__).parent
 
 
 def scale(run_dir: Path, workers: int) -> str:
@@ -183,9 +186,15 @@ def scale(run_dir: Path, workers: int) -> str:
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(tmp_path: Path, mode: str) -> None:
+def test_elasticps_scale_changes_the_workers_of_a_running_elasticps_run(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     train, validation = write_data(tmp_path, records=RECORDS)
     document = job_document("scaled", train, validation, minibatchSize=16, numEpochs=SCALE_EPOCHS, **MODES[mode])
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec["model"] = {"modelDef": "paced_net"}
     job_file = write_job(tmp_path / "job.yaml", document)  # 2 PS + 2 workers
     run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
     process = elasticps("run", str(job_file), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
