@@ -26,6 +26,15 @@ start)
     fi
   fi
   mkdir -p "$STATE"
+  # A dockerd killed with its session leaves its pid file behind, and a new one refuses to start
+  # while it exists: a pid file whose process is not a running dockerd is stale.
+  if [ -f "$STATE/dockerd.pid" ]; then
+    pid=$(cat "$STATE/dockerd.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" = dockerd ]; then
+      echo "a dockerd (pid $pid) owns $STATE but does not answer on $SOCK" >&2; exit 3
+    fi
+    rm -f "$STATE/dockerd.pid"
+  fi
   nohup dockerd --iptables=false --bridge=none --data-root "$STATE/data" --exec-root "$STATE/exec" \
     --pidfile "$STATE/dockerd.pid" -H "unix://$SOCK" >"$STATE/dockerd.log" 2>&1 &
   for _ in $(seq 1 60); do
