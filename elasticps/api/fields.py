@@ -63,15 +63,21 @@ def field_info(field: dataclasses.Field[Any]) -> FieldInfo:
     return info
 
 
+# Words the YAML writes in capitals inside a camelCase key: ``local_sgd_steps`` -> ``localSGDSteps``.
+ACRONYMS = frozenset({"sgd"})
+
+
 def camel(name: str) -> str:
     """``lr_staleness_modulation`` -> ``lrStalenessModulation`` (the YAML spelling)."""
     head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+    return head + "".join(part.upper() if part in ACRONYMS else part[:1].upper() + part[1:] for part in rest)
 
 
 def snake(name: str) -> str:
-    """``lrStalenessModulation`` -> ``lr_staleness_modulation`` (the flag spelling)."""
-    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+    """``lrStalenessModulation`` -> ``lr_staleness_modulation``, ``localSGDSteps`` ->
+    ``local_sgd_steps`` (the flag spelling)."""
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words).lower()
 
 
 def check_bounds(value: float, info: FieldInfo, where: str) -> None:

@@ -7,10 +7,12 @@ flags, so a new mode is a new :class:`UpdateRule` member, a spec field that sele
 the PS and one step on the worker.
 
 Under the ``parameterServer`` strategy a mode is a pair (seed 000): the PS's update rule (sync
-averaging or async apply; staleness-aware learning rates wrap the async rule) and the worker's step
-(sync with retraining of rejected minibatches, async, or SSP: async with local steps between pulls).
+averaging, async apply, or LocalSGD's model averaging; staleness-aware learning rates wrap the async
+rule) and the worker's step (sync with retraining of rejected minibatches, async, SSP: async with
+local steps between pulls, or LocalSGD: K local steps, then the models averaged in a round).
 The async-only knobs (staleness-aware rates, ``useLocking``, ``overlapPull``, ``getModelFrequency`` > 1) are refused
-with sync rather than ignored (:meth:`TrainingMode.problems`), so a sync mode is always plain Sync.
+with sync and LocalSGD rather than ignored (:meth:`TrainingMode.problems`), so a sync mode is always
+plain Sync; LocalSGD is refused with ``useAsync``, and its other fields without ``localSGDSteps``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from elasticps.api.spec import TrainingSpec
 
 
 OVERLAP_PULL_SYNC = "needs useAsync: true (a sync worker always starts its pull as the round commits)"
+LOCAL_SGD_ONLY = "needs localSGDSteps > 0 (LocalSGD)"
+LOCAL_SGD_SYNC = "LocalSGD averages models in rounds: it cannot be combined with useAsync"
 
 
 class UpdateRule(str, Enum):
@@ -29,6 +33,18 @@ class UpdateRule(str, Enum):
 
     SYNC = "sync"  # average grads_to_wait current gradients into one update
     ASYNC = "async"  # apply every gradient at once
+    LOCAL_SGD = "localsgd"  # average the model deltas of one round (seed 003)
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """LocalSGD's period (seed 003): ``steps`` K local steps between averagings (adaptive: the
+    first K), ``warmup_steps`` with K = 1 first, ``adaptive`` K from loss and learning rate."""
+
+    steps: int = 0  # 0: not LocalSGD
+    warmup_steps: int = 0
+    adaptive: bool = False
+    inf_loss: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -41,22 +57,42 @@ class TrainingMode:
     use_locking: bool = False
     pull_every: int = 1
     overlap_pull: bool = False
+    local_sgd: LocalSGD = LocalSGD()
 
     @classmethod
     def of(cls, training: TrainingSpec) -> TrainingMode:
+        local_sgd = LocalSGD(
+            training.local_sgd_steps,
+            training.local_sgd_warmup_steps,
+            training.adaptive_local_sgd,
+            training.local_sgd_inf_loss,
+        )
+        if training.use_async:
+            rule = UpdateRule.ASYNC  # with localSGDSteps, refused by problems()
+        else:
+            rule = UpdateRule.LOCAL_SGD if local_sgd.steps > 0 else UpdateRule.SYNC
         return cls(
-            rule=UpdateRule.ASYNC if training.use_async else UpdateRule.SYNC,
+            rule=rule,
             staleness_lr=training.lr_staleness_modulation,
             use_locking=training.use_locking,
             pull_every=training.get_model_frequency,
             overlap_pull=training.overlap_pull,
+            local_sgd=local_sgd,
         )
 
     @property
+    def rounds(self) -> bool:
+        """Whether the coordinator decides rounds (sync and LocalSGD) rather than every push applying."""
+        return self.rule is not UpdateRule.ASYNC
+
+    @property
     def label(self) -> str:
-        """``status.mode`` and the MODE column: Sync, or Async with +StalenessLR and +SSP<k>."""
+        """``status.mode`` and the MODE column: Sync, LocalSGD<K> or LocalSGDAdaptive, or Async
+        with +StalenessLR and +SSP<k>."""
         if self.rule is UpdateRule.SYNC:
             return "Sync"  # problems() refuses every async-only knob with sync
+        if self.rule is UpdateRule.LOCAL_SGD:
+            return "LocalSGDAdaptive" if self.local_sgd.adaptive else f"LocalSGD{self.local_sgd.steps}"
         parts = [self.rule.value.capitalize()]
         if self.staleness_lr:
             parts.append("StalenessLR")
@@ -64,10 +100,28 @@ class TrainingMode:
             parts.append(f"SSP{self.pull_every}")
         return "+".join(parts)
 
+    def optimizer_problem(self, optimizer: str) -> str | None:
+        """Why the model's optimizer (its PS name: sgd, adam, ...) cannot train this mode, or None:
+        adaptive LocalSGD's K follows one global learning rate, which only SGD has (seed 003)."""
+        if self.rule is UpdateRule.LOCAL_SGD and self.local_sgd.adaptive and optimizer != "sgd":
+            return f"adaptiveLocalSGD needs an SGD optimizer (K follows its learning rate), the model's is {optimizer}"
+        return None
+
     def problems(self) -> list[tuple[str, str]]:
         """Combinations that cannot run, as (field, why), the field in the spec's spelling."""
         found: list[tuple[str, str]] = []
+        local = self.local_sgd
+        if local.steps == 0:
+            for name, given in (
+                ("localSGDWarmupSteps", local.warmup_steps > 0),
+                ("adaptiveLocalSGD", local.adaptive),
+                ("localSGDInfLoss", local.inf_loss != 0.0),
+            ):
+                if given:
+                    found.append((name, LOCAL_SGD_ONLY))
         if self.rule is UpdateRule.ASYNC:
+            if local.steps > 0:
+                found.append(("localSGDSteps", LOCAL_SGD_SYNC))
             return found
         if self.staleness_lr:
             # Accepted gradients in sync mode are current; modulation would silently do nothing.

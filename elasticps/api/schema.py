@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from elasticps.api.fields import FieldInfo, camel, field_info
-from elasticps.api.modes import OVERLAP_PULL_SYNC
+from elasticps.api.modes import LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, OVERLAP_PULL_SYNC
 from elasticps.api.spec import (
     API_VERSION,
     GROUP,
@@ -129,6 +129,17 @@ TRAINING_RULES: list[dict[str, str]] = [
         "message": "spec.training.getModelFrequency: needs useAsync: true"
         " (local steps between pulls are asynchronous SGD)",
     },
+    {
+        "rule": "!has(self.localSGDSteps) || self.localSGDSteps == 0 || !has(self.useAsync) || !self.useAsync",
+        "message": f"spec.training.localSGDSteps: {LOCAL_SGD_SYNC}",
+    },
+    *(
+        {
+            "rule": f"!has(self.{field}) || self.{field} == {off} || (has(self.localSGDSteps) && self.localSGDSteps > 0)",
+            "message": f"spec.training.{field}: {LOCAL_SGD_ONLY}",
+        }
+        for field, off in (("localSGDWarmupSteps", "0"), ("adaptiveLocalSGD", "false"), ("localSGDInfLoss", "0.0"))
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from elasticps.api.fields import spec_field
+from elasticps.api.slowdown import slowdown_problem
 
 # Sanity bounds (see fields.FieldInfo.maximum): far above any real job, far below what breaks a process.
 MAX_EPOCHS = 1_000_000
@@ -189,6 +190,27 @@ class TrainingSpec:
         aliases=("get_model_steps",),
         help="async: pull the model every k steps; in between apply own gradients to the local copy",
     )
+    local_sgd_steps: int = spec_field(
+        0,
+        minimum=0,
+        maximum=MAX_PULL_INTERVAL,
+        help="LocalSGD: each worker takes K optimizer steps on its own copy, then the workers' models "
+        "are averaged through the PS in a round (0: off); with adaptiveLocalSGD, the first K",
+    )
+    local_sgd_warmup_steps: int = spec_field(
+        0,
+        minimum=0,
+        help="LocalSGD: local steps taken with K = 1 before K grows (seed 003's warm-up, counted in "
+        "steps: after it, K is 1, 2, 4, ... up to localSGDSteps, each for as many steps again)",
+    )
+    adaptive_local_sgd: bool = spec_field(
+        False,
+        help="LocalSGD: K follows the training loss and learning rate after each round "
+        "(AdaComm: K0 * sqrt(lr0 (F - Finf) / (lr (F0 - Finf)))); SGD optimizers only",
+    )
+    local_sgd_inf_loss: float = spec_field(
+        0.0, help="adaptive LocalSGD: the lowest training loss the model can reach (Finf)"
+    )
     grads_to_wait: int = spec_field(
         0,
         minimum=0,
@@ -220,6 +242,13 @@ class TrainingSpec:
         minimum=0,
         help="with spec.output: also export the model every this many versions, into "
         "<output>/versions/<version>/ (0: only the final model)",
+    )
+    slowdown: str = spec_field(
+        "",
+        help="stragglers on purpose, for experiments: '<worker>:<factor>' (0:4: worker 0 four times "
+        "slower) and/or 'random:<factor>:<probability>' (every worker, each step), comma-separated; "
+        "a worker sleeps factor - 1 times its compute time after each minibatch (empty: none)",
+        check=slowdown_problem,
     )
     split_bytes: int = spec_field(
         DEFAULT_SPLIT_BYTES,

@@ -51,9 +51,20 @@ class CoordinatorClient:
         """Tells the coordinator this worker exits now, so sync rounds stop waiting for it (one try)."""
         self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker, leaving=True), timeout=2.0)
 
-    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply:
-        """Sync: counts this worker's staged gradient (computed on ``version``) in the open round."""
-        request = pb.JoinRequest(worker=self.worker, version=version, wait_ms=wait_ms)
+    def join_round(
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+    ) -> pb.JoinReply:
+        """Sync: counts this worker's staged gradient (computed on ``version``) in the open round.
+        LocalSGD: the staged model delta, trained over a period of ``local_steps`` steps at mean
+        ``loss`` and ``learning_rate``; a COMMITTED reply names the next period's steps."""
+        request = pb.JoinRequest(
+            worker=self.worker,
+            version=version,
+            wait_ms=wait_ms,
+            local_steps=local_steps,
+            loss=loss,
+            learning_rate=learning_rate,
+        )
         timeout = self._timeout_s + wait_ms / 1000
         reply: pb.JoinReply = retrying(
             lambda: self._stub.JoinRound(request, timeout=timeout), what="JoinRound", deadline_s=self._deadline_s

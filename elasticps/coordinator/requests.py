@@ -14,7 +14,9 @@ no sum overflows an int64 or a double (``tasks.py`` also saturates its counters 
   (a sum of per-record values: 1e200 leaves room to add up any number of tasks); at most
   :data:`MAX_METRICS` metrics, each named, names at most :data:`MAX_NAME` characters;
 * ``error``: kept, cut to :data:`MAX_ERROR` characters (a diagnosis, never refused);
-* JoinRound: ``version`` >= 0, ``wait_ms`` >= 0 (capped by the servicer).
+* JoinRound: ``version`` >= 0, ``wait_ms`` >= 0 (capped by the servicer); LocalSGD's period:
+  ``local_steps`` >= 0, ``loss`` finite with a magnitude of at most :data:`MAX_SUM`,
+  ``learning_rate`` finite and >= 0.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def check_join(request: pb.JoinRequest) -> None:
     _worker("JoinRound", request.worker)
     _in_range("JoinRound", "version", request.version)
     _in_range("JoinRound", "wait_ms", request.wait_ms)
+    _in_range("JoinRound", "local_steps", request.local_steps)
+    _bounded_sum("JoinRound", "loss", request.loss)
+    _bounded_sum("JoinRound", "learning_rate", request.learning_rate)
+    if request.learning_rate < 0:
+        raise RequestError(f"JoinRound: learning_rate must be >= 0, got {request.learning_rate!r}")
 
 
 def check_report(request: pb.TaskResult) -> None:

@@ -16,6 +16,9 @@ shard averages the same gradients in every round, each once.
 * **Members that leave.** A member whose task goes back to the queue (it left, died, restarted or
   failed) is taken out of the open round: its minibatch will be trained again with its task.
 * A closed round is committed before the next one opens; :meth:`Rounds.committed` records it.
+* **LocalSGD.** Each join reports the member's period (local steps, mean training loss, learning
+  rate); a committed round hands them to the job's :class:`~elasticps.coordinator.local_steps.LocalSteps`,
+  which decides the next period, the same for every worker (:meth:`Rounds.period_after`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from elasticps.api.spec import effective_grads_to_wait
+from elasticps.coordinator.local_steps import LocalSteps
 
 
 class Admission(Enum):
@@ -35,10 +39,20 @@ class Admission(Enum):
 
 
 @dataclass(frozen=True)
+class Period:
+    """A LocalSGD member's report with its join: what its model delta was trained with."""
+
+    steps: int
+    loss: float
+    learning_rate: float
+
+
+@dataclass(frozen=True)
 class Closed:
     round: int
     members: tuple[str, ...]
     target: int  # the gradients the round wanted (fewer members: a short round)
+    periods: tuple[Period, ...] = ()  # LocalSGD: the members' reports
 
 
 @dataclass
@@ -52,10 +66,13 @@ class Rounds:
     _recent: deque[tuple[int, frozenset[str]]] = field(default_factory=lambda: deque(maxlen=64))
     short_rounds: int = 0  # rounds closed with fewer members than their target
     aborted_rounds: int = 0  # rounds a shard refused before any applied them
+    periods: LocalSteps | None = None  # LocalSGD: the schedule of local steps
+    _reports: dict[str, Period] = field(default_factory=dict)  # open round: worker -> its period
 
     # ---- decisions ---------------------------------------------------------------------------
-    def join(self, worker: str, computed_on: int, live: int) -> Admission:
-        """``worker``'s staged gradient of version ``computed_on`` asks to join the open round."""
+    def join(self, worker: str, computed_on: int, live: int, period: Period | None = None) -> Admission:
+        """``worker``'s staged gradient of version ``computed_on`` asks to join the open round
+        (LocalSGD: ``period``, what its model delta was trained with)."""
         if self.closing is not None:
             return Admission.BUSY
         if worker in self._members:
@@ -65,6 +82,8 @@ class Rounds:
         if not self._members:
             self._target = self.target(live)
         self._members[worker] = computed_on
+        if period is not None:
+            self._reports[worker] = period
         return Admission.ADMITTED
 
     def target(self, live: int) -> int:
@@ -79,14 +98,17 @@ class Rounds:
         others = sum(1 for w in can_join if w not in self._members)
         if len(self._members) < min(self._target, len(self._members) + others):
             return None
-        closed = Closed(self.version, tuple(sorted(self._members)), self._target)
+        members = tuple(sorted(self._members))
+        reports = tuple(self._reports[w] for w in members if w in self._reports)
+        closed = Closed(self.version, members, self._target, reports)
         self.closing = closed
-        self._members = {}
+        self._members, self._reports = {}, {}
         return closed
 
     def drop(self, worker: str) -> None:
         """``worker`` left the job or lost its task: it no longer counts in the open round."""
         self._members.pop(worker, None)
+        self._reports.pop(worker, None)
 
     def committed(self, closed: Closed) -> None:
         """Every shard applied ``closed``: the next round opens."""
@@ -97,6 +119,14 @@ class Rounds:
         if len(closed.members) < closed.target:
             self.short_rounds += 1
         self._recent.append((closed.round, frozenset(closed.members)))
+        if self.periods is not None and closed.periods:
+            reports = closed.periods
+            self.periods.committed(
+                closed.round,
+                max(p.steps for p in reports),
+                sum(p.loss for p in reports) / len(reports),
+                sum(p.learning_rate for p in reports) / len(reports),
+            )
 
     def abort(self, closed: Closed) -> None:
         """A shard could not take ``closed`` (checked before any applied it): it is dropped, and its
@@ -123,6 +153,10 @@ class Rounds:
             return self.closing.round
         return self.version if worker in self._members else None
 
+    def period_after(self, round_: int) -> int:
+        """LocalSGD: the local steps of the period after round ``round_`` (0 for other modes)."""
+        return 0 if self.periods is None else self.periods.after(round_)
+
     def effective_grads_to_wait(self, live: int) -> int:
         """What the status shows: the open round's target (or the next one's), clamped to the live workers."""
         target = self._target if self._members else self.target(live)
@@ -131,6 +165,6 @@ class Rounds:
     def reset(self, version: int) -> None:
         """Every shard is at ``version`` (a restore): rounds go on from there, the open one forgotten."""
         self.version = version
-        self._members = {}
+        self._members, self._reports = {}, {}
         self.closing = None
         self._recent.clear()

@@ -43,7 +43,7 @@ from elasticps.api.output import export_failure, export_path, predictions_path
 from elasticps.coordinator.curves import TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
-from elasticps.coordinator.rounds import Admission, Rounds
+from elasticps.coordinator.rounds import Admission, Period, Rounds
 from elasticps.coordinator.shards import RoundAborted, Shards, ShardRefused, ShardView
 from elasticps.coordinator import requests
 from elasticps.coordinator.tasks import (
@@ -250,7 +250,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         while True:
             seen = self._changes.generation
             try:
-                reply, version = await asyncio.to_thread(self._join_step, request.worker, request.version)
+                reply, version = await asyncio.to_thread(self._join_step, request)
             except (ShardRefused, grpc.RpcError) as err:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"JoinRound: a shard did not commit: {err}")
             if reply is not None:
@@ -262,11 +262,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 lambda: self._changes.generation != seen or self._stopped.is_set(), min(remaining, TICK_S)
             )
 
-    def _join_step(self, worker: str, version: int) -> tuple[pb.JoinReply | None, int]:
+    def _join_step(self, request: pb.JoinRequest) -> tuple[pb.JoinReply | None, int]:
         """One look at the rounds for a join (in the work pool): commits a round that is due, admits
         the worker's gradient; its answer, or None while its round is open, and the rounds' version."""
         rounds = self._rounds
         assert rounds is not None
+        worker, version = request.worker, request.version
+        period = Period(request.local_steps, request.loss, request.learning_rate) if request.local_steps > 0 else None
         with self._rounds_changed:
             while True:
                 try:
@@ -279,7 +281,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     with self._lock:
                         self._queue.heartbeat(worker)
                         live = len(self._queue.live_workers())
-                    admission = rounds.join(worker, version, live)
+                    admission = rounds.join(worker, version, live, period)
                     if admission is Admission.REFUSED:
                         return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version), rounds.version
                     if admission is Admission.ADMITTED:
@@ -288,7 +290,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 else:
                     counted = rounds.counted(worker, joined[1])
                     if counted is True:
-                        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=rounds.version), rounds.version
+                        committed = pb.JoinReply(
+                            outcome=pb.JOIN_OUTCOME_COMMITTED,
+                            version=rounds.version,
+                            local_steps=rounds.period_after(joined[1]),
+                        )
+                        return committed, rounds.version
                     if counted is False or not rounds.is_member(worker):  # taken out: its task went back
                         del self._joined[worker]  # its next gradient, even of this version, may join
                         return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=rounds.version), rounds.version

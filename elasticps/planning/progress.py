@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingJob
 from elasticps.planning.observed import JobProgress
 from elasticps.proto import elasticps_pb2 as pb
@@ -68,7 +69,7 @@ class SyncRounds:
 def sync_rounds(job: TrainingJob, progress: JobProgress) -> SyncRounds | None:
     """The job's sync rounds (None for an async job). ``averaged`` is the coordinator's number when
     it gives one, else the spec's (``TrainingJob.grads_to_wait``) cut down to the live workers."""
-    if job.spec.training.use_async:
+    if not TrainingMode.of(job.spec.training).rounds:
         return None
     live = progress.live_workers
     if progress.grads_to_wait > 0:

@@ -721,21 +721,34 @@ class JoinRequest(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    LOCAL_STEPS_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    LEARNING_RATE_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the model version the gradient was computed on (>= 0)"""
     wait_ms: _builtins.int
     """how long an admitted worker's call may wait for the round to commit (>= 0; capped at 10 s)"""
+    local_steps: _builtins.int
+    """LocalSGD: the period the pushed model delta was trained over: its local steps (>= 1; 0 in
+    other modes), their mean training loss and the learning rate (finite, >= 0). The coordinator
+    decides the next period from them (adaptive K).
+    """
+    loss: _builtins.float
+    learning_rate: _builtins.float
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
         version: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
+        local_steps: _builtins.int = ...,
+        loss: _builtins.float = ...,
+        learning_rate: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "local_steps", b"local_steps", "loss", b"loss", "version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -747,18 +760,22 @@ class JoinReply(_message.Message):
 
     OUTCOME_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    LOCAL_STEPS_FIELD_NUMBER: _builtins.int
     outcome: Global___JoinOutcome.ValueType
     version: _builtins.int
     """the committed version (the next round's number)"""
+    local_steps: _builtins.int
+    """LocalSGD, with COMMITTED: the local steps of the next period (0 in other modes)"""
     def __init__(
         self,
         *,
         outcome: Global___JoinOutcome.ValueType = ...,
         version: _builtins.int = ...,
+        local_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["local_steps", b"local_steps", "outcome", b"outcome", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

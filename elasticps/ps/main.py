@@ -31,6 +31,7 @@ from elasticps.api.flags import (
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
 from elasticps.coordinator.journal import Journals
+from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.curves import open_curves
 from elasticps.coordinator.servicer import CoordinatorServicer
@@ -232,13 +233,19 @@ class LocalShard:
 def rounds_and_shards(
     config: PSConfig, store: ParameterStore, stopping: threading.Event
 ) -> tuple[Rounds | None, Shards]:
-    """PS 0's view of the job's shards, and sync rounds over them unless the job is asynchronous."""
+    """PS 0's view of the job's shards, and rounds over them unless the job is asynchronous (sync
+    and LocalSGD have rounds; LocalSGD's also decide each worker's next period)."""
     links: list[ShardLink] = [LocalShard(store)]
     links += [RemoteShard(i, address, stopping) for i, address in enumerate(config.ps_addrs) if i > 0]
     t = config.training
-    if TrainingMode.of(t).rule is not UpdateRule.SYNC:
+    mode = TrainingMode.of(t)
+    if not mode.rounds:
         return None, Shards(links)
-    return Rounds(grads_to_wait=t.grads_to_wait, tolerance=t.sync_version_tolerance, version=store.version), Shards(links)
+    periods = LocalSteps(mode.local_sgd) if mode.rule is UpdateRule.LOCAL_SGD else None
+    rounds = Rounds(
+        grads_to_wait=t.grads_to_wait, tolerance=t.sync_version_tolerance, version=store.version, periods=periods
+    )
+    return rounds, Shards(links)
 
 
 def queue_settings(config: PSConfig) -> QueueSettings:

@@ -24,6 +24,13 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   (``tables.py`` computes it aside first). Its learning rate per push comes from a :class:`~elasticps.ps.staleness.LearningRate`,
   wrapped in :class:`~elasticps.ps.staleness.StalenessAware` for ``lrStalenessModulation``.
 
+* :class:`ModelAveraging` (LocalSGD, seed 003): rounds as :class:`RoundAveraging`'s, but what a
+  worker pushes is its model delta over K local steps, as a descent direction: the weights it
+  pulled minus the weights it trained to. The round averages the members' deltas and applies them
+  with plain SGD at learning rate 1 (:data:`AVERAGING`, whatever optimizer the worker pushed: that
+  one runs on the workers, between averagings), so the shard's weights become the members' models
+  averaged. The worker's learning rate on the push is not used.
+
 Adding a mode: a member of ``api.modes.UpdateRule``, a :class:`Rule` subclass here, an entry in
 :data:`RULES`.
 """
@@ -40,6 +47,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from elasticps.api.modes import UpdateRule
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model, Update
 from elasticps.ps.settings import StoreSettings
@@ -117,6 +125,10 @@ class Rule(abc.ABC):
     @abc.abstractmethod
     def guard(self) -> AbstractContextManager[object]:
         """Held by pulls while they read and by the store while it installs a model."""
+
+    def optimizer(self, pushed: OptimizerConfig) -> OptimizerConfig:
+        """The optimizer the shard updates with, given the one the first worker pushed."""
+        return pushed
 
 
 class RoundAveraging(Rule):
@@ -203,13 +215,16 @@ class RoundAveraging(Rule):
                 for name, part in gradient.update.items():
                     self._sums[name].add(part)
             averaged = {name: summed.averaged(len(members)) for name, summed in self._sums.items()}
-            return model.stage(averaged, members[0].base_lr)
+            return model.stage(averaged, self._learning_rate(members))
         except BaseException as err:
             for summed in self._sums.values():
                 summed.clear()
             if isinstance(err, GradientError):
                 raise RoundError(f"round {round_}: {err}") from err
             raise
+
+    def _learning_rate(self, members: list[Gradient]) -> float:
+        return members[0].base_lr
 
     def _members(self, round_: int, workers: Sequence[str]) -> list[Gradient]:
         if len(set(workers)) != len(workers):
@@ -228,6 +243,18 @@ class RoundAveraging(Rule):
         for worker, gradient in list(self._staged.items()):
             if version - gradient.computed_on > self.sync_version_tolerance:
                 del self._staged[worker]
+
+
+# LocalSGD's update on the PS: the averaged delta applied as it is (w - 1 * mean(w_pulled - w_trained)).
+AVERAGING = OptimizerConfig("sgd", {"learning_rate": 1.0, "momentum": 0.0, "nesterov": 0.0})
+
+
+class ModelAveraging(RoundAveraging):
+    def optimizer(self, pushed: OptimizerConfig) -> OptimizerConfig:
+        return AVERAGING
+
+    def _learning_rate(self, members: list[Gradient]) -> float:
+        return AVERAGING.params["learning_rate"]
 
 
 class AsyncApply(Rule):
@@ -251,6 +278,10 @@ def _sync(settings: StoreSettings) -> Rule:
     return RoundAveraging(settings.sync_version_tolerance)
 
 
+def _local_sgd(settings: StoreSettings) -> Rule:
+    return ModelAveraging(settings.sync_version_tolerance)
+
+
 def _async(settings: StoreSettings) -> Rule:
     learning_rate: LearningRate = StalenessAware(as_given) if settings.mode.staleness_lr else as_given
     return AsyncApply(settings.mode.use_locking, learning_rate)
@@ -258,7 +289,7 @@ def _async(settings: StoreSettings) -> Rule:
 
 # The one place a mode becomes a rule on the PS.
 RULES: Mapping[UpdateRule, Callable[[StoreSettings], Rule]] = MappingProxyType(
-    {UpdateRule.SYNC: _sync, UpdateRule.ASYNC: _async}
+    {UpdateRule.SYNC: _sync, UpdateRule.ASYNC: _async, UpdateRule.LOCAL_SGD: _local_sgd}
 )
 
 

@@ -162,7 +162,7 @@ class ParameterStore:
         _disjoint(tensors, state)
         dense = DenseTable.create(tensors, self.settings.shard)
         held_state = StateTable.create(state, self.settings.shard)
-        built = make_optimizer(optimizer)
+        built = make_optimizer(self._rule.optimizer(optimizer))
         with self._installing:
             held = self._model
             if held is not None and not (held.empty and (tensors or state)):

@@ -15,6 +15,7 @@ first, uses the statistics the PS holds rather than this worker's own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np
 
 from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
+from elasticps.worker.pacing import Pace
 from elasticps.worker.ports import PSClientLike, Trainer
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class Counters:
     pulls: int = 0
     rejected: int = 0
     reinitialised: int = 0
+    slowed_s: float = 0.0  # slept on purpose (spec.training.slowdown)
 
 
 class LocalModel:
@@ -52,12 +55,14 @@ class LocalModel:
         learning_rate: float,
         counters: Counters,
         metrics: WorkerMetrics,
+        pace: Pace | None = None,
     ) -> None:
         self.counters = counters  # shared with the loop; steps count their own events here
         self.metrics = metrics
         self._trainer = trainer
         self._ps = ps
         self._learning_rate = learning_rate
+        self._pace = pace  # spec.training.slowdown: sleeps after each computation
         self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
         self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
         self._in_flight: Future[Pushed] | None = None
@@ -211,13 +216,27 @@ class LocalModel:
 
     # ---- gradients ---------------------------------------------------------------------------
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        """One minibatch's mean loss and gradients on the local copy."""
+        """One minibatch's mean loss and gradients on the local copy (then, for a worker slowed on
+        purpose, its sleep: the step's seconds include it, as a slower processor's would)."""
         with self.metrics.step_seconds.time():
-            return self._trainer.gradients(x, y)
+            began = time.perf_counter()
+            result = self._trainer.gradients(x, y)
+            if self._pace is not None:
+                self.counters.slowed_s += self._pace.after(time.perf_counter() - began)
+            return result
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
         """Applies gradients to the local copy only (between pulls); the PS does not see this."""
         self._trainer.apply_local(gradients)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The local copy's trainable weights now (LocalSGD: where a period starts and ends)."""
+        return self._trainer.weights()
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the worker's own optimizer (its local steps)."""
+        return self._trainer.optimizer_config(self._learning_rate).params["learning_rate"]
 
     # ---- pushes ------------------------------------------------------------------------------
     def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "") -> Pushed:

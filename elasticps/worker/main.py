@@ -40,6 +40,7 @@ from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
 from elasticps.worker.exporting import Exporter
+from elasticps.worker.pacing import pace_for
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,11 @@ def _run(config: WorkerConfig) -> int:
             learning_rate=config.training.learning_rate,
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
         )
-        trainer.optimizer_config(config.training.learning_rate)
+        problem = TrainingMode.of(config.training).optimizer_problem(
+            trainer.optimizer_config(config.training.learning_rate).name
+        )
+        if problem:
+            raise OptimizerError(problem)
         if spec.standalone:
             trainer.load_exported(spec.model)
         if config.output:
@@ -207,6 +212,7 @@ def _run(config: WorkerConfig) -> int:
         metrics=metrics,
         exporter=_exporter(config),
         prediction=prediction,
+        pace=pace_for(config.training.slowdown, config.worker_id),
     )
     try:
         worker.run()

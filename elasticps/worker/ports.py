@@ -86,15 +86,19 @@ class CoordinatorLike(Protocol):
 
     def leave(self) -> None: ...
 
-    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply: ...
+    def join_round(
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+    ) -> pb.JoinReply: ...
 
     def status(self, timeout_s: float = 5.0) -> pb.JobStatus: ...
 
 
 class RoundsLike(Protocol):
-    """The coordinator as a sync step sees it: joining rounds (``CoordinatorClient.join_round``)."""
+    """The coordinator as a sync or LocalSGD step sees it: joining rounds (``CoordinatorClient.join_round``)."""
 
-    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply: ...
+    def join_round(
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+    ) -> pb.JoinReply: ...
 
 
 class Trainer(Protocol):

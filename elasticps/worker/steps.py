@@ -13,8 +13,15 @@ Each step uses the :class:`LocalModel` for the model traffic and only decides wh
 * :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between apply own
   gradients to the local copy while also pushing them, each push travelling during the next minibatch.
 
-A new mode (e.g. LocalSGD: K local steps, then model averaging) is one class here implementing
-:class:`Step`, one entry in :data:`STEPS`, and the spec field that selects it in ``api/modes.py``.
+* :class:`LocalSGDStep` (``UpdateRule.LOCAL_SGD``): a period of K steps on the local copy with the
+  worker's own optimizer, from a pull; then the model delta (pulled minus trained weights) is staged
+  on every shard and joins a round, as a sync gradient does, and the round averages the members'
+  models. The coordinator's answer names the next period's K. A delta the round did not take is
+  trained again: pull, the period's minibatches again, push. A task's last period ends with the
+  task, however short, so that no record of a reported task is left out of the model.
+
+A new mode is one class here implementing :class:`Step`, one entry in :data:`STEPS`, and the spec
+field that selects it in ``api/modes.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+import numpy as np
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.proto import elasticps_pb2 as pb
@@ -84,6 +93,88 @@ class SyncStep:
 
     def end_task(self) -> None:
         self._model.settle()  # the last round was committed before train() returned
+
+
+class LocalSGDStep:
+    """The worker's optimizer state (momentum) is kept across averagings: it is this worker's own
+    descent direction, and resetting it every K steps would make each period start cold. The first
+    period of a worker is one step long: the coordinator's answer to its first join gives the job's
+    current K (``coordinator/local_steps.py``)."""
+
+    def __init__(self, model: LocalModel, rounds: RoundsLike) -> None:
+        self._model = model
+        self._rounds = rounds
+        self._session = secrets.token_hex(3)
+        self._sequence = 0
+        self._period = 1  # K of the current period
+        self._start: dict[str, np.ndarray] = {}  # the weights the period started from (pulled)
+        self._version = 0  # the version they were pulled at
+        self._trained: list[tuple[Any, Any]] = []  # the period's minibatches, to train again if refused
+        self._losses: list[float] = []
+
+    @property
+    def period(self) -> int:
+        return self._period
+
+    def start_task(self) -> None:
+        pass
+
+    def train(self, x: Any, y: Any) -> float:
+        if not self._trained:
+            self._begin()
+        loss = self._local_step(x, y)
+        self._trained.append((x, y))
+        self._losses.append(loss)
+        if len(self._trained) >= self._period:
+            self._average()
+        return loss
+
+    def end_task(self) -> None:
+        if self._trained:
+            self._average()  # the task's records are in the model before it is reported
+        self._model.settle()
+
+    def _begin(self) -> None:
+        self._model.pull_aligned(ALIGN_WAIT_MS)
+        self._version = self._model.versions[0]
+        self._start = self._model.weights()
+
+    def _local_step(self, x: Any, y: Any) -> float:
+        loss, gradients = self._model.gradients(x, y)
+        self._model.apply_local(gradients)
+        return loss
+
+    def _average(self) -> None:
+        model = self._model
+        self._sequence += 1
+        minibatch = f"{model.worker}/{self._session}/{self._sequence}"
+        while True:
+            trained = model.weights()
+            delta = {name: start - trained[name] for name, start in self._start.items()}
+            if model.push(delta, minibatch).all_accepted:
+                reply = self._join()
+                if reply is not None:
+                    self._period = max(1, reply.local_steps)
+                    model.pull_ahead()  # the next period's model, fetched while the loop goes on
+                    break
+            model.counters.rejected += 1  # the round moved on without it: the period again
+            model.metrics.rejected.inc()
+            self._begin()
+            self._losses = [self._local_step(x, y) for x, y in self._trained]
+        self._trained, self._losses = [], []
+
+    def _join(self) -> pb.JoinReply | None:
+        """Joins the round with the delta staged on every shard: the reply once it is committed
+        with it, None when the round did not take it."""
+        loss = sum(self._losses) / len(self._losses)
+        while True:
+            reply = self._rounds.join_round(
+                self._version, JOIN_WAIT_MS, len(self._trained), loss, self._model.learning_rate
+            )
+            if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
+                return reply
+            if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
+                return None
 
 
 class AsyncStep:
@@ -153,13 +244,15 @@ class SSPStep:
 
 StepFactory = Callable[[TrainingMode, LocalModel, RoundsLike], Step]
 
-# Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync with
-# local steps has no entry: the spec refuses getModelFrequency > 1 without useAsync (api/modes.py).
+# Keyed by (the PS's update rule, whether the worker takes local steps between pulls). Sync and
+# LocalSGD with SSP's pulls have no entry: the spec refuses getModelFrequency > 1 without useAsync
+# (api/modes.py).
 # Async and SSP pulls leave with the push when mode.overlap_pull (see AsyncStep); sync always pulls ahead.
 STEPS: Mapping[tuple[UpdateRule, bool], StepFactory] = {
     (UpdateRule.SYNC, False): lambda mode, model, rounds: SyncStep(model, rounds, pull_ahead=True),
     (UpdateRule.ASYNC, False): lambda mode, model, rounds: AsyncStep(model, mode.overlap_pull),
     (UpdateRule.ASYNC, True): lambda mode, model, rounds: SSPStep(model, mode.pull_every, mode.overlap_pull),
+    (UpdateRule.LOCAL_SGD, False): lambda mode, model, rounds: LocalSGDStep(model, rounds),
 }
 
 

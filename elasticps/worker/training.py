@@ -40,7 +40,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingSpec
 from elasticps.data.readers import Reader
 from elasticps.model_contract import Mode
@@ -50,6 +50,7 @@ from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
+from elasticps.worker.pacing import Pace
 from elasticps.worker.predicting import PredictionWriter
 from elasticps.worker.steps import step_for
 
@@ -101,6 +102,7 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         exporter: Exporter | None = None,
         prediction: Prediction | None = None,
+        pace: Pace | None = None,
     ) -> None:
         if training_data is None and (prediction is None or not prediction.standalone):
             raise ValueError("a worker without training data only predicts, with an exported model")
@@ -116,12 +118,12 @@ class Worker:
         self.first_task_cpu_s: float | None = None  # this process's CPU when its first training task began
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
         self._minibatch_size = settings.minibatch_size
-        self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics)
+        self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics, pace)
         self._step = step_for(mode, self._model, coordinator)
-        # Sync shards meet at every round, so the final model is one version on every shard; async
+        # Sync (and LocalSGD) shards meet at every round, so the final model is one version on every shard; async
         # shards count their own pushes and may stay apart (the coordinator names such a model by
         # the oldest shard's version, which a non-strict settled pull returns too).
-        self._sync = mode.rule is UpdateRule.SYNC
+        self._sync = mode.rounds
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:

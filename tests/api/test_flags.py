@@ -61,7 +61,8 @@ def test_boolean_flag_followed_by_another_flag() -> None:
 def test_every_boolean_field_takes_both_forms() -> None:
     for field in dataclasses.fields(TrainingSpec):
         if field.type in (bool, "bool"):
-            mode = [] if field.name == "use_async" else ["--use_async"]  # the others are async-only
+            # Each with the mode it belongs to: the others are async-only, adaptive is LocalSGD's.
+            mode = {"use_async": [], "adaptive_local_sgd": ["--local_sgd_steps=4"]}.get(field.name, ["--use_async"])
             assert getattr(parse(*mode, f"--{field.name}"), field.name) is True
             assert getattr(parse(*mode, f"--{field.name}=true"), field.name) is True
             assert getattr(parse(*mode, f"--{field.name}=false"), field.name) is False
@@ -71,6 +72,16 @@ def test_get_model_steps_is_an_alias_of_get_model_frequency() -> None:
     assert parse("--use_async", "--get_model_steps", "4").get_model_frequency == 4
     assert parse("--use_async", "--get_model_steps=5").get_model_frequency == 5
     assert parse("--use_async", "--get_model_frequency", "6").get_model_frequency == 6
+
+
+def test_localsgd_flags_are_the_fields_in_snake_case() -> None:
+    spec = parse("--local_sgd_steps", "4", "--local_sgd_warmup_steps=20", "--adaptive_local_sgd", "--local_sgd_inf_loss=0.5")
+    assert (spec.local_sgd_steps, spec.local_sgd_warmup_steps, spec.adaptive_local_sgd, spec.local_sgd_inf_loss) == (
+        4,
+        20,
+        True,
+        0.5,
+    )
 
 
 def test_typed_values() -> None:

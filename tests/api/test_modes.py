@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from job_builders import job_document
 
-from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.modes import LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, LocalSGD, TrainingMode, UpdateRule
 from elasticps.api.parsing import SpecError, parse_job
 from elasticps.api.spec import TrainingSpec
 
@@ -24,6 +24,10 @@ from elasticps.api.spec import TrainingSpec
             UpdateRule.ASYNC,
             "Async+StalenessLR+SSP2",
         ),
+        ({"local_sgd_steps": 4}, UpdateRule.LOCAL_SGD, "LocalSGD4"),
+        ({"local_sgd_steps": 4, "local_sgd_warmup_steps": 100}, UpdateRule.LOCAL_SGD, "LocalSGD4"),
+        ({"local_sgd_steps": 8, "adaptive_local_sgd": True, "local_sgd_inf_loss": 0.6}, UpdateRule.LOCAL_SGD, "LocalSGDAdaptive"),
+        ({"local_sgd_steps": 2, "grads_to_wait": 3}, UpdateRule.LOCAL_SGD, "LocalSGD2"),
     ],
 )
 def test_mode_of_training(training: dict[str, Any], rule: UpdateRule, label: str) -> None:
@@ -90,3 +94,55 @@ def test_strategy_defaults_to_parameter_server_and_is_checked() -> None:
     assert parse_job(job_document({"strategy": "parameterServer"})).uses_ps
     with pytest.raises(SpecError, match=r"^spec\.strategy: must be one of parameterServer, got 'allReduce'$"):
         parse_job(job_document({"strategy": "allReduce"}))
+
+
+def test_localsgd_carries_its_period_settings() -> None:
+    mode = TrainingMode.of(
+        TrainingSpec(local_sgd_steps=8, local_sgd_warmup_steps=50, adaptive_local_sgd=True, local_sgd_inf_loss=0.5)
+    )
+    assert mode.local_sgd == LocalSGD(steps=8, warmup_steps=50, adaptive=True, inf_loss=0.5)
+    assert mode.rounds and TrainingMode().rounds and not TrainingMode(rule=UpdateRule.ASYNC).rounds
+
+
+@pytest.mark.parametrize(
+    ("training", "field", "why"),
+    [
+        ({"localSGDSteps": 4, "useAsync": True}, "localSGDSteps", LOCAL_SGD_SYNC),
+        ({"localSGDSteps": 4, "lrStalenessModulation": True}, "lrStalenessModulation", "needs useAsync: true"),
+        (
+            {"localSGDSteps": 4, "getModelFrequency": 2},
+            "getModelFrequency",
+            "needs useAsync: true (local steps between pulls are asynchronous SGD)",
+        ),
+        ({"localSGDWarmupSteps": 10}, "localSGDWarmupSteps", LOCAL_SGD_ONLY),
+        ({"adaptiveLocalSGD": True}, "adaptiveLocalSGD", LOCAL_SGD_ONLY),
+        ({"localSGDInfLoss": 0.6, "useAsync": True}, "localSGDInfLoss", LOCAL_SGD_ONLY),
+    ],
+)
+def test_localsgd_combinations_that_cannot_run_are_refused_naming_the_field(
+    training: dict[str, Any], field: str, why: str
+) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_job(job_document({"training": training}))
+    assert str(raised.value) == f"spec.training.{field}: {why}"
+
+
+def test_localsgd_fields_are_spelled_as_the_issue_names_them() -> None:
+    job = parse_job(
+        job_document(
+            {"training": {"localSGDSteps": 4, "localSGDWarmupSteps": 8, "adaptiveLocalSGD": True, "localSGDInfLoss": 0.1}}
+        )
+    )
+    training = job.spec.training
+    assert TrainingMode.of(training).label == "LocalSGDAdaptive"
+    assert (training.local_sgd_steps, training.local_sgd_warmup_steps) == (4, 8)
+    assert training.adaptive_local_sgd and training.local_sgd_inf_loss == 0.1
+
+
+def test_adaptive_localsgd_needs_an_sgd_optimizer() -> None:
+    adaptive = TrainingMode.of(TrainingSpec(local_sgd_steps=4, adaptive_local_sgd=True))
+    assert adaptive.optimizer_problem("sgd") is None
+    assert adaptive.optimizer_problem("adam") == (
+        "adaptiveLocalSGD needs an SGD optimizer (K follows its learning rate), the model's is adam"
+    )
+    assert TrainingMode.of(TrainingSpec(local_sgd_steps=4)).optimizer_problem("adam") is None  # its own, between averagings

@@ -18,12 +18,15 @@ import pytest
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.api.modes import LocalSGD
+from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardView
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -91,6 +94,7 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
         clock: Callable[[], float] = time.monotonic,
         task_timeout: float = 60.0,
         ticker: bool = False,
+        periods: LocalSteps | None = None,
     ) -> SyncJob:
         logs = [tmp_path / f"ps-{i}.jsonl" for i in range(2)]
         stores = [ParameterStore(StoreSettings(shard=i, round_log=logs[i])) for i in range(2)]
@@ -100,7 +104,7 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
             addresses.append(f"127.0.0.1:{grpc_servers(lambda s, p=ps_servicer: add_to_server(p, s))}")
         links: list[ShardLink] = [LocalShard(stores[0]), RemoteShard(1, addresses[1])]
         shards = Shards(links)
-        rounds = Rounds(grads_to_wait=grads_to_wait)
+        rounds = Rounds(grads_to_wait=grads_to_wait, periods=periods)
         settings = QueueSettings(
             num_records=num_records, records_per_task=records_per_task, num_epochs=num_epochs, task_timeout=task_timeout
         )
@@ -237,6 +241,41 @@ def test_a_lone_worker_commits_its_round_at_once_and_the_status_shows_it(make_jo
     status = coordinator.status()
     assert (list(status.shard_versions), status.live_workers, status.grads_to_wait) == ([1, 1], 1, 1)
     assert [e["minibatches"] for e in job.round_log(1)] == [["m"]]
+
+
+def test_a_localsgd_join_is_answered_with_the_next_period(make_job: Callable[..., SyncJob]) -> None:
+    job = make_job(grads_to_wait=0, num_records=8, records_per_task=8, periods=LocalSteps(LocalSGD(steps=8, adaptive=True)))
+    ps, coordinator = job.ps_client("w0"), job.coordinator("w0")
+    coordinator.get_task()
+    assert ps.push_gradients(gradient("p1"), [0, 0], minibatch="p1").all_accepted
+    reply = coordinator.join_round(0, 5000, local_steps=1, loss=2.0, learning_rate=0.1)
+    assert (reply.outcome, reply.version, reply.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 1, 8)
+    assert ps.push_gradients(gradient("p2"), [1, 1], minibatch="p2").all_accepted
+    reply = coordinator.join_round(1, 5000, local_steps=8, loss=0.5, learning_rate=0.1)
+    assert reply.local_steps == 4  # int(8 * sqrt(0.5 / 2.0))
+    again = coordinator.join_round(1, 0)  # asked again: the same answer
+    assert (again.outcome, again.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"local_steps": -1}, "JoinRound: local_steps must be >= 0, got -1"),
+        ({"local_steps": 4, "loss": float("nan")}, "JoinRound: loss must be finite, got nan"),
+        ({"local_steps": 4, "learning_rate": -0.5}, "JoinRound: learning_rate must be >= 0, got -0.5"),
+    ],
+)
+def test_a_join_with_a_bad_period_is_invalid_argument(
+    make_job: Callable[..., SyncJob], fields: dict[str, float], message: str
+) -> None:
+    job = make_job(grads_to_wait=0, num_records=8, records_per_task=8, periods=LocalSteps(LocalSGD(steps=4)))
+    with grpc.insecure_channel(job.coordinator_address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.JoinRound(pb.JoinRequest(worker="w0", version=0, **fields), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == message
+    assert job.rounds.version == 0
 
 
 def test_a_join_of_an_old_gradient_is_refused(make_job: Callable[..., SyncJob]) -> None:

@@ -238,6 +238,8 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
         ({"training": {"useLocking": True}}, "spec.training.useLocking", "needs useAsync"),
         ({"training": {"overlapPull": True}}, "spec.training.overlapPull", "needs useAsync"),
         ({"training": {"getModelFrequency": 4}}, "spec.training.getModelFrequency", "needs useAsync"),
+        ({"training": {"localSGDSteps": 4, "useAsync": True}}, "spec.training.localSGDSteps", "cannot be combined"),
+        ({"training": {"adaptiveLocalSGD": True}}, "spec.training.adaptiveLocalSGD", "needs localSGDSteps"),
         ({"training": {"numEpochs": 10**12}}, "spec.training.numEpochs", "less than or equal to 1000000"),
     ],
     ids=[
@@ -249,6 +251,8 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
         "locking-in-sync",
         "overlap-pull-in-sync",
         "ssp-in-sync",
+        "localsgd-with-async",
+        "adaptive-without-localsgd",
         "absurd-epochs",
     ],
 )

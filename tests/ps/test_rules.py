@@ -15,7 +15,18 @@ import pytest
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.model import Model
-from elasticps.ps.rules import RULES, AsyncApply, Gradient, PushOutcome, RoundAveraging, RoundError, Rule, make_rule
+from elasticps.ps.rules import (
+    AVERAGING,
+    RULES,
+    AsyncApply,
+    Gradient,
+    ModelAveraging,
+    PushOutcome,
+    RoundAveraging,
+    RoundError,
+    Rule,
+    make_rule,
+)
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.staleness import LearningRate, StalenessAware, as_given
 from elasticps.ps.store import ParameterStore
@@ -78,6 +89,46 @@ def test_round_averaging_stages_one_gradient_per_worker() -> None:
     assert rule.staged == 2
     store.commit(0, ["a", "b"])
     assert rule.staged == 0
+
+
+# ---- LocalSGD's model averaging ------------------------------------------------------------------
+LOCAL_SGD = TrainingMode(rule=UpdateRule.LOCAL_SGD)
+MOMENTUM = OptimizerConfig("sgd", {"learning_rate": 0.05, "momentum": 0.9})
+
+
+def test_localsgd_gets_model_averaging_with_the_sync_settings() -> None:
+    rule = make_rule(StoreSettings(mode=LOCAL_SGD, sync_version_tolerance=1))
+    assert isinstance(rule, ModelAveraging) and rule.sync_version_tolerance == 1
+    assert rule.consistent_reads is True
+
+
+def test_model_averaging_makes_the_shards_weights_the_members_models_averaged() -> None:
+    # The worker's momentum optimizer and its learning rate on the push are the workers' own:
+    # the shard applies the mean delta as it is.
+    store = ParameterStore(StoreSettings(mode=LOCAL_SGD))
+    store.initialize({"w": np.array([1.0, 2.0])}, MOMENTUM)
+    assert store.optimizer.config == AVERAGING
+    trained = {"a": np.array([0.5, 2.5]), "b": np.array([1.5, 0.5])}
+    for worker, weights in trained.items():
+        delta = np.array([1.0, 2.0]) - weights  # pulled minus trained
+        assert store.push({"w": delta}, version=0, learning_rate=0.05, worker=worker).accepted
+    store.commit(0, ["a", "b"])
+    with store.reading() as (_, version, variables):
+        assert version == 1
+        np.testing.assert_allclose(variables["w"], (trained["a"] + trained["b"]) / 2)
+    # Plain averaging keeps no slot: the next round starts from the averaged model alone.
+    store.push({"w": np.array([0.0, 0.0])}, version=1, worker="a")
+    store.commit(1, ["a"])
+    with store.reading() as (_, _, variables):
+        np.testing.assert_allclose(variables["w"], (trained["a"] + trained["b"]) / 2)
+
+
+def test_model_averaging_refuses_a_delta_of_an_older_round_as_sync_does() -> None:
+    store = ParameterStore(StoreSettings(mode=LOCAL_SGD))
+    store.initialize({"w": np.array([1.0, 2.0])}, MOMENTUM)
+    store.push({"w": np.array([1.0, 1.0])}, version=0, worker="a")
+    store.commit(0, ["a"])
+    assert not store.push({"w": np.array([1.0, 1.0])}, version=0, worker="b").accepted
 
 
 # ---- learning-rate choices --------------------------------------------------------------------

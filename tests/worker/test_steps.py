@@ -12,7 +12,17 @@ from prometheus_client import CollectorRegistry
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.worker.steps import ALIGN_WAIT_MS, JOIN_WAIT_MS, STEPS, AsyncStep, SSPStep, SyncStep, step_for
+from elasticps.api.modes import LocalSGD
+from elasticps.worker.steps import (
+    ALIGN_WAIT_MS,
+    JOIN_WAIT_MS,
+    STEPS,
+    AsyncStep,
+    LocalSGDStep,
+    SSPStep,
+    SyncStep,
+    step_for,
+)
 from worker_fakes import WORKER, ArrayReader, FakeCoordinator, FakePS, FakeTrainer, initial_weights, make_model
 
 SYNC = TrainingMode()
@@ -54,6 +64,7 @@ def joins(ps: FakePS) -> list[tuple[Any, ...]]:
         (ASYNC, AsyncStep),
         (TrainingMode(rule=UpdateRule.ASYNC, staleness_lr=True), AsyncStep),
         (TrainingMode(rule=UpdateRule.ASYNC, pull_every=3), SSPStep),
+        (TrainingMode(rule=UpdateRule.LOCAL_SGD, local_sgd=LocalSGD(4)), LocalSGDStep),
     ],
 )
 def test_the_mode_picks_its_step(mode: TrainingMode, kind: type) -> None:
@@ -63,7 +74,12 @@ def test_the_mode_picks_its_step(mode: TrainingMode, kind: type) -> None:
 
 def test_every_update_rule_has_a_step_and_only_async_takes_local_steps() -> None:
     # Sync with getModelFrequency > 1 is refused when the job is parsed (api/modes.py).
-    assert set(STEPS) == {(UpdateRule.SYNC, False), (UpdateRule.ASYNC, False), (UpdateRule.ASYNC, True)}
+    assert set(STEPS) == {
+        (UpdateRule.SYNC, False),
+        (UpdateRule.ASYNC, False),
+        (UpdateRule.ASYNC, True),
+        (UpdateRule.LOCAL_SGD, False),
+    }
     ps, _, model = ready(UpdateRule.SYNC)
     with pytest.raises(ValueError, match="no worker step"):
         step_for(TrainingMode(pull_every=4), model, FakeCoordinator([], ps))
@@ -434,3 +450,79 @@ def test_ssp_overlap_pulls_with_the_kth_push() -> None:
     # time), push 2 had not, so the model is at version 1.
     assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [0, 0], [1, 1], [1, 1]]
     assert model.counters.pulls == 1 + 2  # the first, then one per k = 2 minibatches (the last one's still ahead)
+
+
+# ---- LocalSGD ------------------------------------------------------------------------------------
+LOCAL_LR = 0.01  # FakeTrainer.apply_local's step: every gradient is all ones
+
+
+def without_pulls(ps: FakePS) -> list[str]:
+    return [kind for kind in ps.kinds() if kind != "pull"]
+
+
+def local_sgd_step(period: int) -> tuple[FakePS, FakeTrainer, LocalSGDStep, FakeCoordinator]:
+    ps, trainer, model = ready(UpdateRule.LOCAL_SGD)
+    rounds = FakeCoordinator([], ps)
+    rounds.next_period = period
+    return ps, trainer, LocalSGDStep(model, rounds), rounds
+
+
+def test_local_sgd_takes_one_step_first_then_the_period_the_coordinator_names() -> None:
+    ps, trainer, step, rounds = local_sgd_step(period=3)
+    batches = minibatches(4)
+    step.train(*batches[0])
+    assert ps.kinds()[:6] == ["pull", "gradients", "apply_local", "push", "join", "commit"]
+    assert step.period == 3
+    ps.events.clear()
+    for x, y in batches[1:]:
+        step.train(x, y)
+    # Three local steps on the model pulled as the round committed, one push and one join (the
+    # pulls, started ahead in a thread, land in the events whenever they run).
+    assert without_pulls(ps) == ["gradients", "apply_local"] * 3 + ["push", "join", "commit"]
+    assert [s for s, _, _ in rounds.periods] == [1, 3]
+    assert [shard.version for shard in ps.shards] == [2, 2]
+
+
+def test_local_sgd_rounds_make_the_ps_model_the_workers_trained_model() -> None:
+    ps, trainer, step, _ = local_sgd_step(period=2)
+    for x, y in minibatches(3):
+        step.train(x, y)
+    # Plain averaging at lr 1 (no PS optimizer): one worker's round leaves its own model on the PS.
+    for name, value in ps.model().items():
+        np.testing.assert_allclose(value, initial_weights()[name] - 3 * LOCAL_LR)
+        np.testing.assert_allclose(value, trainer.variables[name])
+
+
+def test_local_sgd_reports_each_period_steps_mean_loss_and_learning_rate() -> None:
+    ps, trainer, step, rounds = local_sgd_step(period=2)
+    batches = minibatches(3)
+    losses = [step.train(x, y) for x, y in batches]
+    assert rounds.periods == [(1, losses[0], 0.1), (2, pytest.approx((losses[1] + losses[2]) / 2), 0.1)]
+
+
+def test_local_sgd_ends_a_task_with_its_short_last_period() -> None:
+    ps, trainer, step, rounds = local_sgd_step(period=4)
+    batches = minibatches(3)
+    step.start_task()
+    for x, y in batches:
+        step.train(x, y)
+    assert [s for s, _, _ in rounds.periods] == [1]  # two steps into a period of 4
+    step.end_task()
+    assert [s for s, _, _ in rounds.periods] == [1, 2]
+    for name, value in ps.model().items():  # every step of the task is in the PS's model
+        np.testing.assert_allclose(value, initial_weights()[name] - 3 * LOCAL_LR)
+
+
+def test_local_sgd_trains_a_refused_period_again_on_the_newer_model() -> None:
+    ps, trainer, step, rounds = local_sgd_step(period=2)
+    batches = minibatches(3)
+    step.train(*batches[0])
+    rounds.before_join = ps.others_update  # the round moved on between our push and our join
+    step.train(*batches[1])
+    step.train(*batches[2])
+    firsts = [first for first, _ in trainer.computed]
+    assert firsts == [0, 4, 8, 4, 8]  # the refused period's two minibatches, trained again
+    assert step.period == 2 and ps.minibatches[-1] == ps.minibatches[-2]  # one audit name for the period
+    assert [shard.version for shard in ps.shards] == [3, 3]
+    retrained_on = trainer.computed[3][1]  # the period began again from the model the others moved
+    np.testing.assert_allclose(retrained_on["dense/bias"], initial_weights()["dense/bias"] - LOCAL_LR - 0.5)

@@ -153,8 +153,9 @@ class FakePS:
             assert round_ == shard.version, f"round {round_} is ahead of the shard's version {shard.version}"
             members = [shard.staged.pop(worker) for worker in workers]  # KeyError: not staged
             assert all(0 <= round_ - on <= self.tolerance for on, _, _ in members)
+            lr = 1.0 if self.rule is UpdateRule.LOCAL_SGD else members[0][2]  # LocalSGD: model deltas averaged
             for name in members[0][1]:
-                shard.tensors[name] -= members[0][2] * sum(part[name] for _, part, _ in members) / len(members)
+                shard.tensors[name] -= lr * sum(part[name] for _, part, _ in members) / len(members)
             states = [shard.staged_state.pop(worker, {}) for worker in workers]
             for name in shard.state:
                 sent = [values[name] for values in states if name in values]
@@ -307,6 +308,8 @@ class FakeCoordinator:
         self.events: list[tuple[Any, ...]] | None = None  # shares FakePS.events when set
         self.answers: list[pb.JoinOutcome.ValueType] = []
         self.before_join: Callable[[], None] | None = None  # runs once, before the next join is decided
+        self.periods: list[tuple[int, float, float]] = []  # each join's (local_steps, loss, learning_rate)
+        self.next_period = 0  # LocalSGD: the local steps a COMMITTED reply names
         self.left = 0
         self.fail_leave = False
         self.job_status = pb.JobStatus(metrics={"accuracy": 0.75}, metrics_version=3, records_done=32, num_epochs=1)
@@ -339,10 +342,13 @@ class FakeCoordinator:
     def status(self, timeout_s: float = 5.0) -> pb.JobStatus:
         return self.job_status
 
-    def join_round(self, version: int, wait_ms: int) -> pb.JoinReply:
+    def join_round(
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+    ) -> pb.JoinReply:
         ps = self.ps
         assert ps is not None, "a sync worker needs the fake coordinator to know the PS"
         ps.events.append(("join", version, wait_ms))
+        self.periods.append((local_steps, loss, learning_rate))
         hook, self.before_join = self.before_join, None
         if hook is not None:
             hook()
@@ -352,7 +358,7 @@ class FakeCoordinator:
         if not 0 <= round_ - version <= ps.tolerance:
             return pb.JoinReply(outcome=pb.JOIN_OUTCOME_REFUSED, version=round_)
         ps.commit(round_, [ps.worker])
-        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=round_ + 1)
+        return pb.JoinReply(outcome=pb.JOIN_OUTCOME_COMMITTED, version=round_ + 1, local_steps=self.next_period)
 
 
 def training_task(task_id: int, start: int, end: int) -> pb.Task:
