@@ -32,6 +32,7 @@ from bench.peer_tf import cpu_seconds
 from bench.peer_timeline import Sample, figures
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local.fleet import worker_threads
+from elasticps.proto import elasticps_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
@@ -74,6 +75,12 @@ def peer_threads() -> int:
     their gradient computations with pools of one size. The inter-op pools keep TensorFlow's
     default: the peer's servers run remote ops through them, and with 1 thread they deadlocked."""
     return worker_threads(len(os.sched_getaffinity(0)), WORKER_REPLICAS)
+
+
+def _tensor_bytes(status: pb.JobStatus) -> int | None:
+    """Every shard's tensor bytes received and sent so far (None: a shard did not answer)."""
+    counts = [*status.shard_bytes_received, *status.shard_bytes_sent]
+    return None if not counts or min(counts) < 0 else sum(counts)
 
 
 def _per_1000(cpu_s: float, examples: int) -> float:
@@ -153,6 +160,7 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
                                 model_version=reply.model_version,
                                 finished=reply.finished,
                                 cpu_s=_live_cpu_s(process.pid, run_dir),
+                                tensor_bytes=_tensor_bytes(reply),
                             )
                         )
                 time.sleep(POLL_S)
@@ -177,6 +185,7 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
         "cpu_s": cpu_s,
         "cpu_s_per_1000_examples": _per_1000(cpu_s, examples),
         "cpu_s_per_1000_examples_epoch2": timed["cpu_s_per_1000_examples_epoch2"],
+        "tensor_bytes_epoch2": timed["tensor_bytes_epoch2"],
         "examples": examples,
         "exited_s": exited_s,
         "evaluation_s": timed["evaluation_s"],

@@ -10,7 +10,10 @@ as a :class:`Sample`, timed from the moment ``elasticps run`` was started. From 
   the time between them (epoch 1 starts at the first step, with 0 records);
 * ``wall_s``: the first answer with ``finished`` (every training task and the final evaluation
   done: the test accuracy is known);
-* the CPU seconds of an epoch: the difference of the samples' ``cpu_s`` at its two ends, when read.
+* the CPU seconds of an epoch: the difference of the samples' ``cpu_s`` at its two ends, when read;
+  its tensor bytes likewise: every shard's bytes received and sent (the PS's own metric, in the
+  coordinator's answer), so the bytes of epoch 1 include the first pulls and those of the last
+  epoch do not include the final evaluation's and export's pulls.
 
 Each time is late by at most one poll interval plus one call; the examples/s of an epoch subtract
 two such times, so their errors mostly cancel.
@@ -31,6 +34,7 @@ class Sample:
     model_version: int
     finished: bool
     cpu_s: float | None = None  # CPU seconds of the run's processes so far (None: not read)
+    tensor_bytes: int | None = None  # tensor bytes every shard received and sent so far (None: a shard did not answer)
 
 
 class IncompleteRun(ValueError):
@@ -54,7 +58,7 @@ def figures(samples: Sequence[Sample], num_epochs: int) -> dict[str, Any]:
         raise IncompleteRun("records_total is 0")
     per_epoch = total // num_epochs
     first = _first(ordered, "the first update", lambda s: s.model_version >= 1)
-    previous = Sample(first.t, 0, total, first.model_version, False, first.cpu_s)
+    previous = Sample(first.t, 0, total, first.model_version, False, first.cpu_s, first.tensor_bytes)
     epochs: list[dict[str, Any]] = []
     for k in range(1, num_epochs + 1):
         boundary = total if k == num_epochs else k * per_epoch
@@ -62,6 +66,9 @@ def figures(samples: Sequence[Sample], num_epochs: int) -> dict[str, Any]:
         seconds = crossed.t - previous.t
         records = crossed.records_done - previous.records_done
         cpu = None if crossed.cpu_s is None or previous.cpu_s is None else crossed.cpu_s - previous.cpu_s
+        moved = None
+        if crossed.tensor_bytes is not None and previous.tensor_bytes is not None:
+            moved = crossed.tensor_bytes - previous.tensor_bytes
         epochs.append(
             {
                 "records": records,
@@ -70,6 +77,7 @@ def figures(samples: Sequence[Sample], num_epochs: int) -> dict[str, Any]:
                 "ended_s": crossed.t,
                 "cpu_s": cpu,
                 "cpu_s_per_1000_examples": None if cpu is None or not records else cpu / (records / 1000),
+                "tensor_bytes": moved,
             }
         )
         previous = crossed
@@ -80,6 +88,7 @@ def figures(samples: Sequence[Sample], num_epochs: int) -> dict[str, Any]:
         "epochs": epochs,
         "examples_per_s_epoch2": epochs[1]["examples_per_s"] if len(epochs) > 1 else None,
         "cpu_s_per_1000_examples_epoch2": epochs[1]["cpu_s_per_1000_examples"] if len(epochs) > 1 else None,
+        "tensor_bytes_epoch2": epochs[1]["tensor_bytes"] if len(epochs) > 1 else None,
         "examples": total,
         "evaluation_s": done.t - epochs[-1]["ended_s"],
         "samples": len(ordered),

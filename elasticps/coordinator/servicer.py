@@ -455,11 +455,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._advance_rounds()
             self._changes.notify()  # joins re-check members whose task went back
 
-    def _shard_versions(self) -> list[int]:
-        """Every shard's version (-1: no answer)."""
-        if self._shards is None:
-            return [self._version_fn()]
-        return [-1 if view is None else view.version for view in self._shards.describe()]
+    def _shard_views(self) -> list[ShardView | None]:
+        """Every shard's state (None: no answer); without shards (tests), none."""
+        return [] if self._shards is None else list(self._shards.describe())
 
     def _settled_version(self) -> int | None:
         """The version of the model a final export or the predictions take, asked once training is
@@ -489,7 +487,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return min(versions) if now - self._unsettled[1] >= ASYNC_SETTLE_S else None
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        shard_versions = self._shard_versions()
+        views = self._shard_views()
+        shard_versions = [-1 if v is None else v.version for v in views] if views else [self._version_fn()]
         with self._lock:
             self._queue.requeue_silent()
             progress = self._queue.progress()
@@ -512,6 +511,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             gradients_rejected=progress.gradients_rejected,
             epoch_records=list(progress.epoch_records),
             shard_versions=shard_versions,
+            shard_bytes_received=[-1 if v is None else v.bytes_received for v in views],
+            shard_bytes_sent=[-1 if v is None else v.bytes_sent for v in views],
             live_workers=live,
             grads_to_wait=grads_to_wait,
             shard_problem=self._shard_problem,

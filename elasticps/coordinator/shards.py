@@ -58,10 +58,20 @@ class ShardView:
     boot: int  # new for each start of the shard's process
     incarnation: int = 0
     checkpoints: tuple[int, ...] = ()
+    bytes_received: int = 0  # tensor bytes, over the shard process's life
+    bytes_sent: int = 0
 
     @staticmethod
     def of(state: pb.ShardState) -> ShardView:
-        return ShardView(state.initialized, state.version, state.boot, state.incarnation, tuple(state.checkpoints))
+        return ShardView(
+            state.initialized,
+            state.version,
+            state.boot,
+            state.incarnation,
+            tuple(state.checkpoints),
+            state.tensor_bytes_received,
+            state.tensor_bytes_sent,
+        )
 
 
 class ShardLink(Protocol):

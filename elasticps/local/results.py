@@ -74,6 +74,8 @@ def outcome(result: RunResult) -> dict[str, object]:
         "epoch_records": list(status.epoch_records),
         "model_version": status.model_version,
         "shard_versions": list(status.shard_versions),
+        "shard_bytes_received": list(status.shard_bytes_received),
+        "shard_bytes_sent": list(status.shard_bytes_sent),
         "metrics": dict(status.metrics),
         "metrics_version": status.metrics_version,
         "tasks_requeued": status.tasks_requeued,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65lasticps/proto/elasticps.proto\x12\x0c\x65lasticps.v1\"\\\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.elasticps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05state\x18\x04 \x01(\x08\"\x89\x01\n\x0fOptimizerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x39\n\x06params\x18\x02 \x03(\x0b\x32).elasticps.v1.OptimizerConfig.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"j\n\x08PushHead\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x11\n\tminibatch\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\x03\"x\n\tModelHead\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x30\n\toptimizer\x18\x03 \x01(\x0b\x32\x1d.elasticps.v1.OptimizerConfig\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\"\x9d\x01\n\x05\x46rame\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x16.elasticps.v1.PushHeadH\x00\x12(\n\x05model\x18\x02 \x01(\x0b\x32\x17.elasticps.v1.ModelHeadH\x00\x12)\n\x07tensors\x18\x03 \x03(\x0b\x32\x18.elasticps.v1.TensorMeta\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x42\x06\n\x04head\"T\n\x0bPullRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\".\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"@\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07workers\x18\x02 \x03(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x1e\n\x0b\x43ommitReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x11\n\x0f\x44\x65scribeRequest\"}\n\nShardState\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04\x62oot\x18\x03 \x01(\x03\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\x12\x13\n\x0b\x63heckpoints\x18\x05 \x03(\x03\x12\x11\n\tbulk_port\x18\x06 \x01(\x05\"6\n\x0eRestoreRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\" \n\x0eGetTaskRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\"\x89\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x03\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.elasticps.v1.TaskType\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\r\n\x05\x66inal\x18\x07 \x01(\x08\"\xa2\x02\n\nTaskResult\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07records\x18\x05 \x01(\x03\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12=\n\x0bmetric_sums\x18\x07 \x03(\x0b\x32(.elasticps.v1.TaskResult.MetricSumsEntry\x12\x10\n\x08rejected\x18\x08 \x01(\x03\x12\x15\n\rmodel_version\x18\t \x01(\x03\x12\x15\n\rexport_failed\x18\n \x01(\x08\x1a\x31\n\x0fMetricSumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x05\n\x03\x41\x63k\"3\n\x10HeartbeatRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"y\n\x0bJoinRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\x12\x13\n\x0blocal_steps\x18\x04 \x01(\x05\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x15\n\rlearning_rate\x18\x06 \x01(\x01\"]\n\tJoinReply\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.elasticps.v1.JoinOutcome\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0blocal_steps\x18\x03 \x01(\x05\"\x12\n\x10JobStatusRequest\"\xe3\x04\n\tJobStatus\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nnum_epochs\x18\x03 \x01(\x03\x12\x14\n\x0crecords_done\x18\x04 \x01(\x03\x12\x15\n\rrecords_total\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x35\n\x07metrics\x18\x08 \x03(\x0b\x32$.elasticps.v1.JobStatus.MetricsEntry\x12\x17\n\x0fmetrics_version\x18\t \x01(\x03\x12\x16\n\x0etasks_requeued\x18\n \x01(\x03\x12\x1a\n\x12gradients_rejected\x18\x0b \x01(\x03\x12\x15\n\repoch_records\x18\x0c \x03(\x03\x12\x16\n\x0eshard_versions\x18\r \x03(\x03\x12\x14\n\x0clive_workers\x18\x0e \x01(\x05\x12\x15\n\rgrads_to_wait\x18\x0f \x01(\x05\x12\x15\n\rshard_problem\x18\x10 \x01(\t\x12\x13\n\x0b\x65xport_path\x18\x11 \x01(\t\x12\x16\n\x0e\x65xport_version\x18\x12 \x01(\x03\x12\x14\n\x0c\x65xport_final\x18\x13 \x01(\x08\x12\x19\n\x11records_predicted\x18\x14 \x01(\x03\x12\x1a\n\x12prediction_records\x18\x15 \x01(\x03\x12\x18\n\x10predictions_path\x18\x16 \x01(\t\x12\x14\n\x0c\x65xport_error\x18\x17 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*y\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT64\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05*\xb3\x01\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_TYPE_TRAINING\x10\x01\x12\x18\n\x14TASK_TYPE_EVALUATION\x10\x02\x12\x12\n\x0eTASK_TYPE_WAIT\x10\x03\x12\x16\n\x12TASK_TYPE_FINISHED\x10\x04\x12\x14\n\x10TASK_TYPE_EXPORT\x10\x05\x12\x18\n\x14TASK_TYPE_PREDICTION\x10\x06*{\n\x0bJoinOutcome\x12\x1c\n\x18JOIN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16JOIN_OUTCOME_COMMITTED\x10\x01\x12\x18\n\x14JOIN_OUTCOME_PENDING\x10\x02\x12\x18\n\x14JOIN_OUTCOME_REFUSED\x10\x03\x32\xa7\x03\n\x0fParameterServer\x12;\n\tPushModel\x12\x13.elasticps.v1.Frame\x1a\x17.elasticps.v1.ModelHead(\x01\x12=\n\tPullDense\x12\x19.elasticps.v1.PullRequest\x1a\x13.elasticps.v1.Frame0\x01\x12?\n\rPushGradients\x12\x13.elasticps.v1.Frame\x1a\x17.elasticps.v1.PushReply(\x01\x12\x45\n\x0b\x43ommitRound\x12\x1b.elasticps.v1.CommitRequest\x1a\x19.elasticps.v1.CommitReply\x12H\n\rDescribeShard\x12\x1d.elasticps.v1.DescribeRequest\x1a\x18.elasticps.v1.ShardState\x12\x46\n\x0cRestoreShard\x12\x1c.elasticps.v1.RestoreRequest\x1a\x18.elasticps.v1.ShardState2\xcf\x02\n\x0b\x43oordinator\x12;\n\x07GetTask\x12\x1c.elasticps.v1.GetTaskRequest\x1a\x12.elasticps.v1.Task\x12\x39\n\nReportTask\x12\x18.elasticps.v1.TaskResult\x1a\x11.elasticps.v1.Ack\x12>\n\tHeartbeat\x12\x1e.elasticps.v1.HeartbeatRequest\x1a\x11.elasticps.v1.Ack\x12?\n\tJoinRound\x12\x19.elasticps.v1.JoinRequest\x1a\x17.elasticps.v1.JoinReply\x12G\n\x0cGetJobStatus\x12\x1e.elasticps.v1.JobStatusRequest\x1a\x17.elasticps.v1.JobStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65lasticps/proto/elasticps.proto\x12\x0c\x65lasticps.v1\"\\\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.elasticps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05state\x18\x04 \x01(\x08\"\x89\x01\n\x0fOptimizerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x39\n\x06params\x18\x02 \x03(\x0b\x32).elasticps.v1.OptimizerConfig.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"j\n\x08PushHead\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x11\n\tminibatch\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\x03\"x\n\tModelHead\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x30\n\toptimizer\x18\x03 \x01(\x0b\x32\x1d.elasticps.v1.OptimizerConfig\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\"\x9d\x01\n\x05\x46rame\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x16.elasticps.v1.PushHeadH\x00\x12(\n\x05model\x18\x02 \x01(\x0b\x32\x17.elasticps.v1.ModelHeadH\x00\x12)\n\x07tensors\x18\x03 \x03(\x0b\x32\x18.elasticps.v1.TensorMeta\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x42\x06\n\x04head\"T\n\x0bPullRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\".\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"@\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07workers\x18\x02 \x03(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x1e\n\x0b\x43ommitReply\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x11\n\x0f\x44\x65scribeRequest\"\xb7\x01\n\nShardState\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04\x62oot\x18\x03 \x01(\x03\x12\x13\n\x0bincarnation\x18\x04 \x01(\x03\x12\x13\n\x0b\x63heckpoints\x18\x05 \x03(\x03\x12\x11\n\tbulk_port\x18\x06 \x01(\x05\x12\x1d\n\x15tensor_bytes_received\x18\x07 \x01(\x03\x12\x19\n\x11tensor_bytes_sent\x18\x08 \x01(\x03\"6\n\x0eRestoreRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\" \n\x0eGetTaskRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\"\x89\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x03\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.elasticps.v1.TaskType\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\r\n\x05\x66inal\x18\x07 \x01(\x08\"\xa2\x02\n\nTaskResult\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07records\x18\x05 \x01(\x03\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12=\n\x0bmetric_sums\x18\x07 \x03(\x0b\x32(.elasticps.v1.TaskResult.MetricSumsEntry\x12\x10\n\x08rejected\x18\x08 \x01(\x03\x12\x15\n\rmodel_version\x18\t \x01(\x03\x12\x15\n\rexport_failed\x18\n \x01(\x08\x1a\x31\n\x0fMetricSumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x05\n\x03\x41\x63k\"3\n\x10HeartbeatRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"y\n\x0bJoinRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\x12\x13\n\x0blocal_steps\x18\x04 \x01(\x05\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x15\n\rlearning_rate\x18\x06 \x01(\x01\"]\n\tJoinReply\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.elasticps.v1.JoinOutcome\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0blocal_steps\x18\x03 \x01(\x05\"\x12\n\x10JobStatusRequest\"\x9b\x05\n\tJobStatus\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nnum_epochs\x18\x03 \x01(\x03\x12\x14\n\x0crecords_done\x18\x04 \x01(\x03\x12\x15\n\rrecords_total\x18\x05 \x01(\x03\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x35\n\x07metrics\x18\x08 \x03(\x0b\x32$.elasticps.v1.JobStatus.MetricsEntry\x12\x17\n\x0fmetrics_version\x18\t \x01(\x03\x12\x16\n\x0etasks_requeued\x18\n \x01(\x03\x12\x1a\n\x12gradients_rejected\x18\x0b \x01(\x03\x12\x15\n\repoch_records\x18\x0c \x03(\x03\x12\x16\n\x0eshard_versions\x18\r \x03(\x03\x12\x14\n\x0clive_workers\x18\x0e \x01(\x05\x12\x15\n\rgrads_to_wait\x18\x0f \x01(\x05\x12\x15\n\rshard_problem\x18\x10 \x01(\t\x12\x13\n\x0b\x65xport_path\x18\x11 \x01(\t\x12\x16\n\x0e\x65xport_version\x18\x12 \x01(\x03\x12\x14\n\x0c\x65xport_final\x18\x13 \x01(\x08\x12\x19\n\x11records_predicted\x18\x14 \x01(\x03\x12\x1a\n\x12prediction_records\x18\x15 \x01(\x03\x12\x18\n\x10predictions_path\x18\x16 \x01(\t\x12\x14\n\x0c\x65xport_error\x18\x17 \x01(\t\x12\x1c\n\x14shard_bytes_received\x18\x18 \x03(\x03\x12\x18\n\x10shard_bytes_sent\x18\x19 \x03(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*y\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT64\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05*\xb3\x01\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_TYPE_TRAINING\x10\x01\x12\x18\n\x14TASK_TYPE_EVALUATION\x10\x02\x12\x12\n\x0eTASK_TYPE_WAIT\x10\x03\x12\x16\n\x12TASK_TYPE_FINISHED\x10\x04\x12\x14\n\x10TASK_TYPE_EXPORT\x10\x05\x12\x18\n\x14TASK_TYPE_PREDICTION\x10\x06*{\n\x0bJoinOutcome\x12\x1c\n\x18JOIN_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16JOIN_OUTCOME_COMMITTED\x10\x01\x12\x18\n\x14JOIN_OUTCOME_PENDING\x10\x02\x12\x18\n\x14JOIN_OUTCOME_REFUSED\x10\x03\x32\xa7\x03\n\x0fParameterServer\x12;\n\tPushModel\x12\x13.elasticps.v1.Frame\x1a\x17.elasticps.v1.ModelHead(\x01\x12=\n\tPullDense\x12\x19.elasticps.v1.PullRequest\x1a\x13.elasticps.v1.Frame0\x01\x12?\n\rPushGradients\x12\x13.elasticps.v1.Frame\x1a\x17.elasticps.v1.PushReply(\x01\x12\x45\n\x0b\x43ommitRound\x12\x1b.elasticps.v1.CommitRequest\x1a\x19.elasticps.v1.CommitReply\x12H\n\rDescribeShard\x12\x1d.elasticps.v1.DescribeRequest\x1a\x18.elasticps.v1.ShardState\x12\x46\n\x0cRestoreShard\x12\x1c.elasticps.v1.RestoreRequest\x1a\x18.elasticps.v1.ShardState2\xcf\x02\n\x0b\x43oordinator\x12;\n\x07GetTask\x12\x1c.elasticps.v1.GetTaskRequest\x1a\x12.elasticps.v1.Task\x12\x39\n\nReportTask\x12\x18.elasticps.v1.TaskResult\x1a\x11.elasticps.v1.Ack\x12>\n\tHeartbeat\x12\x1e.elasticps.v1.HeartbeatRequest\x1a\x11.elasticps.v1.Ack\x12?\n\tJoinRound\x12\x19.elasticps.v1.JoinRequest\x1a\x17.elasticps.v1.JoinReply\x12G\n\x0cGetJobStatus\x12\x1e.elasticps.v1.JobStatusRequest\x1a\x17.elasticps.v1.JobStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,12 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKRESULT_METRICSUMSENTRY']._serialized_options = b'8\001'
   _globals['_JOBSTATUS_METRICSENTRY']._loaded_options = None
   _globals['_JOBSTATUS_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2486
-  _globals['_DTYPE']._serialized_end=2607
-  _globals['_TASKTYPE']._serialized_start=2610
-  _globals['_TASKTYPE']._serialized_end=2789
-  _globals['_JOINOUTCOME']._serialized_start=2791
-  _globals['_JOINOUTCOME']._serialized_end=2914
+  _globals['_DTYPE']._serialized_start=2601
+  _globals['_DTYPE']._serialized_end=2722
+  _globals['_TASKTYPE']._serialized_start=2725
+  _globals['_TASKTYPE']._serialized_end=2904
+  _globals['_JOINOUTCOME']._serialized_start=2906
+  _globals['_JOINOUTCOME']._serialized_end=3029
   _globals['_TENSORMETA']._serialized_start=49
   _globals['_TENSORMETA']._serialized_end=141
   _globals['_OPTIMIZERCONFIG']._serialized_start=144
@@ -65,34 +65,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMITREPLY']._serialized_end=903
   _globals['_DESCRIBEREQUEST']._serialized_start=905
   _globals['_DESCRIBEREQUEST']._serialized_end=922
-  _globals['_SHARDSTATE']._serialized_start=924
-  _globals['_SHARDSTATE']._serialized_end=1049
-  _globals['_RESTOREREQUEST']._serialized_start=1051
-  _globals['_RESTOREREQUEST']._serialized_end=1105
-  _globals['_GETTASKREQUEST']._serialized_start=1107
-  _globals['_GETTASKREQUEST']._serialized_end=1139
-  _globals['_TASK']._serialized_start=1142
-  _globals['_TASK']._serialized_end=1279
-  _globals['_TASKRESULT']._serialized_start=1282
-  _globals['_TASKRESULT']._serialized_end=1572
-  _globals['_TASKRESULT_METRICSUMSENTRY']._serialized_start=1523
-  _globals['_TASKRESULT_METRICSUMSENTRY']._serialized_end=1572
-  _globals['_ACK']._serialized_start=1574
-  _globals['_ACK']._serialized_end=1579
-  _globals['_HEARTBEATREQUEST']._serialized_start=1581
-  _globals['_HEARTBEATREQUEST']._serialized_end=1632
-  _globals['_JOINREQUEST']._serialized_start=1634
-  _globals['_JOINREQUEST']._serialized_end=1755
-  _globals['_JOINREPLY']._serialized_start=1757
-  _globals['_JOINREPLY']._serialized_end=1850
-  _globals['_JOBSTATUSREQUEST']._serialized_start=1852
-  _globals['_JOBSTATUSREQUEST']._serialized_end=1870
-  _globals['_JOBSTATUS']._serialized_start=1873
-  _globals['_JOBSTATUS']._serialized_end=2484
-  _globals['_JOBSTATUS_METRICSENTRY']._serialized_start=2438
-  _globals['_JOBSTATUS_METRICSENTRY']._serialized_end=2484
-  _globals['_PARAMETERSERVER']._serialized_start=2917
-  _globals['_PARAMETERSERVER']._serialized_end=3340
-  _globals['_COORDINATOR']._serialized_start=3343
-  _globals['_COORDINATOR']._serialized_end=3678
+  _globals['_SHARDSTATE']._serialized_start=925
+  _globals['_SHARDSTATE']._serialized_end=1108
+  _globals['_RESTOREREQUEST']._serialized_start=1110
+  _globals['_RESTOREREQUEST']._serialized_end=1164
+  _globals['_GETTASKREQUEST']._serialized_start=1166
+  _globals['_GETTASKREQUEST']._serialized_end=1198
+  _globals['_TASK']._serialized_start=1201
+  _globals['_TASK']._serialized_end=1338
+  _globals['_TASKRESULT']._serialized_start=1341
+  _globals['_TASKRESULT']._serialized_end=1631
+  _globals['_TASKRESULT_METRICSUMSENTRY']._serialized_start=1582
+  _globals['_TASKRESULT_METRICSUMSENTRY']._serialized_end=1631
+  _globals['_ACK']._serialized_start=1633
+  _globals['_ACK']._serialized_end=1638
+  _globals['_HEARTBEATREQUEST']._serialized_start=1640
+  _globals['_HEARTBEATREQUEST']._serialized_end=1691
+  _globals['_JOINREQUEST']._serialized_start=1693
+  _globals['_JOINREQUEST']._serialized_end=1814
+  _globals['_JOINREPLY']._serialized_start=1816
+  _globals['_JOINREPLY']._serialized_end=1909
+  _globals['_JOBSTATUSREQUEST']._serialized_start=1911
+  _globals['_JOBSTATUSREQUEST']._serialized_end=1929
+  _globals['_JOBSTATUS']._serialized_start=1932
+  _globals['_JOBSTATUS']._serialized_end=2599
+  _globals['_JOBSTATUS_METRICSENTRY']._serialized_start=2553
+  _globals['_JOBSTATUS_METRICSENTRY']._serialized_end=2599
+  _globals['_PARAMETERSERVER']._serialized_start=3032
+  _globals['_PARAMETERSERVER']._serialized_end=3455
+  _globals['_COORDINATOR']._serialized_start=3458
+  _globals['_COORDINATOR']._serialized_end=3793
 # @@protoc_insertion_point(module_scope)

@@ -473,6 +473,8 @@ class ShardState(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     CHECKPOINTS_FIELD_NUMBER: _builtins.int
     BULK_PORT_FIELD_NUMBER: _builtins.int
+    TENSOR_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    TENSOR_BYTES_SENT_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     boot: _builtins.int
@@ -481,6 +483,10 @@ class ShardState(_message.Message):
     """of the model it serves (see ModelHead)"""
     bulk_port: _builtins.int
     """the shard's raw-TCP tensor channel (0: none; see rpc/bulk.py)"""
+    tensor_bytes_received: _builtins.int
+    """tensor bytes of pushes this process received (its metric)"""
+    tensor_bytes_sent: _builtins.int
+    """tensor bytes of pulls it sent"""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the versions it has checkpoints of"""
@@ -494,10 +500,12 @@ class ShardState(_message.Message):
         incarnation: _builtins.int = ...,
         checkpoints: _abc.Iterable[_builtins.int] | None = ...,
         bulk_port: _builtins.int = ...,
+        tensor_bytes_received: _builtins.int = ...,
+        tensor_bytes_sent: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -843,6 +851,8 @@ class JobStatus(_message.Message):
     PREDICTION_RECORDS_FIELD_NUMBER: _builtins.int
     PREDICTIONS_PATH_FIELD_NUMBER: _builtins.int
     EXPORT_ERROR_FIELD_NUMBER: _builtins.int
+    SHARD_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    SHARD_BYTES_SENT_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -887,6 +897,16 @@ class JobStatus(_message.Message):
     def shard_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """every shard's version, PS 0 first"""
 
+    @_builtins.property
+    def shard_bytes_received(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """message (what, where, the last error, the checkpoints kept)
+        every shard's tensor bytes received so far (-1: no answer)
+        """
+
+    @_builtins.property
+    def shard_bytes_sent(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """every shard's tensor bytes sent so far (-1: no answer)"""
+
     def __init__(
         self,
         *,
@@ -913,10 +933,12 @@ class JobStatus(_message.Message):
         prediction_records: _builtins.int = ...,
         predictions_path: _builtins.str = ...,
         export_error: _builtins.str = ...,
+        shard_bytes_received: _abc.Iterable[_builtins.int] | None = ...,
+        shard_bytes_sent: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -207,8 +207,9 @@ def _round_log(shard: int) -> Path | None:
 class LocalShard:
     """PS 0's own shard as the coordinator sees every shard (``coordinator.shards.ShardLink``)."""
 
-    def __init__(self, store: ParameterStore) -> None:
+    def __init__(self, store: ParameterStore, metrics: PSMetrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics
 
     def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
         try:
@@ -218,8 +219,15 @@ class LocalShard:
 
     def describe(self) -> ShardView:
         store = self._store
+        received, sent = (0, 0) if self._metrics is None else self._metrics.traffic()
         return ShardView(
-            store.initialized, store.version, store.boot, store.incarnation, tuple(store.checkpoint_versions())
+            store.initialized,
+            store.version,
+            store.boot,
+            store.incarnation,
+            tuple(store.checkpoint_versions()),
+            received,
+            sent,
         )
 
     def roll_back(self, version: int, incarnation: int) -> ShardView:
@@ -231,11 +239,11 @@ class LocalShard:
 
 
 def rounds_and_shards(
-    config: PSConfig, store: ParameterStore, stopping: threading.Event
+    config: PSConfig, store: ParameterStore, stopping: threading.Event, metrics: PSMetrics | None = None
 ) -> tuple[Rounds | None, Shards]:
     """PS 0's view of the job's shards, and rounds over them unless the job is asynchronous (sync
     and LocalSGD have rounds; LocalSGD's also decide each worker's next period)."""
-    links: list[ShardLink] = [LocalShard(store)]
+    links: list[ShardLink] = [LocalShard(store, metrics)]
     links += [RemoteShard(i, address, stopping) for i, address in enumerate(config.ps_addrs) if i > 0]
     t = config.training
     mode = TrainingMode.of(t)
@@ -304,7 +312,7 @@ def run(config: PSConfig) -> int:
             server.stop(grace=None).wait()
             return EXIT_USER_ERROR
         journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
-        rounds, shards = rounds_and_shards(config, store, stopped)
+        rounds, shards = rounds_and_shards(config, store, stopped, metrics)
         t = config.training
         journals = Journals(Path(t.checkpoint_dir) / "coordinator", 2 * t.keep_checkpoint_max) if t.checkpoint_dir else None
         coordinator = CoordinatorServicer(

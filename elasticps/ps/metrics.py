@@ -1,7 +1,9 @@
 """Prometheus metrics of one PS shard: pushes, pulls, rejected gradients, staleness, version, bytes.
 
 Created once per process by ``ps/main.py`` on a registry (tests pass their own) and handed to the
-servicer, which records every call. Served over HTTP on ``--metrics_port`` for Prometheus to scrape.
+servicer, which records every call. Served over HTTP on ``--metrics_port`` for Prometheus to scrape;
+the tensor bytes also go to the coordinator with the shard's state (``DescribeShard``), which shows
+them per shard in the job's status.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ class PSMetrics:
         self.model_version = Gauge(
             "elasticps_ps_model_version", "Updates applied to this shard", ["shard"], registry=registry
         ).labels(**labels)
-        self.bytes_received = Counter(
+        self._received_family = Counter(
             "elasticps_ps_tensor_bytes_received", "Tensor bytes received (pushes)", ["shard"], registry=registry
-        ).labels(**labels)
-        self.bytes_sent = Counter(
+        )
+        self._sent_family = Counter(
             "elasticps_ps_tensor_bytes_sent", "Tensor bytes sent (pulls)", ["shard"], registry=registry
-        ).labels(**labels)
+        )
+        self.bytes_received = self._received_family.labels(**labels)
+        self.bytes_sent = self._sent_family.labels(**labels)
         self.push_seconds = Histogram(
             "elasticps_ps_push_seconds", "Time to check and apply one push", ["shard"], registry=registry
         ).labels(**labels)
@@ -48,6 +52,17 @@ class PSMetrics:
     def pulled(self, kind: str) -> None:
         """kind: full | current (nothing newer) | uninitialized."""
         self.pulls.labels(shard=self._shard, kind=kind).inc()
+
+    def traffic(self) -> tuple[int, int]:
+        """This shard's tensor bytes so far: (received, sent), what the coordinator shows per shard."""
+        return self._total(self._received_family), self._total(self._sent_family)
+
+    def _total(self, counter: Counter) -> int:
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("shard") == self._shard:
+                    return int(sample.value)
+        return 0
 
     def staleness_counts(self) -> list[tuple[float, float]]:
         """This shard's staleness so far: ``(upper bound, pushes at or below it)`` per bucket, the

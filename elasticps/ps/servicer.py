@@ -222,6 +222,7 @@ class ParameterServerServicer:
 
     def DescribeShard(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.ShardState:
         store = self._store
+        received, sent = self._metrics.traffic()
         return pb.ShardState(
             initialized=store.initialized,
             version=store.version,
@@ -229,6 +230,8 @@ class ParameterServerServicer:
             incarnation=store.incarnation,
             checkpoints=store.checkpoint_versions(),
             bulk_port=self.bulk_port,
+            tensor_bytes_received=received,
+            tensor_bytes_sent=sent,
         )
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:

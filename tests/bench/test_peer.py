@@ -120,6 +120,23 @@ def test_cpu_of_each_epoch_from_the_samples_at_its_ends() -> None:
     assert got["wall_s"] == 41.0
 
 
+def test_tensor_bytes_of_each_epoch_from_the_samples_at_its_ends() -> None:
+    def moved(t: float, done: int, version: int, total: int | None, finished: bool = False) -> Sample:
+        return Sample(t, done, 120_000, version, finished, tensor_bytes=total)
+
+    samples = [
+        moved(7.0, 0, 1, 1_000),
+        moved(22.0, 60_000, 980, 41_000),
+        moved(40.0, 120_000, 1876, 51_000),
+        moved(41.0, 120_000, 1876, None, finished=True),  # a shard had stopped answering
+    ]
+    got = figures(samples, num_epochs=2)
+    assert [e["tensor_bytes"] for e in got["epochs"]] == [40_000, 10_000]
+    assert got["tensor_bytes_epoch2"] == 10_000
+    samples[1] = moved(22.0, 60_000, 980, None)
+    assert figures(samples, num_epochs=2)["tensor_bytes_epoch2"] is None
+
+
 @pytest.mark.parametrize(
     ("samples", "missing"),
     [

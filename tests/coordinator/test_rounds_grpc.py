@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
@@ -28,6 +29,7 @@ from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.client import PSClient
+from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -98,11 +100,12 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
     ) -> SyncJob:
         logs = [tmp_path / f"ps-{i}.jsonl" for i in range(2)]
         stores = [ParameterStore(StoreSettings(shard=i, round_log=logs[i])) for i in range(2)]
+        metrics = [PSMetrics(CollectorRegistry(), i) for i in range(2)]
         addresses = []
-        for store in stores:
-            ps_servicer = ParameterServerServicer(store)
+        for store, measured in zip(stores, metrics):
+            ps_servicer = ParameterServerServicer(store, metrics=measured)
             addresses.append(f"127.0.0.1:{grpc_servers(lambda s, p=ps_servicer: add_to_server(p, s))}")
-        links: list[ShardLink] = [LocalShard(stores[0]), RemoteShard(1, addresses[1])]
+        links: list[ShardLink] = [LocalShard(stores[0], metrics[0]), RemoteShard(1, addresses[1])]
         shards = Shards(links)
         rounds = Rounds(grads_to_wait=grads_to_wait, periods=periods)
         settings = QueueSettings(
@@ -241,6 +244,12 @@ def test_a_lone_worker_commits_its_round_at_once_and_the_status_shows_it(make_jo
     status = coordinator.status()
     assert (list(status.shard_versions), status.live_workers, status.grads_to_wait) == ([1, 1], 1, 1)
     assert [e["minibatches"] for e in job.round_log(1)] == [["m"]]
+    # Each shard's tensor bytes of pushes and pulls, from its own metric: this push, no pull yet.
+    kernel, bias = MODEL["dense/kernel:0"].nbytes, MODEL["dense/bias:0"].nbytes
+    assert list(status.shard_bytes_received) == [kernel, bias]
+    assert list(status.shard_bytes_sent) == [0, 0]
+    ps.pull([-1, -1])
+    assert all(sent > 0 for sent in coordinator.status().shard_bytes_sent)
 
 
 def test_a_localsgd_join_is_answered_with_the_next_period(make_job: Callable[..., SyncJob]) -> None:

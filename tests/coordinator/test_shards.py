@@ -128,7 +128,11 @@ def test_describe_tells_every_shards_state(job: Job) -> None:
     job.client("a").push_gradients(ones(1.0), [0, 0])
     job.shards.commit(0, ["a"])
     views = job.shards.describe()
-    assert views == [ShardView(True, 1, job.stores[0].boot), ShardView(True, 1, job.stores[1].boot)]
+    kernel, bias = MODEL["dense/kernel:0"].nbytes, MODEL["dense/bias:0"].nbytes  # the push's tensor bytes
+    assert views == [
+        ShardView(True, 1, job.stores[0].boot, bytes_received=kernel),
+        ShardView(True, 1, job.stores[1].boot, bytes_received=bias),
+    ]
 
 
 def test_describe_answers_none_for_a_shard_that_does_not_answer(grpc_servers: Callable[..., int]) -> None:
