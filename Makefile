@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -75,6 +75,12 @@ bench: $(STAMP) bench-large
 PEER_ARGS ?=
 bench-peer: $(STAMP)
 	$(PY) -m bench.peer $(PEER_ARGS)
+
+# Issue 15: every training mode under no slowdown, random 6x steps and a 4x straggler, 4 workers on
+# MNIST, medians of 3 interleaved repetitions (about 2 hours on 2 cores): docs/heterogeneity.md.
+# Beside `make bench`, not in it. HETEROGENEITY_ARGS="--modes sync,localsgd4 --slowdowns straggler4".
+bench-heterogeneity: $(STAMP)
+	$(PY) -m bench.heterogeneity $(HETEROGENEITY_ARGS)
 
 # Issue 14's job: a 23M-parameter MLP, 6,400 MNIST records, 2 PS + 2 workers, sync, against one
 # process on the same minibatches: rejections, the time ratio, bytes per shard, PS memory per

@@ -16,6 +16,7 @@ start, elasticps's come from PS 0's coordinator polled every ``POLL_S`` (``bench
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -124,7 +125,9 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
     }
 
 
-def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
+def run_elasticps(job: Path, work: Path, num_epochs: int, keep_samples: bool = False) -> dict[str, Any]:
+    """One ``elasticps run`` of ``job``, measured; with ``keep_samples``, every answer of the
+    coordinator polled (``samples``: the timeline of accuracy, versions, bytes and LocalSGD's K)."""
     run_dir, result_file, log = work / "run", work / "result.json", work / "elasticps.log"
     port_file = run_dir / "ps-0.port"
     samples: list[Sample] = []
@@ -161,6 +164,8 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
                                 finished=reply.finished,
                                 cpu_s=_live_cpu_s(process.pid, run_dir),
                                 tensor_bytes=_tensor_bytes(reply),
+                                accuracy=reply.metrics["accuracy"] if "accuracy" in reply.metrics else None,
+                                local_steps=reply.local_steps,
                             )
                         )
                 time.sleep(POLL_S)
@@ -195,4 +200,5 @@ def run_elasticps(job: Path, work: Path, num_epochs: int) -> dict[str, Any]:
         "gradients_rejected": result["gradients_rejected"],
         "tasks_requeued": result["tasks_requeued"],
         "restarts": result["restarts"],
+        **({"samples": [dataclasses.asdict(s) for s in samples]} if keep_samples else {}),
     }

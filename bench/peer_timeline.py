@@ -35,6 +35,8 @@ class Sample:
     finished: bool
     cpu_s: float | None = None  # CPU seconds of the run's processes so far (None: not read)
     tensor_bytes: int | None = None  # tensor bytes every shard received and sent so far (None: a shard did not answer)
+    accuracy: float | None = None  # the latest complete evaluation's test accuracy (None: none yet)
+    local_steps: int = 0  # LocalSGD: the workers' current period
 
 
 class IncompleteRun(ValueError):

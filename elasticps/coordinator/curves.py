@@ -12,7 +12,7 @@ The file is written without TensorFlow or TensorBoard (PS 0 imports neither): ea
 there after every evaluation and when the job stops.
 
 Tags: ``train/loss`` (mean loss of the latest training tasks), ``train/records`` (records trained),
-``train/epoch``, ``eval/<metric>`` for every metric of the model (``eval/loss``, ``eval/accuracy``
+``train/epoch``, ``train/local_steps`` (LocalSGD: the workers' current period K), ``eval/<metric>`` for every metric of the model (``eval/loss``, ``eval/accuracy``
 ...), and the histogram ``train/staleness`` (versions between the model a gradient was computed on
 and the shard's, counted over the pushes since the previous point).
 """
@@ -126,11 +126,15 @@ class TrainingCurves:
         """Where TensorBoard finds the curves (give ``tensorboard --logdir`` this or the output)."""
         return f"{self._output}/tensorboard"
 
-    def trained(self, version: int, loss: float, records: int, epoch: int) -> None:
+    def trained(self, version: int, loss: float, records: int, epoch: int, local_steps: int = 0) -> None:
+        """A training task was reported; ``local_steps``: LocalSGD's current period (0: none)."""
         with self._lock:
             if self._closed:
                 return
-            self._file.scalars(version, {"train/loss": loss, "train/records": float(records), "train/epoch": float(epoch)})
+            points = {"train/loss": loss, "train/records": float(records), "train/epoch": float(epoch)}
+            if local_steps > 0:
+                points["train/local_steps"] = float(local_steps)
+            self._file.scalars(version, points)
             if self._staleness is not None:
                 now = self._staleness()
                 histogram = staleness_histogram(self._seen, now)

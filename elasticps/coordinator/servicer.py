@@ -196,7 +196,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return
         try:
             if after.records_done > before.records_done:
-                self._curves.trained(self._version_fn(), after.loss, after.records_done, after.epoch)
+                self._curves.trained(
+                    self._version_fn(), after.loss, after.records_done, after.epoch, self._local_steps()
+                )
             if after.evaluations > before.evaluations:
                 self._curves.evaluated(after.metrics_version, after.metrics)
         except OSError as err:  # a full disk loses curve points, never the job
@@ -455,6 +457,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._advance_rounds()
             self._changes.notify()  # joins re-check members whose task went back
 
+    def _local_steps(self) -> int:
+        """LocalSGD: the workers' current period (0 in other modes). Read without the rounds'
+        lock, which a commit holds through its calls to every shard: one int, for display."""
+        rounds = self._rounds
+        if rounds is None or rounds.periods is None:
+            return 0
+        return rounds.periods.current
+
     def _shard_views(self) -> list[ShardView | None]:
         """Every shard's state (None: no answer); without shards (tests), none."""
         return [] if self._shards is None else list(self._shards.describe())
@@ -513,6 +523,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             shard_versions=shard_versions,
             shard_bytes_received=[-1 if v is None else v.bytes_received for v in views],
             shard_bytes_sent=[-1 if v is None else v.bytes_sent for v in views],
+            local_steps=self._local_steps(),
             live_workers=live,
             grads_to_wait=grads_to_wait,
             shard_problem=self._shard_problem,

@@ -76,6 +76,7 @@ def outcome(result: RunResult) -> dict[str, object]:
         "shard_versions": list(status.shard_versions),
         "shard_bytes_received": list(status.shard_bytes_received),
         "shard_bytes_sent": list(status.shard_bytes_sent),
+        "local_steps": status.local_steps,
         "metrics": dict(status.metrics),
         "metrics_version": status.metrics_version,
         "tasks_requeued": status.tasks_requeued,

@@ -853,6 +853,7 @@ class JobStatus(_message.Message):
     EXPORT_ERROR_FIELD_NUMBER: _builtins.int
     SHARD_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
     SHARD_BYTES_SENT_FIELD_NUMBER: _builtins.int
+    LOCAL_STEPS_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -885,6 +886,8 @@ class JobStatus(_message.Message):
     """<output>/predictions ("": the job does not predict)"""
     export_error: _builtins.str
     """an export failed every attempt: the job fails with this"""
+    local_steps: _builtins.int
+    """LocalSGD: the local steps of the workers' current period (0: other modes)"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -935,10 +938,11 @@ class JobStatus(_message.Message):
         export_error: _builtins.str = ...,
         shard_bytes_received: _abc.Iterable[_builtins.int] | None = ...,
         shard_bytes_sent: _abc.Iterable[_builtins.int] | None = ...,
+        local_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -48,6 +48,16 @@ def test_scalars_and_histograms_read_back_by_tensorflow(tmp_path: Path) -> None:
     assert [e.wall_time for e in events] == sorted(e.wall_time for e in events)
 
 
+def test_localsgd_period_is_a_curve_and_only_for_localsgd(tmp_path: Path) -> None:
+    curves = TrainingCurves(str(tmp_path), clock=iter(range(1000, 2000)).__next__)
+    curves.trained(10, loss=0.5, records=640, epoch=0, local_steps=8)
+    curves.trained(20, loss=0.25, records=1280, epoch=0, local_steps=5)
+    curves.trained(30, loss=0.2, records=1920, epoch=0)  # another mode: no point
+    curves.close()
+    points = [(e.step, v.tag, v.simple_value) for e in _events(tmp_path / "tensorboard")[1:] for v in e.summary.value]
+    assert [(s, x) for s, t, x in points if t == "train/local_steps"] == [(10, 8.0), (20, 5.0)]
+
+
 def test_staleness_histogram_counts_only_the_pushes_between_readings() -> None:
     before = [(0.0, 10.0), (4.0, 12.0), (INF, 12.0)]
     after = [(0.0, 10.0), (4.0, 15.0), (INF, 17.0)]

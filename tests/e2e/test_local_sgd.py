@@ -43,11 +43,13 @@ def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **train
     return process, run_dir, result_file, logs
 
 
-def finished(process: object, result_file: Path, logs: Path) -> tuple[dict[str, object], list[tuple[int, tuple[str, ...]]], str]:
+def finished(
+    process: object, result_file: Path, logs: Path, label: str = f"LocalSGD{K}"
+) -> tuple[dict[str, object], list[tuple[int, tuple[str, ...]]], str]:
     """The run's result, its rounds (the same on both shards) and its stderr."""
     stdout, stderr = process.communicate(timeout=420)  # type: ignore[attr-defined]
     assert process.returncode == 0, stderr  # type: ignore[attr-defined]
-    assert "LocalSGD4" in stderr  # the job line names the mode
+    assert f"{label}, model" in stderr  # the job line names the mode
     shard0, shard1 = rounds_of(logs / "ps-0.jsonl"), rounds_of(logs / "ps-1.jsonl")
     assert shard0 == shard1  # the same periods in every round, on both shards
     return json.loads(result_file.read_text()), shard0, stderr
@@ -90,3 +92,19 @@ def test_kill_a_localsgd_worker_at_a_random_moment_the_others_rounds_go_on(
     assert [name for name, n in periods.items() if n > 1] == []
     assert result["epoch_records"] == [RECORDS] * EPOCHS  # nothing lost, nothing counted twice
     assert result["metrics"]["accuracy"] > 0.85  # type: ignore[index]
+
+
+def test_adaptive_localsgd_shortens_its_period_as_the_training_loss_falls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    process, _, result_file, logs = start(tmp_path, monkeypatch, workers=2, localSGDSteps=8, adaptiveLocalSGD=True)
+    result, rounds, _ = finished(process, result_file, logs, label="LocalSGDAdaptive")
+    periods = Counter(name for _, members in rounds for name in members)
+    assert [name for name, n in periods.items() if n > 1] == []
+    assert result["epoch_records"] == [RECORDS] * EPOCHS
+    assert result["metrics"]["accuracy"] > 0.85  # type: ignore[index]
+    # K0 = 8 at the first round's loss; the loss fell, so K = int(8 sqrt(F / F0)) fell with it.
+    assert 1 <= result["local_steps"] < 8  # type: ignore[operator]
+    # Fewer rounds than a period of one step would make, more than periods of 8 would.
+    minibatches = TASKS_PER_EPOCH * EPOCHS * 13
+    assert minibatches / 8 < len(periods) < minibatches

@@ -1,0 +1,125 @@
+"""bench.heterogeneity: the jobs each (mode, slowdown) runs, the figures of a run, medians and verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench import heterogeneity_jobs as jobs
+from bench.heterogeneity import pairs_in_order, run_figures, time_to, updates_per_s
+from bench.heterogeneity_report import aggregate, table, verdict_lines
+from elasticps.api.modes import TrainingMode
+from elasticps.api.parsing import parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def example() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "mnist.yaml").read_text())
+    return document
+
+
+@pytest.mark.parametrize("mode", jobs.MODES, ids=lambda m: m.key)
+@pytest.mark.parametrize("slowdown", jobs.SLOWDOWNS, ids=lambda s: s.key)
+def test_every_pair_is_a_job_that_parses_with_its_mode_and_slowdown(mode: jobs.Mode, slowdown: jobs.Slowdown) -> None:
+    document = example()
+    derived = jobs.derive(document, mode, slowdown, records=60_000, epochs=2)
+    job = parse_job(derived)
+    training = job.spec.training
+    assert (job.spec.ps.replicas, job.spec.worker.replicas) == (jobs.PS_REPLICAS, jobs.WORKERS)
+    assert training.slowdown == slowdown.text and training.num_epochs == 2
+    assert job.spec.output == "" and training.checkpoint_steps == 0
+    assert 1 <= training.evaluation_steps
+    assert TrainingMode.of(training).problems() == []
+    assert document == example()  # the given document is left as it was
+
+
+def test_each_mode_is_what_its_name_says() -> None:
+    def label(key: str) -> str:
+        derived = jobs.derive(example(), jobs.MODE_BY_KEY[key], jobs.SLOWDOWNS[0], records=60_000)
+        return TrainingMode.of(parse_job(derived).spec.training).label
+
+    assert [label(k) for k in ("sync", "sync-backup", "async", "async-lr", "ssp4")] == [
+        "Sync", "Sync", "Async", "Async+StalenessLR", "Async+SSP4",
+    ]
+    assert [label(k) for k in ("localsgd2", "localsgd4", "localsgd8", "localsgd-adaptive")] == [
+        "LocalSGD2", "LocalSGD4", "LocalSGD8", "LocalSGDAdaptive",
+    ]
+    backup = jobs.derive(example(), jobs.MODE_BY_KEY["sync-backup"], jobs.SLOWDOWNS[0], records=60_000)
+    assert backup["spec"]["training"]["gradsToWait"] == jobs.WORKERS - 1
+
+
+def test_evaluations_come_about_eight_times_an_epoch_in_each_modes_versions() -> None:
+    # 60,000 records / 64 = 937.5 minibatches an epoch.
+    assert jobs.evaluation_steps(jobs.MODE_BY_KEY["sync"], 60_000, 64) == round(937.5 / 4 / 8)
+    assert jobs.evaluation_steps(jobs.MODE_BY_KEY["async"], 60_000, 64) == round(937.5 / 8)
+    assert jobs.evaluation_steps(jobs.MODE_BY_KEY["localsgd8"], 60_000, 64) == round(937.5 / 32 / 8)
+
+
+def test_every_pair_runs_once_per_repetition_starting_further_along() -> None:
+    modes, slowdowns = jobs.MODES[:2], jobs.SLOWDOWNS[:2]
+    first, second = pairs_in_order(0, slowdowns, modes), pairs_in_order(1, slowdowns, modes)
+    assert sorted(map(str, first)) == sorted(map(str, second)) and len(first) == 4
+    assert second[0] == first[1]
+
+
+def sample(t: float, version: int, accuracy: float | None = None, k: int = 0) -> dict[str, Any]:
+    return {"t": t, "model_version": version, "accuracy": accuracy, "local_steps": k}
+
+
+def test_figures_of_a_run_from_its_timeline() -> None:
+    samples = [
+        sample(5.0, 1, None, 1),
+        sample(10.0, 100, 0.95, 1),
+        sample(20.0, 200, 0.972, 4),
+        sample(30.0, 300, 0.972, 4),
+        sample(40.0, 400, 0.981, 3),
+    ]
+    measured = {
+        "samples": list(reversed(samples)),
+        "epochs": [{"ended_s": 20.0, "tensor_bytes": 900}, {"ended_s": 40.0, "tensor_bytes": 300}],
+        "wall_s": 41.0, "test_accuracy": 0.981, "tensor_bytes_epoch2": 300, "examples_per_s_epoch2": 3000.0,
+        "gradients_rejected": 0,
+    }
+    got = run_figures(measured)
+    assert (got["time_to_97_s"], got["time_to_98_s"]) == (20.0, 40.0)
+    assert got["updates_per_s_epoch2"] == pytest.approx(200 / 20)
+    assert got["accuracy_curve"] == [(10.0, 0.95), (20.0, 0.972), (40.0, 0.981)]
+    assert got["local_steps_curve"] == [(5.0, 1.0), (20.0, 4.0), (40.0, 3.0)]
+    assert got["tensor_bytes_per_epoch"] == [900, 300]
+    assert time_to(samples, 0.99) is None
+    assert updates_per_s(samples[:1], {"ended_s": 40.0}, 20.0) is None
+
+
+def cell(slowdown: str, mode: str, to98: float | None, repetition: int = 1) -> dict[str, Any]:
+    return {
+        "slowdown": slowdown, "mode": mode, "repetition": repetition, "time_to_97_s": to98, "time_to_98_s": to98,
+        "test_accuracy": 0.98, "updates_per_s_epoch2": 10.0, "tensor_bytes_epoch2": 2e6, "wall_s": 50.0,
+        "accuracy_curve": [], "local_steps_curve": [],
+    }
+
+
+def test_medians_rank_a_run_that_never_got_there_last() -> None:
+    runs = [cell("none", "sync", 40.0), cell("none", "sync", None, 2), cell("none", "sync", 30.0, 3)]
+    assert aggregate(runs)["none"]["sync"]["time_to_98_s"] == 40.0
+    runs[0] = cell("none", "sync", None)
+    assert aggregate(runs)["none"]["sync"]["time_to_98_s"] is None  # two of three never did
+    runs.append({"slowdown": "none", "mode": "sync", "repetition": 4, "failed": "boom"})
+    assert aggregate(runs)["none"]["sync"]["runs"] == 3
+
+
+def test_the_straggler_verdict_names_the_best_mode_and_the_speedup() -> None:
+    runs = [cell("straggler4", "sync", 120.0), cell("straggler4", "localsgd4", 50.0), cell("straggler4", "async", None)]
+    doc: dict[str, Any] = {
+        "date": "today", "runtime_s": 1.0, "workers": 4, "ps": 1, "epochs": 2, "repeats": 1,
+        "modes": {"sync": "sync", "localsgd4": "LocalSGD K=4", "async": "async"},
+        "slowdowns": {"straggler4": "worker 0 4x slower"}, "summary": aggregate(runs), "runs": runs,
+    }
+    assert verdict_lines(doc) == [
+        "worker 0 4x slower: LocalSGD K=4 reaches 98% in 50.0 s, sync in 120.0 s: 2.40x (ok: at least 2x)"
+    ]
+    text = table(doc)
+    assert "| async | never | never |" in text and "| LocalSGD K=4 | 50.0 | 50.0 |" in text
