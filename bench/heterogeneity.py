@@ -1,15 +1,19 @@
 """``make bench-heterogeneity``: every training mode under every kind of slowdown, on one job.
 
     python -m bench.heterogeneity [--job examples/mnist.yaml] [--repeats 3] [--epochs 2]
-                                  [--modes sync,localsgd4,...] [--slowdowns none,straggler4,...] [--no_write]
+                                  [--modes sync,localsgd4,...] [--slowdowns none,straggler4,...]
+                                  [--merge] [--no_write]
 
 The modes and slowdowns, and the job each pair runs, are ``bench.heterogeneity_jobs``'s. Each
 repetition runs every (slowdown, mode) pair once through ``elasticps run``, the order rotated by one
 pair per repetition, measured by ``bench.peer_runs`` with the coordinator polled throughout. Per run
 (:func:`run_figures`): wall time to 97% and to 98% test accuracy (the first poll that shows an
 evaluation at or above it), the final accuracy, model updates per second and tensor bytes in epoch 2,
-the accuracy and LocalSGD's K over wall time. Writes ``bench/results/heterogeneity.json``, the
-generated region of ``docs/heterogeneity.md`` and its plots (``bench.heterogeneity_report``).
+the accuracy and LocalSGD's K over wall time, and PS 0's staleness histogram (every push, with the
+share of stale pushes and the 90th percentile). Writes ``bench/results/heterogeneity.json``, the
+generated region of ``docs/heterogeneity.md`` and its plots (``bench.heterogeneity_report``); the
+results file after every run as well. ``--merge`` keeps the file's runs of the pairs this invocation
+does not run, so the slowdowns can be measured in separate sittings.
 """
 
 from __future__ import annotations
@@ -64,6 +68,24 @@ def updates_per_s(samples: Sequence[Mapping[str, Any]], epoch2: Mapping[str, Any
     return versions / float(inside[-1]["t"] - inside[0]["t"])
 
 
+def staleness_figures(buckets: Sequence[Sequence[int | None]]) -> dict[str, float | None]:
+    """From PS 0's ``[lowest, highest, pushes]`` buckets: the share of pushes computed on an older
+    model than the shard's (staleness > 0), and the staleness 90% of pushes are at or below (the
+    bucket's highest; its lowest for the open last bucket). None when nothing was pushed."""
+    total = sum(int(n or 0) for _, _, n in buckets)
+    if total == 0:
+        return {"stale_share": None, "staleness_p90": None}
+    stale = sum(int(n or 0) for low, _, n in buckets if (low or 0) > 0)
+    seen = 0
+    p90: float | None = None
+    for low, high, n in buckets:
+        seen += int(n or 0)
+        if seen >= 0.9 * total:
+            p90 = float(high if high is not None else low or 0)
+            break
+    return {"stale_share": stale / total, "staleness_p90": p90}
+
+
 def run_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
     """What the table and the plots take from one measured run (``run_elasticps(keep_samples=True)``)."""
     samples = sorted(measured["samples"], key=lambda s: s["t"])
@@ -80,6 +102,8 @@ def run_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
         "accuracy_curve": curve(samples, "accuracy"),
         "local_steps_curve": curve(samples, "local_steps"),
         "gradients_rejected": measured["gradients_rejected"],
+        "staleness": measured["staleness"],
+        **staleness_figures(measured["staleness"]),
     }
 
 
@@ -106,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(jobs.MODE_BY_KEY))
     parser.add_argument("--slowdowns", default=",".join(jobs.SLOWDOWN_BY_KEY))
     parser.add_argument("--no_write", action="store_true", help="print only: no results file, doc or plot")
+    parser.add_argument(
+        "--merge", action="store_true",
+        help="keep the runs of bench/results/heterogeneity.json of other (slowdown, mode) pairs",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.epochs < 2:
         parser.error("--repeats >= 1 and --epochs >= 2")
@@ -123,6 +151,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
+    earlier = report.earlier_runs(modes, slowdowns) if args.merge else {"modes": {}, "slowdowns": {}, "runs": []}
+
+    def document_so_far() -> dict[str, Any]:
+        every = [*earlier["runs"], *runs]
+        return {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "runtime_s": round(time.monotonic() - started, 1),
+            "job": str(args.job),
+            "repeats": args.repeats,
+            "epochs": args.epochs,
+            "workers": jobs.WORKERS,
+            "ps": jobs.PS_REPLICAS,
+            "complete": len(runs) == total,
+            "merged_runs": len(earlier["runs"]),
+            "modes": {m.key: m.label for m in jobs.MODES if m in modes or m.key in earlier["modes"]},
+            "slowdowns": {s.key: s.label for s in jobs.SLOWDOWNS if s in slowdowns or s.key in earlier["slowdowns"]},
+            "summary": report.aggregate(every),
+            "runs": every,
+        }
+
     total = args.repeats * len(modes) * len(slowdowns)
     with tempfile.TemporaryDirectory(prefix="elasticps-heterogeneity-") as tmp:
         for repetition in range(args.repeats):
@@ -140,19 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 runs.append({"repetition": repetition + 1, "slowdown": slowdown.key, "mode": mode.key, **figures})
                 print(f"{label}: {report.run_line(figures)}", flush=True)
-    doc = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "runtime_s": round(time.monotonic() - started, 1),
-        "job": str(args.job),
-        "repeats": args.repeats,
-        "epochs": args.epochs,
-        "workers": jobs.WORKERS,
-        "ps": jobs.PS_REPLICAS,
-        "modes": {m.key: m.label for m in modes},
-        "slowdowns": {s.key: s.label for s in slowdowns},
-        "summary": report.aggregate(runs),
-        "runs": runs,
-    }
+                if not args.no_write:
+                    report.save(document_so_far())  # a run cut short keeps what it measured
+    doc = document_so_far()
     for line in report.verdict_lines(doc):
         print(line)
     if not args.no_write:

@@ -198,6 +198,7 @@ def run_elasticps(job: Path, work: Path, num_epochs: int, keep_samples: bool = F
         "polls": timed["samples"],
         "model_version": result["model_version"],
         "gradients_rejected": result["gradients_rejected"],
+        "staleness": result["staleness"],
         "tasks_requeued": result["tasks_requeued"],
         "restarts": result["restarts"],
         **({"samples": [dataclasses.asdict(s) for s in samples]} if keep_samples else {}),

@@ -40,7 +40,7 @@ import grpc
 from grpc import aio
 
 from elasticps.api.output import export_failure, export_path, predictions_path
-from elasticps.coordinator.curves import TrainingCurves
+from elasticps.coordinator.curves import StalenessCounts, TrainingCurves
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Period, Rounds
@@ -91,12 +91,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         output: str = "",
         curves: TrainingCurves | None = None,
         limits: ServerLimits = ServerLimits(),
+        staleness: Callable[[], StalenessCounts] | None = None,
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
         self._clock = clock
         self._unsettled: tuple[tuple[int, ...], float] | None = None  # async: shard versions apart, since
         self._curves = curves
+        self._staleness = staleness  # PS 0's cumulative staleness counts, for the job status
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
@@ -507,6 +509,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if self._rounds is not None:
             with self._rounds_changed:
                 grads_to_wait = self._rounds.effective_grads_to_wait(live)
+        staleness = self._staleness() if self._staleness is not None else ()
         return pb.JobStatus(
             finished=progress.finished,
             epoch=progress.epoch,
@@ -524,6 +527,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             shard_bytes_received=[-1 if v is None else v.bytes_received for v in views],
             shard_bytes_sent=[-1 if v is None else v.bytes_sent for v in views],
             local_steps=self._local_steps(),
+            staleness_bounds=[bound for bound, _ in staleness],
+            staleness_pushes=[int(count) for _, count in staleness],
             live_workers=live,
             grads_to_wait=grads_to_wait,
             shard_problem=self._shard_problem,

@@ -62,6 +62,19 @@ def summary(job: TrainingJob, result: RunResult) -> str:
     )
 
 
+def staleness_buckets(status: pb.JobStatus) -> list[list[int | None]]:
+    """PS 0's gradient staleness as ``[lowest, highest, pushes]`` per bucket (``highest`` None for
+    the open last bucket), from the status's cumulative counts; staleness is a whole number."""
+    buckets: list[list[int | None]] = []
+    below, lowest = 0, 0
+    for bound, cumulative in zip(status.staleness_bounds, status.staleness_pushes):
+        highest = None if math.isinf(bound) else int(bound)
+        buckets.append([lowest, highest, cumulative - below])
+        below = cumulative
+        lowest = (highest if highest is not None else lowest) + 1
+    return buckets
+
+
 def outcome(result: RunResult) -> dict[str, object]:
     """The result as plain data (``elasticps run --result_file``)."""
     status = result.status
@@ -77,6 +90,7 @@ def outcome(result: RunResult) -> dict[str, object]:
         "shard_bytes_received": list(status.shard_bytes_received),
         "shard_bytes_sent": list(status.shard_bytes_sent),
         "local_steps": status.local_steps,
+        "staleness": staleness_buckets(status),
         "metrics": dict(status.metrics),
         "metrics_version": status.metrics_version,
         "tasks_requeued": status.tasks_requeued,

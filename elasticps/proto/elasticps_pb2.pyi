@@ -854,6 +854,8 @@ class JobStatus(_message.Message):
     SHARD_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
     SHARD_BYTES_SENT_FIELD_NUMBER: _builtins.int
     LOCAL_STEPS_FIELD_NUMBER: _builtins.int
+    STALENESS_BOUNDS_FIELD_NUMBER: _builtins.int
+    STALENESS_PUSHES_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -910,6 +912,14 @@ class JobStatus(_message.Message):
     def shard_bytes_sent(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """every shard's tensor bytes sent so far (-1: no answer)"""
 
+    @_builtins.property
+    def staleness_bounds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """PS 0's gradient staleness so far (every push reaches every shard): pushes with staleness at
+        or below staleness_bounds[i] in staleness_pushes[i], cumulative; the last bound is +inf.
+        """
+
+    @_builtins.property
+    def staleness_pushes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -939,10 +949,12 @@ class JobStatus(_message.Message):
         shard_bytes_received: _abc.Iterable[_builtins.int] | None = ...,
         shard_bytes_sent: _abc.Iterable[_builtins.int] | None = ...,
         local_steps: _builtins.int = ...,
+        staleness_bounds: _abc.Iterable[_builtins.float] | None = ...,
+        staleness_pushes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -327,6 +327,7 @@ def run(config: PSConfig) -> int:
             output=config.output,
             curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
             limits=config.limits,
+            staleness=metrics.staleness_counts,
         )
         add_coordinator(coordinator, server)
         coordinator.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,8 @@ import pytest
 import yaml
 
 from bench import heterogeneity_jobs as jobs
-from bench.heterogeneity import pairs_in_order, run_figures, time_to, updates_per_s
-from bench.heterogeneity_report import aggregate, table, verdict_lines
+from bench.heterogeneity import pairs_in_order, run_figures, staleness_figures, time_to, updates_per_s
+from bench.heterogeneity_report import aggregate, earlier_runs, staleness_shares, table, verdict_lines
 from elasticps.api.modes import TrainingMode
 from elasticps.api.parsing import parse_job
 
@@ -82,9 +83,10 @@ def test_figures_of_a_run_from_its_timeline() -> None:
         "samples": list(reversed(samples)),
         "epochs": [{"ended_s": 20.0, "tensor_bytes": 900}, {"ended_s": 40.0, "tensor_bytes": 300}],
         "wall_s": 41.0, "test_accuracy": 0.981, "tensor_bytes_epoch2": 300, "examples_per_s_epoch2": 3000.0,
-        "gradients_rejected": 0,
+        "gradients_rejected": 0, "staleness": [[0, 0, 6], [1, 1, 3], [2, 2, 1], [3, None, 0]],
     }
     got = run_figures(measured)
+    assert (got["stale_share"], got["staleness_p90"]) == (0.4, 1.0)
     assert (got["time_to_97_s"], got["time_to_98_s"]) == (20.0, 40.0)
     assert got["updates_per_s_epoch2"] == pytest.approx(200 / 20)
     assert got["accuracy_curve"] == [(10.0, 0.95), (20.0, 0.972), (40.0, 0.981)]
@@ -98,7 +100,8 @@ def cell(slowdown: str, mode: str, to98: float | None, repetition: int = 1) -> d
     return {
         "slowdown": slowdown, "mode": mode, "repetition": repetition, "time_to_97_s": to98, "time_to_98_s": to98,
         "test_accuracy": 0.98, "updates_per_s_epoch2": 10.0, "tensor_bytes_epoch2": 2e6, "wall_s": 50.0,
-        "accuracy_curve": [], "local_steps_curve": [],
+        "accuracy_curve": [], "local_steps_curve": [], "stale_share": 0.25, "staleness_p90": 2.0,
+        "staleness": [[0, 0, 3], [1, 1, 1]],
     }
 
 
@@ -123,3 +126,31 @@ def test_the_straggler_verdict_names_the_best_mode_and_the_speedup() -> None:
     ]
     text = table(doc)
     assert "| async | never | never |" in text and "| LocalSGD K=4 | 50.0 | 50.0 |" in text
+    assert "| 2 | 25% | 2 | 1 |" in text  # tensor MB, stale pushes, staleness p90, runs
+
+
+def test_staleness_percentiles_and_shares_count_every_push() -> None:
+    buckets = [[0, 0, 90], [1, 1, 0], [2, 2, 5], [3, 4, 4], [5, None, 1]]
+    assert staleness_figures(buckets) == {"stale_share": 0.1, "staleness_p90": 0.0}
+    assert staleness_figures([[0, 0, 1], [1, 1, 0], [2, None, 9]]) == {"stale_share": 0.9, "staleness_p90": 2.0}
+    assert staleness_figures([[0, 0, 0], [1, None, 0]]) == {"stale_share": None, "staleness_p90": None}
+    runs = [{"staleness": buckets}, {"staleness": [[0, 0, 0], [1, 1, 100], [2, 2, 0], [3, 4, 0], [5, None, 0]]}]
+    labels, shares = staleness_shares(runs)
+    assert labels == ["0", "1", "2", "3-4", "5+"]
+    assert shares == [0.45, 0.5, 0.025, 0.02, 0.005]
+
+
+def test_merge_keeps_only_the_runs_of_pairs_not_run_again(tmp_path: Path) -> None:
+    results = tmp_path / "heterogeneity.json"
+    runs = [cell("none", "sync", 40.0), cell("straggler4", "sync", 90.0), cell("straggler4", "async", 60.0)]
+    results.write_text(json.dumps({
+        "modes": {"sync": "sync", "async": "async"},
+        "slowdowns": {"none": "no slowdown", "straggler4": "worker 0 4x slower"},
+        "runs": runs,
+    }))
+    kept = earlier_runs([jobs.MODE_BY_KEY["sync"]], [jobs.SLOWDOWN_BY_KEY["straggler4"]], results)
+    assert kept["runs"] == [runs[0], runs[2]]
+    assert kept["modes"] == {"sync": "sync", "async": "async"}
+    assert kept["slowdowns"] == {"none": "no slowdown", "straggler4": "worker 0 4x slower"}
+    assert earlier_runs(jobs.MODES, jobs.SLOWDOWNS, results)["runs"] == []
+    assert earlier_runs(jobs.MODES, jobs.SLOWDOWNS, tmp_path / "none.json")["runs"] == []

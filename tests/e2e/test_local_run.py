@@ -11,6 +11,7 @@ import pytest
 from local_jobs import elasticps, job_document, write_job
 
 pytestmark = pytest.mark.slow
+MINIBATCHES = 2 * 10 * 13  # epochs x tasks of 400 records x minibatches of 32 (12 and one of 16)
 
 
 def run_job(tmp_path: Path, document: dict[str, object]) -> tuple[int, str, dict[str, object]]:
@@ -44,6 +45,17 @@ def test_job_trains_every_record_and_learns(tmp_path: Path, data: tuple[Path, Pa
     assert isinstance(history, list) and history[-1]["metrics"] == metrics
     assert [h["elapsed_s"] for h in history] == sorted(h["elapsed_s"] for h in history)
     assert "Traceback" not in stderr
+    # PS 0 sees every push (a push reaches every shard): 13 minibatches per task of 400, 20 tasks.
+    pushes = {(low, high): n for low, high, n in result["staleness"]}  # type: ignore[union-attr]
+    stale = sum(n for (low, _), n in pushes.items() if low > 0)
+    if training.get("useAsync"):
+        assert sum(pushes.values()) == MINIBATCHES  # each pushed once, none refused
+    elif "gradsToWait" in training:
+        assert sum(pushes.values()) >= MINIBATCHES  # and again when a round went on without it
+    else:
+        assert pushes[(0, 0)] == MINIBATCHES and stale == 0  # every round waits for both workers
+    if training.get("getModelFrequency", 1) > 1:
+        assert stale > 0  # a worker's own pushes make its model older between its pulls
 
 
 def test_malformed_job_is_one_line_and_exit_2(tmp_path: Path, data: tuple[Path, Path]) -> None:
