@@ -91,8 +91,13 @@ def run_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
     samples = sorted(measured["samples"], key=lambda s: s["t"])
     epochs = measured["epochs"]
     second = epochs[1] if len(epochs) > 1 else None
+    reached = {t: time_to(samples, t) for t in THRESHOLDS}
+    first_step = measured["first_step_s"]
     return {
-        **{f"time_to_{round(t * 100)}_s": time_to(samples, t) for t in THRESHOLDS},
+        **{f"time_to_{round(t * 100)}_s": reached[t] for t in THRESHOLDS},
+        "first_step_s": first_step,
+        # the same, from the first training step (process and model start-up are alike in every mode)
+        "training_to_98_s": None if reached[0.98] is None or first_step is None else reached[0.98] - first_step,
         "wall_s": measured["wall_s"],
         "test_accuracy": measured["test_accuracy"],
         "updates_per_s_epoch2": None if second is None else updates_per_s(samples, second, epochs[0]["ended_s"]),

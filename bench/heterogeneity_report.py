@@ -5,7 +5,8 @@ Writes ``bench/results/heterogeneity.json`` (every run), the region ``heterogene
 over wall time, one panel per slowdown, the median run of each mode by time to 98%),
 ``docs/img/heterogeneity_staleness.png`` (the share of pushes per staleness bucket, every run of a
 mode summed, one panel per slowdown) and ``docs/img/adaptive_k.png`` (adaptive LocalSGD's K over
-wall time).
+wall time). ``python -m bench.heterogeneity_report`` writes the doc and plots again from the
+results file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ STALENESS_PLOT = ROOT / "docs" / "img" / "heterogeneity_staleness.png"
 REGION = "heterogeneity"
 FIGURES = (
     "time_to_97_s", "time_to_98_s", "test_accuracy", "updates_per_s_epoch2", "tensor_bytes_epoch2",
-    "stale_share", "staleness_p90",
+    "stale_share", "staleness_p90", "training_to_98_s",
 )
 MIN_SPEEDUP = 2.0  # the issue: under the 4x straggler, the best mode reaches 98% at least 2x sooner than sync
 
@@ -70,9 +71,16 @@ def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
         best = min(reached, key=lambda m: reached[m])
         speedup = sync / reached[best]
         mark = "ok" if speedup >= MIN_SPEEDUP else "MISSED"
+        training = {m: straggler[m].get("training_to_98_s") for m in (best, "sync")}
+        after_start = (
+            f"; from the first training step {training[best]:.1f} s and {training['sync']:.1f} s: "
+            f"{training['sync'] / training[best]:.2f}x"
+            if None not in training.values() and training[best]
+            else ""
+        )
         lines.append(
             f"worker 0 4x slower: {doc['modes'].get(best, best)} reaches 98% in {reached[best]:.1f} s, sync in "
-            f"{sync:.1f} s: {speedup:.2f}x ({mark}: at least {MIN_SPEEDUP:.0f}x)"
+            f"{sync:.1f} s: {speedup:.2f}x ({mark}: at least {MIN_SPEEDUP:.0f}x){after_start}"
         )
     return lines
 
@@ -113,18 +121,19 @@ def table(doc: Mapping[str, Any]) -> str:
             "",
             f"**{label}**",
             "",
-            "| mode | to 97% (s) | to 98% (s) | final accuracy | updates/s (epoch 2) | tensor MB (epoch 2) "
-            "| stale pushes | staleness p90 | runs |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| mode | to 97% (s) | to 98% (s) | to 98% from the first step (s) | final accuracy "
+            "| updates/s (epoch 2) | tensor MB (epoch 2) | stale pushes | staleness p90 | runs |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for mode, mode_label in doc["modes"].items():
             c = doc["summary"].get(key, {}).get(mode)
             if c is None:
-                parts.append(f"| {mode_label} | failed | | | | | | | 0 |")
+                parts.append(f"| {mode_label} | failed | | | | | | | | 0 |")
                 continue
             moved = c["tensor_bytes_epoch2"]
             parts.append(
                 f"| {mode_label} | {cell(c['time_to_97_s'], '.1f')} | {cell(c['time_to_98_s'], '.1f')} | "
+                f"{cell(c['training_to_98_s'], '.1f')} | "
                 f"{cell(c['test_accuracy'], '.4f')} | {cell(c['updates_per_s_epoch2'], '.1f')} | "
                 f"{cell(None if moved is None else moved / 1e6, ',.0f')} | "
                 f"{cell(None if c['stale_share'] is None else 100 * c['stale_share'], '.0f')}% | "
@@ -247,3 +256,19 @@ def write(doc: Mapping[str, Any]) -> None:
     save(doc)
     doc_regions.write_region(DOC, REGION, table(doc))
     plot(doc)
+
+
+def main() -> int:
+    """``python -m bench.heterogeneity_report``: the doc region and plots again from the results
+    file (after a run cut short, whose file holds every run it finished)."""
+    if not RESULTS.exists():
+        print(f"bench.heterogeneity_report: no {RESULTS.relative_to(ROOT)}: run make bench-heterogeneity first")
+        return 2
+    doc = json.loads(RESULTS.read_text())
+    doc_regions.write_region(DOC, REGION, table(doc))
+    plot(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -83,10 +83,11 @@ def test_figures_of_a_run_from_its_timeline() -> None:
         "samples": list(reversed(samples)),
         "epochs": [{"ended_s": 20.0, "tensor_bytes": 900}, {"ended_s": 40.0, "tensor_bytes": 300}],
         "wall_s": 41.0, "test_accuracy": 0.981, "tensor_bytes_epoch2": 300, "examples_per_s_epoch2": 3000.0,
-        "gradients_rejected": 0, "staleness": [[0, 0, 6], [1, 1, 3], [2, 2, 1], [3, None, 0]],
+        "gradients_rejected": 0, "first_step_s": 4.0, "staleness": [[0, 0, 6], [1, 1, 3], [2, 2, 1], [3, None, 0]],
     }
     got = run_figures(measured)
     assert (got["stale_share"], got["staleness_p90"]) == (0.4, 1.0)
+    assert got["training_to_98_s"] == 36.0
     assert (got["time_to_97_s"], got["time_to_98_s"]) == (20.0, 40.0)
     assert got["updates_per_s_epoch2"] == pytest.approx(200 / 20)
     assert got["accuracy_curve"] == [(10.0, 0.95), (20.0, 0.972), (40.0, 0.981)]
@@ -101,7 +102,7 @@ def cell(slowdown: str, mode: str, to98: float | None, repetition: int = 1) -> d
         "slowdown": slowdown, "mode": mode, "repetition": repetition, "time_to_97_s": to98, "time_to_98_s": to98,
         "test_accuracy": 0.98, "updates_per_s_epoch2": 10.0, "tensor_bytes_epoch2": 2e6, "wall_s": 50.0,
         "accuracy_curve": [], "local_steps_curve": [], "stale_share": 0.25, "staleness_p90": 2.0,
-        "staleness": [[0, 0, 3], [1, 1, 1]],
+        "staleness": [[0, 0, 3], [1, 1, 1]], "training_to_98_s": None if to98 is None else to98 - 10.0,
     }
 
 
@@ -122,7 +123,8 @@ def test_the_straggler_verdict_names_the_best_mode_and_the_speedup() -> None:
         "slowdowns": {"straggler4": "worker 0 4x slower"}, "summary": aggregate(runs), "runs": runs,
     }
     assert verdict_lines(doc) == [
-        "worker 0 4x slower: LocalSGD K=4 reaches 98% in 50.0 s, sync in 120.0 s: 2.40x (ok: at least 2x)"
+        "worker 0 4x slower: LocalSGD K=4 reaches 98% in 50.0 s, sync in 120.0 s: 2.40x (ok: at least 2x); "
+        "from the first training step 40.0 s and 110.0 s: 2.75x"
     ]
     text = table(doc)
     assert "| async | never | never |" in text and "| LocalSGD K=4 | 50.0 | 50.0 |" in text
