@@ -11,7 +11,7 @@ import yaml
 
 from bench import heterogeneity_jobs as jobs
 from bench.heterogeneity import pairs_in_order, run_figures, staleness_figures, time_to, updates_per_s
-from bench.heterogeneity_report import aggregate, earlier_runs, staleness_shares, table, verdict_lines
+from bench.heterogeneity_report import adaptive_lines, aggregate, earlier_runs, staleness_shares, table, verdict_lines
 from elasticps.api.modes import TrainingMode
 from elasticps.api.parsing import parse_job
 
@@ -124,7 +124,9 @@ def test_the_straggler_verdict_names_the_best_mode_and_the_speedup() -> None:
     }
     assert verdict_lines(doc) == [
         "worker 0 4x slower: LocalSGD K=4 reaches 98% in 50.0 s, sync in 120.0 s: 2.40x (ok: at least 2x); "
-        "from the first training step 40.0 s and 110.0 s: 2.75x"
+        "from the first training step 40.0 s and 110.0 s: 2.75x",
+        "worker 0 4x slower: adaptive LocalSGD reaches 98% in never; the best fixed K, LocalSGD K=4, in 50.0 s "
+        "(its runs 50.0 s to 50.0 s) (MISSED: within that spread or faster)",
     ]
     text = table(doc)
     assert "| async | never | never |" in text and "| LocalSGD K=4 | 50.0 | 50.0 |" in text
@@ -156,3 +158,23 @@ def test_merge_keeps_only_the_runs_of_pairs_not_run_again(tmp_path: Path) -> Non
     assert kept["slowdowns"] == {"none": "no slowdown", "straggler4": "worker 0 4x slower"}
     assert earlier_runs(jobs.MODES, jobs.SLOWDOWNS, results)["runs"] == []
     assert earlier_runs(jobs.MODES, jobs.SLOWDOWNS, tmp_path / "none.json")["runs"] == []
+
+
+def test_adaptive_is_judged_against_the_spread_of_the_best_fixed_k() -> None:
+    runs = [
+        cell("none", "localsgd2", 40.0), cell("none", "localsgd2", 44.0, 2), cell("none", "localsgd2", 52.0, 3),
+        cell("none", "localsgd4", 45.0), cell("none", "localsgd8", None),
+        cell("none", "localsgd-adaptive", 50.0), cell("none", "localsgd-adaptive", 60.0, 2),
+        cell("none", "localsgd-adaptive", 47.0, 3),
+    ]
+    doc: dict[str, Any] = {
+        "modes": {"localsgd2": "LocalSGD K=2", "localsgd4": "LocalSGD K=4", "localsgd8": "LocalSGD K=8"},
+        "slowdowns": {"none": "no slowdown"}, "summary": aggregate(runs), "runs": runs,
+    }
+    assert adaptive_lines(doc) == [
+        "no slowdown: adaptive LocalSGD reaches 98% in 50.0 s; the best fixed K, LocalSGD K=2, in 44.0 s "
+        "(its runs 40.0 s to 52.0 s) (ok: within that spread or faster)"
+    ]
+    runs[-1] = cell("none", "localsgd-adaptive", 70.0, 3)  # median 60.0, past K=2's slowest run
+    doc["summary"] = aggregate(runs)
+    assert adaptive_lines(doc)[0].endswith("(MISSED: within that spread or faster)")
