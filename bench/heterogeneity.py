@@ -2,7 +2,7 @@
 
     python -m bench.heterogeneity [--job examples/mnist.yaml] [--repeats 3] [--epochs 2]
                                   [--modes sync,localsgd4,...] [--slowdowns none,straggler4,...]
-                                  [--merge] [--no_write]
+                                  [--worker_cpus 0.4] [--merge] [--no_write]
 
 The modes and slowdowns, and the job each pair runs, are ``bench.heterogeneity_jobs``'s. Each
 repetition runs every (slowdown, mode) pair once through ``elasticps run``, the order rotated by one
@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from bench import cpu_caps
 from bench import heterogeneity_jobs as jobs
 from bench import heterogeneity_report as report
 from bench.peer_runs import RunFailed, run_elasticps
@@ -136,12 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdowns", default=",".join(jobs.SLOWDOWN_BY_KEY))
     parser.add_argument("--no_write", action="store_true", help="print only: no results file, doc or plot")
     parser.add_argument(
+        "--worker_cpus", type=float, default=None,
+        help="hold each worker to this many CPUs, as on a machine of its own (bench.cpu_caps; root)",
+    )
+    parser.add_argument(
         "--merge", action="store_true",
         help="keep the runs of bench/results/heterogeneity.json of other (slowdown, mode) pairs",
     )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.epochs < 2:
         parser.error("--repeats >= 1 and --epochs >= 2")
+    if args.worker_cpus is not None and (args.worker_cpus <= 0 or cpu_caps.unavailable()):
+        parser.error(f"--worker_cpus: must be > 0 and need a cgroup cpu controller ({cpu_caps.unavailable()})")
     modes = _keys(args.modes, jobs.MODE_BY_KEY, "modes", parser)
     slowdowns = _keys(args.slowdowns, jobs.SLOWDOWN_BY_KEY, "slowdowns", parser)
     document = yaml.safe_load(args.job.read_text())
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             "workers": jobs.WORKERS,
             "ps": jobs.PS_REPLICAS,
+            "worker_cpus": args.worker_cpus,
             "complete": len(runs) == total,
             "merged_runs": len(earlier["runs"]),
             "modes": {m.key: m.label for m in jobs.MODES if m in modes or m.key in earlier["modes"]},
@@ -186,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                 job.write_text(yaml.safe_dump(jobs.derive(document, mode, slowdown, records, args.epochs), sort_keys=False))
                 label = f"[{len(runs) + 1}/{total}] {slowdown.label}, {mode.label}"
                 try:
-                    figures = run_figures(run_elasticps(job, work, args.epochs, keep_samples=True))
+                    measured = run_elasticps(job, work, args.epochs, keep_samples=True, worker_cpus=args.worker_cpus)
+                    figures = run_figures(measured)
                 except (RunFailed, IncompleteRun) as err:
                     print(f"{label}: FAILED: {err}", flush=True)
                     runs.append({"repetition": repetition + 1, "slowdown": slowdown.key, "mode": mode.key, "failed": str(err)})

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from bench.cpu_caps import CpuCaps
 from bench.peer_jobs import WORKER_REPLICAS
 from bench.peer_tf import cpu_seconds
 from bench.peer_timeline import Sample, figures
@@ -125,13 +126,17 @@ def run_peer(job: Path, work: Path) -> dict[str, Any]:
     }
 
 
-def run_elasticps(job: Path, work: Path, num_epochs: int, keep_samples: bool = False) -> dict[str, Any]:
+def run_elasticps(
+    job: Path, work: Path, num_epochs: int, keep_samples: bool = False, worker_cpus: float | None = None
+) -> dict[str, Any]:
     """One ``elasticps run`` of ``job``, measured; with ``keep_samples``, every answer of the
-    coordinator polled (``samples``: the timeline of accuracy, versions, bytes and LocalSGD's K)."""
+    coordinator polled (``samples``: the timeline of accuracy, versions, bytes and LocalSGD's K);
+    with ``worker_cpus``, each worker held to that many CPUs (``bench.cpu_caps``)."""
     run_dir, result_file, log = work / "run", work / "result.json", work / "elasticps.log"
     port_file = run_dir / "ps-0.port"
     samples: list[Sample] = []
     client: CoordinatorClient | None = None
+    caps = CpuCaps(worker_cpus, f"elasticps-bench-{os.getpid()}-{work.name}") if worker_cpus else None
     cpu_before = _children_cpu_s()
     started = time.monotonic()
     with log.open("wb") as sink:
@@ -145,6 +150,8 @@ def run_elasticps(job: Path, work: Path, num_epochs: int, keep_samples: bool = F
                 if time.monotonic() - started > RUN_TIMEOUT_S:
                     process.terminate()
                     break
+                if caps is not None:
+                    caps.hold(run_dir)
                 if client is None and port_file.exists():
                     text = port_file.read_text().strip()
                     if text:
@@ -173,6 +180,8 @@ def run_elasticps(job: Path, work: Path, num_epochs: int, keep_samples: bool = F
             if client is not None:
                 client.close()
             code = process.wait()
+            if caps is not None:
+                caps.close()
     exited_s = time.monotonic() - started
     cpu_s = _children_cpu_s() - cpu_before
     if code != 0 or not result_file.exists():
