@@ -142,7 +142,8 @@ def table(doc: Mapping[str, Any]) -> str:
         f"{doc['runtime_s']:.0f} s: {doc['workers']} workers, {doc['ps']} PS, {doc['epochs']} epochs, "
         f"medians of {doc['repeats']} interleaved repetitions{_merged(doc)}; every run in "
         "[`bench/results/heterogeneity.json`](../bench/results/heterogeneity.json). Do not edit by hand.",
-        *verdict_lines(doc),
+        "",
+        *(f"- {line}" for line in verdict_lines(doc)),
     ]
     for key, label in doc["slowdowns"].items():
         parts += [
