@@ -758,10 +758,15 @@ def test_a_job_turned_async_drops_gradsToWait() -> None:
 @pytest.mark.parametrize(
     "training,mode",
     [({}, "Sync"), ({"useAsync": True}, "Async"), ({"useAsync": True, "lrStalenessModulation": True}, "Async+StalenessLR"),
-     ({"useAsync": True, "getModelFrequency": 4}, "Async+SSP4")],
+     ({"useAsync": True, "getModelFrequency": 4}, "Async+SSP4"), ({"localSGDSteps": 4}, "LocalSGD4"),
+     ({"localSGDSteps": 8, "adaptiveLocalSGD": True}, "LocalSGDAdaptive")],
 )
 def test_training_mode(training: dict[str, Any], mode: str) -> None:
-    assert TrainingMode.of(make_job({"training": training}).spec.training).label == mode
+    job = make_job({"training": training})
+    assert TrainingMode.of(job.spec.training).label == mode
+    status = status_after(plan(job, observe(up(), prior("running", job), coordinator=SHARDED), SETTINGS),
+                          prior("running", job))
+    assert status["mode"] == mode  # the MODE column of `kubectl get trainingjobs`
 
 
 def test_pending_timeout_can_be_disabled() -> None:
