@@ -7,7 +7,7 @@ of stragglers caps each worker instead: its own cgroup (the cgroup v1 ``cpu`` co
 CFS quota of ``cores`` CPUs, so what a sleeping worker does not use is not used.
 
 The caps are taken as the run goes: :meth:`CpuCaps.hold` moves every worker named by a pid file of
-the run directory (``local-worker-<i>.pid``, written by the local runner, replaced when a worker is
+the run directory (``<job>-worker-<i>.pid``, written by the local runner, replaced when a worker is
 restarted) into its group, and is called at every poll. Needs root and a mounted ``cpu`` hierarchy;
 :func:`unavailable` says why not.
 """
@@ -53,7 +53,7 @@ class CpuCaps:
 
     def hold(self, run_dir: Path) -> None:
         """Moves each worker of ``run_dir`` not yet held (new, or restarted) into its group."""
-        for pid_file in sorted(run_dir.glob("local-worker-*.pid")):
+        for pid_file in sorted(run_dir.glob("*-worker-*.pid")):
             worker = pid_file.stem
             try:
                 pid = int(pid_file.read_text())
