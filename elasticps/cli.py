@@ -154,7 +154,7 @@ def _check_prediction(job: TrainingJob) -> None:
 
 
 def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
-    from elasticps.api.modes import TrainingMode
+    from elasticps.api.modes import mode_label
     from elasticps.api.parsing import SpecError, load_job_file
     from elasticps.local.progress import Progress
     from elasticps.local.results import JobFailed, outcome, summary
@@ -184,7 +184,7 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
         return EXIT_USAGE
     run_dir = run_dir or Path(".elasticps") / "runs" / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     spec = job.spec
-    mode = TrainingMode.of(spec.training).label
+    mode = mode_label(spec)
     what = (
         f"predicting with {spec.prediction.model}"
         if spec.prediction.standalone

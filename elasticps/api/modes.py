@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from elasticps.api.spec import TrainingSpec
+from elasticps.api.spec import Strategy, TrainingJobSpec, TrainingSpec
 
 
 OVERLAP_PULL_SYNC = "needs useAsync: true (a sync worker always starts its pull as the round commits)"
@@ -134,3 +134,12 @@ class TrainingMode:
             found.append(("getModelFrequency", "needs useAsync: true (local steps between pulls are asynchronous SGD)"))
         return found
 
+
+
+def mode_label(spec: TrainingJobSpec) -> str:
+    """``status.mode``, the MODE column and the run's first line: the training mode under the PS
+    strategy (Sync, Async, LocalSGD4 ...), the decentralized rule otherwise (Decentralized,
+    Decentralized-backup1-skip10 ...)."""
+    if spec.strategy is Strategy.DECENTRALIZED:
+        return spec.decentralized.label
+    return TrainingMode.of(spec.training).label

@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 import yaml
 
 from elasticps.api.fields import camel, check_bounds, field_info
+from elasticps.api.graph import GraphError
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import API_VERSION, KIND, TrainingJob, TrainingJobSpec
+from elasticps.api.spec import API_VERSION, KIND, Strategy, TrainingJob, TrainingJobSpec, TrainingSpec
 
 T = TypeVar("T")
 
@@ -82,7 +83,9 @@ def parse_job(document: Any) -> TrainingJob:
 
 
 def _check_cross_fields(spec: TrainingJobSpec) -> None:
-    if spec.ps.replicas < 1:
+    if spec.strategy is Strategy.DECENTRALIZED:
+        _check_decentralized(spec)
+    elif spec.ps.replicas < 1:
         raise SpecError(f"spec.ps.replicas: must be >= 1, got {spec.ps.replicas}")
     for field, why in TrainingMode.of(spec.training).problems():
         raise SpecError(f"spec.training.{field}: {why}")
@@ -93,6 +96,52 @@ def _check_cross_fields(spec: TrainingJobSpec) -> None:
         raise SpecError("spec.training.exportSteps: exports need spec.output (where to write them)")
     if spec.output != spec.output.strip():
         raise SpecError(f"spec.output: must not start or end with blanks, got {spec.output!r}")
+
+
+# Settings of the PS's update rules, which a decentralized job (no PS) cannot honour.
+_PS_ONLY_TRAINING = (
+    "use_async", "lr_staleness_modulation", "use_locking", "overlap_pull", "get_model_frequency",
+    "local_sgd_steps", "grads_to_wait", "sync_version_tolerance", "checkpoint_steps", "split_bytes",
+)
+
+
+def _check_decentralized(spec: TrainingJobSpec) -> None:
+    """The graph trains on the job's workers and Hop's settings fit together; no PS setting is
+    silently ignored."""
+    defaults = TrainingSpec()
+    for name in _PS_ONLY_TRAINING:
+        if getattr(spec.training, name) != getattr(defaults, name):
+            raise SpecError(
+                f"spec.training.{camel(name)}: a setting of the parameter servers; spec.strategy decentralized has none"
+            )
+    hop = spec.decentralized
+    workers = spec.worker.replicas
+    try:
+        graph = hop.graph_for(workers)
+    except GraphError as err:
+        field = "weights" if hop.weights.strip() and "weight" in str(err) else "neighbours" if hop.neighbours.strip() else "graph"
+        raise SpecError(f"spec.decentralized.{field}: {err} ({workers} workers)") from None
+    fewest = min((len(graph.in_neighbours(i)) for i in range(graph.size)), default=0)
+    if hop.backup_workers and hop.staleness:
+        raise SpecError("spec.decentralized.backupWorkers: backup workers and staleness are two rules: set one of them")
+    if hop.backup_workers and hop.backup_workers >= fewest:
+        raise SpecError(
+            f"spec.decentralized.backupWorkers: must be less than the fewest in-neighbours of a worker "
+            f"({fewest} in this graph), got {hop.backup_workers}: a worker would never wait for anyone"
+        )
+    if hop.skip_max_jump:
+        if not (hop.backup_workers or hop.staleness):
+            raise SpecError(
+                "spec.decentralized.skipMaxJump: needs backupWorkers or staleness: under the standard rule no "
+                "neighbour runs more than one iteration ahead, so nobody ever lags enough to skip"
+            )
+        if hop.skip_trigger > hop.max_iteration_gap:
+            raise SpecError(
+                f"spec.decentralized.skipTrigger: a neighbour is never more than maxIterationGap "
+                f"({hop.max_iteration_gap}) iterations ahead, so a trigger of {hop.skip_trigger} never fires"
+            )
+    # The worker-to-worker transport and the executors are the next increments of this strategy.
+    raise SpecError("spec.strategy: decentralized jobs are checked but cannot run yet in this version")
 
 
 def _check_prediction(spec: TrainingJobSpec) -> None:

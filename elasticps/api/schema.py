@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from elasticps.api.fields import FieldInfo, camel, field_info
+from elasticps.api.graph import KINDS as GRAPH_KINDS
 from elasticps.api.modes import LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, OVERLAP_PULL_SYNC
 from elasticps.api.spec import (
     API_VERSION,
@@ -44,6 +45,7 @@ from elasticps.api.spec import (
     SHORT_NAME,
     VERSION,
     DataSpec,
+    DecentralizedSpec,
     JobPhase,
     READER_PATTERN,
     ModelSpec,
@@ -67,13 +69,15 @@ _FIELD_EXTRAS: dict[tuple[type, str], dict[str, Any]] = {
     (ModelSpec, "model_def"): {"pattern": _NOT_BLANK},
     (DataSpec, "reader"): {"pattern": READER_PATTERN},  # as spec.reader_problem
     (DataSpec, "delimiter"): {"pattern": DELIMITER_PATTERN},  # as spec.delimiter_problem
+    (DecentralizedSpec, "graph"): {"enum": list(GRAPH_KINDS)},  # as spec.graph_problem
 }
 _QUANTITY_MAPS = {(Resources, "requests"), (Resources, "limits")}
 
 # CEL rules mirroring parsing._check_cross_fields (same messages), attached to the object they read.
 SPEC_RULES: list[dict[str, str]] = [
     {
-        "rule": "!has(self.ps) || !has(self.ps.replicas) || self.ps.replicas >= 1",
+        "rule": "(has(self.strategy) && self.strategy == 'decentralized') || !has(self.ps) || !has(self.ps.replicas)"
+        " || self.ps.replicas >= 1",
         "message": "spec.ps.replicas: must be >= 1",
     },
     {

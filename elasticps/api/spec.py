@@ -13,6 +13,8 @@ from enum import Enum
 from typing import Any
 
 from elasticps.api.fields import spec_field
+from elasticps.api.graph import KINDS as GRAPH_KINDS
+from elasticps.api.graph import Graph, build
 from elasticps.api.slowdown import slowdown_problem
 
 # Sanity bounds (see fields.FieldInfo.maximum): far above any real job, far below what breaks a process.
@@ -94,10 +96,13 @@ def delimiter_problem(value: str) -> str | None:
 
 class Strategy(str, Enum):
     """How a job's workers share a model. ``parameterServer``: PS shards hold it and workers push
-    gradients and pull it (the only strategy so far; the planner, the schema and the Services and
-    NetworkPolicy read it instead of assuming PS pods)."""
+    gradients and pull it. ``decentralized``: every worker holds its own and averages it with its
+    neighbours' in a graph (seed 004's Hop, ``spec.decentralized``); no PS, a coordinator of its own
+    hands out the data. The planner, the schema and the Services and NetworkPolicy read it instead of
+    assuming PS pods."""
 
     PARAMETER_SERVER = "parameterServer"
+    DECENTRALIZED = "decentralized"
 
 
 class JobPhase(str, Enum):
@@ -162,6 +167,118 @@ class DataSpec:
         help="where tfrecord/csv record-offset indexes are cached, never the data's folder (empty: "
         "~/.cache/elasticps/data-index of each process; a shared volume lets workers reuse PS 0's)",
     )
+
+
+def graph_problem(value: str) -> str | None:
+    """Why ``value`` names no graph kind (one line), or None."""
+    return None if value in GRAPH_KINDS else f"must be one of {', '.join(GRAPH_KINDS)}, got {value!r}"
+
+
+def _cells(text: str) -> list[list[str]]:
+    """``'1,2;0;0'`` -> ``[['1', '2'], ['0'], ['0']]``: rows by ';', entries by ','."""
+    return [[c for c in (cell.strip() for cell in row.split(",")) if c] for row in text.split(";")]
+
+
+def int_rows(text: str) -> list[list[int]]:
+    return [[int(c) for c in row] for row in _cells(text)]
+
+
+def float_rows(text: str) -> list[list[float]]:
+    return [[float(c) for c in row] for row in _cells(text)]
+
+
+def neighbours_problem(value: str) -> str | None:
+    try:
+        int_rows(value)
+    except ValueError:
+        return f"must be each worker's out-neighbours, workers by ';' and ids by ',' (e.g. '1,2;0,2;0,1'), got {value!r}"
+    return None
+
+
+def weights_problem(value: str) -> str | None:
+    try:
+        float_rows(value)
+    except ValueError:
+        return f"must be a matrix of numbers, rows by ';' and entries by ',' (e.g. '0.5,0.5;0.5,0.5'), got {value!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class DecentralizedSpec:
+    """Hop's settings (``spec.decentralized``, seed 004), read when ``spec.strategy`` is
+    ``decentralized``; each field is also a flag of ``elasticps worker``."""
+
+    graph: str = spec_field(
+        "ring",
+        help="the communication graph: ring, ringBased (a ring plus a chord to the opposite worker), "
+        "doubleRing (two rings joined), complete (all-reduce averaging) or explicit (neighbours)",
+        check=graph_problem,
+    )
+    neighbours: str = spec_field(
+        "",
+        help="explicit graph: each worker's out-neighbours, workers by ';' and ids by ',' "
+        "('1,3;0,2;1,3;0,2' is a ring of 4)",
+        check=neighbours_problem,
+    )
+    weights: str = spec_field(
+        "",
+        help="explicit graph: weights[i][j], the weight of worker i's model in worker j's average, rows by "
+        "';' and entries by ','; doubly stochastic, every worker keeping a part of its own (empty: "
+        "Metropolis-Hastings weights, which need an undirected graph)",
+        check=weights_problem,
+    )
+    max_iteration_gap: int = spec_field(
+        4,
+        minimum=1,
+        maximum=MAX_PULL_INTERVAL,
+        help="max_ig: how many iterations a worker may run ahead of each out-neighbour (token queues); "
+        "each worker keeps up to max_ig + 1 models per in-neighbour",
+    )
+    backup_workers: int = spec_field(
+        0,
+        minimum=0,
+        maximum=MAX_REPLICAS,
+        help="backup workers: an iteration goes on with all but this many in-neighbours' models (0: waits for all)",
+    )
+    staleness: int = spec_field(
+        0,
+        minimum=0,
+        maximum=MAX_PULL_INTERVAL,
+        help="bounded staleness: each in-neighbour's newest model may be this many iterations old "
+        "(0: the model of the same iteration); not with backupWorkers",
+    )
+    skip_max_jump: int = spec_field(
+        0,
+        minimum=0,
+        maximum=MAX_PULL_INTERVAL,
+        help="skipping iterations: a straggler behind all its out-neighbours jumps ahead, skipping at "
+        "most this many iterations (0: never); needs backupWorkers or staleness",
+    )
+    skip_trigger: int = spec_field(
+        2,
+        minimum=2,
+        maximum=MAX_PULL_INTERVAL,
+        help="skipping iterations: a worker jumps once it is this many iterations behind every out-neighbour",
+    )
+
+    def graph_for(self, workers: int) -> Graph:
+        """The job's graph over ``workers`` workers; :class:`~elasticps.api.graph.GraphError` if it
+        cannot train."""
+        neighbours = int_rows(self.neighbours) if self.neighbours.strip() else []
+        weights = float_rows(self.weights) if self.weights.strip() else []
+        return build(self.graph, workers, neighbours, weights)
+
+    @property
+    def label(self) -> str:
+        """``status.mode`` and the MODE column: Decentralized, with its rule and skipping."""
+        label = "Decentralized"
+        if self.backup_workers:
+            label += f"-backup{self.backup_workers}"
+        if self.staleness:
+            label += f"-stale{self.staleness}"
+        if self.skip_max_jump:
+            label += f"-skip{self.skip_max_jump}"
+        return label
 
 
 # Dense variables above this many bytes are split into row slices over the PS shards (ps/sharding.py).
@@ -341,7 +458,12 @@ class TrainingJobSpec:
     model: ModelSpec = spec_field(help="the model module")
     data: DataSpec = spec_field(help="training and validation data")
     strategy: Strategy = spec_field(
-        Strategy.PARAMETER_SERVER, help="how workers share the model: parameterServer (PS shards hold it)"
+        Strategy.PARAMETER_SERVER,
+        help="how workers share the model: parameterServer (PS shards hold it) or decentralized (each "
+        "worker averages its own with its neighbours', spec.decentralized)",
+    )
+    decentralized: DecentralizedSpec = spec_field(
+        default_factory=DecentralizedSpec, help="decentralized strategy: the graph and Hop's rules"
     )
     image: str = spec_field("elasticps:latest", help="container image of the PS and worker pods")
     training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from elasticps.api.modes import TrainingMode
+from elasticps.api.modes import mode_label
 from elasticps.api.replicas import Role
 from elasticps.planning.draft import Draft
 from elasticps.planning.observed import RUNNING_PHASES, PodPhase
@@ -21,7 +21,7 @@ from elasticps.planning.roles import selector
 
 
 def observed_fields(d: Draft) -> dict[str, Any]:
-    fields: dict[str, Any] = {"mode": TrainingMode.of(d.job.spec.training).label}
+    fields: dict[str, Any] = {"mode": mode_label(d.job.spec)}
     counts: dict[str, dict[str, int]] = {}
     ready: dict[Role, int] = {}
     for role in Role:

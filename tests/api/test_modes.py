@@ -92,7 +92,7 @@ def test_every_refused_combination_is_named() -> None:
 def test_strategy_defaults_to_parameter_server_and_is_checked() -> None:
     assert parse_job(job_document()).uses_ps
     assert parse_job(job_document({"strategy": "parameterServer"})).uses_ps
-    with pytest.raises(SpecError, match=r"^spec\.strategy: must be one of parameterServer, got 'allReduce'$"):
+    with pytest.raises(SpecError, match=r"^spec\.strategy: must be one of parameterServer, decentralized, got 'allReduce'$"):
         parse_job(job_document({"strategy": "allReduce"}))
 
 
