@@ -300,11 +300,38 @@ class ModelHead(_message.Message):
 Global___ModelHead: _TypeAlias = ModelHead  # noqa: Y015
 
 @_typing.final
+class PeerHead(_message.Message):
+    """First frame of a decentralized worker's SendModel and of a PullModel reply (seed 004)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    sender: _builtins.int
+    """the sending worker's index in the graph"""
+    iteration: _builtins.int
+    """the iteration the model was sent in: its tag in the receiver's update queue"""
+    def __init__(
+        self,
+        *,
+        sender: _builtins.int = ...,
+        iteration: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "sender", b"sender"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerHead: _TypeAlias = PeerHead  # noqa: Y015
+
+@_typing.final
 class Frame(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PUSH_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    PEER_FIELD_NUMBER: _builtins.int
     TENSORS_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
@@ -313,20 +340,23 @@ class Frame(_message.Message):
     @_builtins.property
     def model(self) -> Global___ModelHead: ...
     @_builtins.property
+    def peer(self) -> Global___PeerHead: ...
+    @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorMeta]: ...
     def __init__(
         self,
         *,
         push: Global___PushHead | None = ...,
         model: Global___ModelHead | None = ...,
+        peer: Global___PeerHead | None = ...,
         tensors: _abc.Iterable[Global___TensorMeta] | None = ...,
         payload: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "model", b"model", "push", b"push"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "model", b"model", "peer", b"peer", "push", b"push"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "model", b"model", "payload", b"payload", "push", b"push", "tensors", b"tensors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "model", b"model", "payload", b"payload", "peer", b"peer", "push", b"push", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_head: _TypeAlias = _typing.Literal["push", "model"]  # noqa: Y015
+    _WhichOneofReturnType_head: _TypeAlias = _typing.Literal["push", "model", "peer"]  # noqa: Y015
     _WhichOneofArgType_head: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_head) -> _WhichOneofReturnType_head | None: ...
 
@@ -959,3 +989,143 @@ class JobStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
+
+@_typing.final
+class PeerReply(_message.Message):
+    """---- decentralized training (seed 004's Hop): one worker's service to its graph neighbours ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEPT_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    kept: _builtins.bool
+    """SendModel: the model is in the receiver's update queue (false: too late for any iteration the
+    receiver may still reduce, superseded, a resend, or the sender is not one of its in-neighbours).
+    """
+    iteration: _builtins.int
+    """The receiver's iteration: a sender skips the sends the receiver can no longer use (section 6.2)."""
+    left: _builtins.bool
+    """the receiver left the job (its data ran out): it waits for nobody any more"""
+    def __init__(
+        self,
+        *,
+        kept: _builtins.bool = ...,
+        iteration: _builtins.int = ...,
+        left: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "kept", b"kept", "left", b"left"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerReply: _TypeAlias = PeerReply  # noqa: Y015
+
+@_typing.final
+class TokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    worker: _builtins.int
+    """the in-neighbour entering new iterations"""
+    count: _builtins.int
+    """how many (a jump takes several at once); 0: only ask how many there are"""
+    wait_ms: _builtins.int
+    """wait at most this long for the tokens (at most 10000)"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.int = ...,
+        count: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenRequest: _TypeAlias = TokenRequest  # noqa: Y015
+
+@_typing.final
+class TokenReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TAKEN_FIELD_NUMBER: _builtins.int
+    AVAILABLE_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    taken: _builtins.bool
+    available: _builtins.int
+    """tokens left for the caller after this call (Iter(me) - Iter(caller) + max_ig)"""
+    left: _builtins.bool
+    """the receiver left: nobody waits for it, every take succeeds"""
+    iteration: _builtins.int
+    """the receiver's iteration"""
+    def __init__(
+        self,
+        *,
+        taken: _builtins.bool = ...,
+        available: _builtins.int = ...,
+        left: _builtins.bool = ...,
+        iteration: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available", b"available", "iteration", b"iteration", "left", b"left", "taken", b"taken"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenReply: _TypeAlias = TokenReply  # noqa: Y015
+
+@_typing.final
+class ExcuseRequest(_message.Message):
+    """The sender sends nothing for the iterations up to `through`: it skipped them (a jump) or, with
+    `left`, it left the job; its out-neighbours stop waiting for it there.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    THROUGH_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    sender: _builtins.int
+    through: _builtins.int
+    left: _builtins.bool
+    def __init__(
+        self,
+        *,
+        sender: _builtins.int = ...,
+        through: _builtins.int = ...,
+        left: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "sender", b"sender", "through", b"through"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExcuseRequest: _TypeAlias = ExcuseRequest  # noqa: Y015
+
+@_typing.final
+class PeerModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    worker: _builtins.int
+    """the caller: a replaced worker taking a neighbour's model to rejoin"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerModelRequest: _TypeAlias = PeerModelRequest  # noqa: Y015

@@ -558,3 +558,205 @@ class Coordinator:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PeerStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SendModel = channel.stream_unary(
+                '/elasticps.v1.Peer/SendModel',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.PeerReply.FromString,
+                _registered_method=True)
+        self.TakeTokens = channel.unary_unary(
+                '/elasticps.v1.Peer/TakeTokens',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.TokenRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.TokenReply.FromString,
+                _registered_method=True)
+        self.Excuse = channel.unary_unary(
+                '/elasticps.v1.Peer/Excuse',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.ExcuseRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.PeerReply.FromString,
+                _registered_method=True)
+        self.PullModel = channel.unary_stream(
+                '/elasticps.v1.Peer/PullModel',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.PeerModelRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
+                _registered_method=True)
+
+
+class PeerServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def SendModel(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Excuse(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullModel(self, request, context):
+        """The worker's current model (head: its iteration), for a replaced neighbour to rejoin with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SendModel': grpc.stream_unary_rpc_method_handler(
+                    servicer.SendModel,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.PeerReply.SerializeToString,
+            ),
+            'TakeTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeTokens,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.TokenRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.TokenReply.SerializeToString,
+            ),
+            'Excuse': grpc.unary_unary_rpc_method_handler(
+                    servicer.Excuse,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ExcuseRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.PeerReply.SerializeToString,
+            ),
+            'PullModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullModel,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.PeerModelRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'elasticps.v1.Peer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('elasticps.v1.Peer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Peer:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def SendModel(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/elasticps.v1.Peer/SendModel',
+            elasticps_dot_proto_dot_elasticps__pb2.Frame.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.PeerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.Peer/TakeTokens',
+            elasticps_dot_proto_dot_elasticps__pb2.TokenRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.TokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Excuse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.Peer/Excuse',
+            elasticps_dot_proto_dot_elasticps__pb2.ExcuseRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.PeerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elasticps.v1.Peer/PullModel',
+            elasticps_dot_proto_dot_elasticps__pb2.PeerModelRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

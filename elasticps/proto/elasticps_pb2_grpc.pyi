@@ -177,3 +177,55 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_elasticps_pb2.JobStatus, _abc.Awaitable[_elasticps_pb2.JobStatus]]: ...
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class PeerStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> PeerAsyncStub: ...
+    SendModel: _grpc.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PeerReply]
+    TakeTokens: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.TokenRequest, _elasticps_pb2.TokenReply]
+    Excuse: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.ExcuseRequest, _elasticps_pb2.PeerReply]
+    PullModel: _grpc.UnaryStreamMultiCallable[_elasticps_pb2.PeerModelRequest, _elasticps_pb2.Frame]
+    """The worker's current model (head: its iteration), for a replaced neighbour to rejoin with."""
+
+@_typing.type_check_only
+class PeerAsyncStub(PeerStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    SendModel: _aio.StreamUnaryMultiCallable[_elasticps_pb2.Frame, _elasticps_pb2.PeerReply]  # type: ignore[assignment]
+    TakeTokens: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.TokenRequest, _elasticps_pb2.TokenReply]  # type: ignore[assignment]
+    Excuse: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.ExcuseRequest, _elasticps_pb2.PeerReply]  # type: ignore[assignment]
+    PullModel: _aio.UnaryStreamMultiCallable[_elasticps_pb2.PeerModelRequest, _elasticps_pb2.Frame]  # type: ignore[assignment]
+    """The worker's current model (head: its iteration), for a replaced neighbour to rejoin with."""
+
+class PeerServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def SendModel(
+        self,
+        request_iterator: _MaybeAsyncIterator[_elasticps_pb2.Frame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.PeerReply, _abc.Awaitable[_elasticps_pb2.PeerReply]]: ...
+
+    @_abc_1.abstractmethod
+    def TakeTokens(
+        self,
+        request: _elasticps_pb2.TokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.TokenReply, _abc.Awaitable[_elasticps_pb2.TokenReply]]: ...
+
+    @_abc_1.abstractmethod
+    def Excuse(
+        self,
+        request: _elasticps_pb2.ExcuseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.PeerReply, _abc.Awaitable[_elasticps_pb2.PeerReply]]: ...
+
+    @_abc_1.abstractmethod
+    def PullModel(
+        self,
+        request: _elasticps_pb2.PeerModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_elasticps_pb2.Frame], _abc.AsyncIterator[_elasticps_pb2.Frame]]:
+        """The worker's current model (head: its iteration), for a replaced neighbour to rejoin with."""
+
+def add_PeerServicer_to_server(servicer: PeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
