@@ -1,5 +1,5 @@
 """The ``elasticps`` command: ``run`` a TrainingJob locally (and ``scale`` its workers while it runs),
-serve as a ``ps`` or a ``worker``, run the Kubernetes ``operator``, or ``export`` a model from PS
+serve as a ``ps``, a ``worker`` or a decentralized job's ``coordinator``, run the Kubernetes ``operator``, or ``export`` a model from PS
 checkpoints.
 
 User mistakes (a malformed TrainingJob, a missing file, data that cannot be read, an output that
@@ -45,6 +45,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from elasticps.coordinator import main as coordinator_main
     from elasticps.operator import main as operator_main
     from elasticps.ps import main as ps_main
     from elasticps.worker import main as worker_main
@@ -72,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--version", type=int, default=None, help="this checkpointed version (default: the newest all shards have)")
     ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
     worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
+    coordinator_main.add_arguments(
+        commands.add_parser("coordinator", help="coordinate a decentralized job (tasks, progress; no PS)")
+    )
     operator_main.add_arguments(
         commands.add_parser("operator", help="run the Kubernetes operator (kopf) for TrainingJob resources")
     )
@@ -92,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from elasticps.operator import main as operator_main
 
         return operator_main.run(operator_main.config_from_args(args), args.liveness)
+    if args.command == "coordinator":
+        from elasticps.coordinator import main as coordinator_main
+
+        return coordinator_main.run(coordinator_main.config_from_args(args))
     if args.command == "ps":
         from elasticps.ps import main as ps_main
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from elasticps.api.fields import check_bounds, field_info, snake
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, DecentralizedSpec, PredictionSpec, TrainingSpec
 
 T = TypeVar("T")
 
@@ -167,4 +167,18 @@ def prediction_from_args(args: argparse.Namespace) -> PredictionSpec:
 
 def prediction_args(spec: PredictionSpec) -> list[str]:
     """The flags that reproduce ``spec`` (none for a job that does not predict)."""
+    return _spec_args(spec)
+
+
+def add_decentralized_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per DecentralizedSpec field (``--graph``, ``--max_iteration_gap`` ...)."""
+    _add_spec_flags(parser.add_argument_group("decentralized training (the TrainingJob's spec.decentralized)"), DecentralizedSpec)
+
+
+def decentralized_from_args(args: argparse.Namespace) -> DecentralizedSpec:
+    return _spec_from_args(DecentralizedSpec, args)
+
+
+def decentralized_args(spec: DecentralizedSpec) -> list[str]:
+    """The flags that reproduce ``spec``; fields left at their default are omitted."""
     return _spec_args(spec)

@@ -5,7 +5,7 @@ Transient failures (PS 0 starting or restarting) are retried with backoff until 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -23,9 +23,12 @@ class CoordinatorClient:
         deadline_s: float = 120.0,
         timeout_s: float = 30.0,
         interceptors: Sequence[grpc.Interceptor] = (),
+        iteration_fn: Callable[[], int] | None = None,
     ) -> None:
-        """``interceptors``: as for ``PSClient``, gRPC client interceptors every call goes through."""
+        """``interceptors``: as for ``PSClient``, gRPC client interceptors every call goes through.
+        ``iteration_fn``: a decentralized worker's iteration, sent with every heartbeat."""
         self.worker = worker
+        self._iteration_fn = iteration_fn
         self._channel = create_channel(address)
         self._stub = pb_grpc.CoordinatorStub(grpc.intercept_channel(self._channel, *interceptors))
         self._deadline_s = deadline_s
@@ -45,7 +48,8 @@ class CoordinatorClient:
         )
 
     def heartbeat(self) -> None:
-        self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker), timeout=5.0)
+        iteration = self._iteration_fn() if self._iteration_fn is not None else 0
+        self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker, iteration=iteration), timeout=5.0)
 
     def leave(self) -> None:
         """Tells the coordinator this worker exits now, so sync rounds stop waiting for it (one try)."""

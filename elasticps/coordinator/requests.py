@@ -64,6 +64,7 @@ def check_get_task(request: pb.GetTaskRequest) -> None:
 
 def check_heartbeat(request: pb.HeartbeatRequest) -> None:
     _worker("Heartbeat", request.worker)
+    _in_range("Heartbeat", "iteration", request.iteration)
 
 
 def check_join(request: pb.JoinRequest) -> None:

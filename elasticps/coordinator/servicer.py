@@ -41,6 +41,7 @@ from grpc import aio
 
 from elasticps.api.output import export_failure, export_path, predictions_path
 from elasticps.coordinator.curves import StalenessCounts, TrainingCurves
+from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
 from elasticps.coordinator.rounds import Admission, Period, Rounds
@@ -92,6 +93,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         curves: TrainingCurves | None = None,
         limits: ServerLimits = ServerLimits(),
         staleness: Callable[[], StalenessCounts] | None = None,
+        iterations: Iterations | None = None,
     ) -> None:
         if rounds is not None and shards is None:
             raise ValueError("sync rounds need the shards to commit them on")
@@ -99,6 +101,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._unsettled: tuple[tuple[int, ...], float] | None = None  # async: shard versions apart, since
         self._curves = curves
         self._staleness = staleness  # PS 0's cumulative staleness counts, for the job status
+        self._iterations = iterations  # decentralized: the workers' iterations, from their heartbeats
         self._lock = threading.Lock()
         self._queue = TaskQueue(settings, clock)
         self._version_fn = version_fn
@@ -222,6 +225,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 log.info("worker %s left", request.worker)
             else:
                 self._queue.heartbeat(request.worker)
+        if self._iterations is not None and not request.leaving:
+            self._iterations.heard(request.worker, request.iteration)
         if request.leaving:
             self._advance_rounds()
         return pb.Ack()
@@ -504,7 +509,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self._lock:
             self._queue.requeue_silent()
             progress = self._queue.progress()
-            live = len(self._queue.live_workers())
+            live_workers = self._queue.live_workers()
+        live = len(live_workers)
+        lowest, highest = self._iterations.span(live_workers) if self._iterations is not None else (-1, -1)
         grads_to_wait = 0
         if self._rounds is not None:
             with self._rounds_changed:
@@ -541,6 +548,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             prediction_records=progress.prediction_records,
             predictions_path=predictions_path(self._output) if self._output and progress.prediction_records else "",
             export_error=self._export_error(progress),
+            min_iteration=lowest,
+            max_iteration=highest,
         )
 
     def _export_error(self, progress: Progress) -> str:

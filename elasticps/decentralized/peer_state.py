@@ -33,6 +33,7 @@ class PeerState(Generic[T]):
         self._tokens = TokenQueues(graph.in_neighbours(me), max_ig)
         self._iteration = 0
         self._left = False
+        self._gone: set[int] = set()  # neighbours that said they left: nobody to wait for or ask
         self._model: tuple[int, T] | None = None  # the newest model this worker sent, for PullModel
 
     # -- the network's side (the service) ---------------------------------------------------------
@@ -49,6 +50,17 @@ class PeerState(Generic[T]):
         with self._lock:
             self._queue.excuse(sender, through)
             self._lock.notify_all()
+
+    def neighbour_left(self, neighbour: int) -> None:
+        """``neighbour`` left the job: its models are not waited for, its tokens not asked."""
+        with self._lock:
+            self._gone.add(neighbour)
+            self._queue.excuse(neighbour, FOREVER)
+            self._lock.notify_all()
+
+    def has_left(self, neighbour: int) -> bool:
+        with self._lock:
+            return neighbour in self._gone
 
     def try_take(self, neighbour: int, count: int) -> bool:
         """In-neighbour ``neighbour`` enters ``count`` more iterations, if the tokens are there."""

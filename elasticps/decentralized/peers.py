@@ -37,11 +37,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Model = Mapping[str, np.ndarray]
 
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# A neighbour restarting or going away: its server ends the calls in flight (CANCELLED), then
+# refuses connections (UNAVAILABLE) until it is back.
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 class PeerUnreachable(ConnectionError):
     """A neighbour did not answer for ``give_up_s``."""
+
+
+class _Gone(Exception):
+    """The neighbour left while a call to it was failing: nothing more to ask of it."""
 
 
 @dataclass
@@ -71,22 +77,31 @@ class _Link:
         )
 
     def heard(self, iteration: int, left: bool) -> None:
+        """What a reply said of the neighbour."""
         self.iteration = max(self.iteration, iteration)
         self.left = self.left or left
 
 
 class Peers:
-    def __init__(self, me: int, outs: Mapping[int, str], oldest_usable: Callable[[int], int],
-                 max_ig: int, retry_s: float = 0.5, give_up_s: float = 300.0, timeout_s: float = 60.0) -> None:
-        """``outs``: out-neighbour -> its Peer address; ``oldest_usable``: the job's rule (the oldest
-        tag a worker at an iteration may still reduce)."""
+    def __init__(self, me: int, addresses: Mapping[int, str], outs: Sequence[int], oldest_usable: Callable[[int], int],
+                 max_ig: int, gone: Callable[[int], bool] = lambda worker: False, retry_s: float = 0.5,
+                 give_up_s: float = 300.0, timeout_s: float = 60.0) -> None:
+        """``addresses``: every neighbour (in and out) -> its Peer address; ``outs``: the
+        out-neighbours (models and tokens); ``oldest_usable``: the job's rule (the oldest tag a
+        worker at an iteration may still reduce); ``gone``: whether a neighbour said it left (its
+        Excuse reached this worker's Peer service), so it is neither sent to nor asked."""
         self.me = me
         self.max_ig = max_ig
+        self._gone = gone
         self._oldest_usable = oldest_usable
         self._retry_s = retry_s
         self._give_up_s = give_up_s
         self._timeout_s = timeout_s
-        self._links = {j: _Link(j, address, create_channel(address)) for j, address in sorted(outs.items())}
+        self._all = {j: _Link(j, address, create_channel(address)) for j, address in sorted(addresses.items())}
+        missing = [j for j in outs if j not in self._all]
+        if missing:
+            raise ValueError(f"no address for out-neighbours {missing}")
+        self._links = {j: self._all[j] for j in sorted(outs)}
         self._lock = threading.Condition()
         self._closed = False
         self._errors: list[BaseException] = []
@@ -126,7 +141,7 @@ class Peers:
                 if self._closed:
                     return
                 iteration, model = link.outbox[0]
-                useless = link.left or iteration < self._oldest_usable(link.iteration)
+                useless = self._left(link) or iteration < self._oldest_usable(link.iteration)
             if not useless:
                 try:
                     reply = self._retry(link, lambda: link.send_model(
@@ -140,6 +155,8 @@ class Peers:
                 except PeerUnreachable as err:
                     with self._lock:
                         self._errors.append(err)
+                except _Gone:
+                    link.skipped += 1
                 else:
                     link.heard(reply.iteration, reply.left)
                     link.sent += 1
@@ -158,9 +175,12 @@ class Peers:
         """Enter ``count`` more iterations: a token (``count`` of them) from every out-neighbour,
         waiting as long as they take to give them."""
         for link in self._links.values():
-            while not link.left:
-                reply = self._retry(link, lambda: link.take_tokens(
-                    pb.TokenRequest(worker=self.me, count=count, wait_ms=MAX_WAIT_MS // 2), timeout=self._timeout_s))
+            while not self._left(link):
+                try:
+                    reply = self._retry(link, lambda: link.take_tokens(
+                        pb.TokenRequest(worker=self.me, count=count, wait_ms=MAX_WAIT_MS // 2), timeout=self._timeout_s))
+                except _Gone:
+                    break
                 link.heard(reply.iteration, reply.left)
                 if reply.taken or reply.left:
                     break
@@ -170,24 +190,37 @@ class Peers:
         neighbour that left has none (inf)."""
         found: list[float] = []
         for link in self._links.values():
-            if link.left:
+            if self._left(link):
                 found.append(float("inf"))
                 continue
-            reply = self._retry(link, lambda: link.take_tokens(pb.TokenRequest(worker=self.me, count=0), timeout=self._timeout_s))
+            try:
+                reply = self._retry(link, lambda: link.take_tokens(pb.TokenRequest(worker=self.me, count=0),
+                                                                   timeout=self._timeout_s))
+            except _Gone:
+                found.append(float("inf"))
+                continue
             link.heard(reply.iteration, reply.left)
             found.append(float("inf") if reply.left or reply.available >= MAX_TOKENS else reply.available - self.max_ig)
         return found
 
     def excuse(self, through: int, left: bool = False) -> None:
-        """This worker sends nothing for the iterations up to ``through`` (or, ``left``, ever again)."""
-        for link in self._links.values():
-            if link.left:
+        """This worker sends nothing for the iterations up to ``through`` (its out-neighbours stop
+        waiting for it there), or, ``left``, it leaves: every neighbour, in or out, stops waiting
+        for its models and asking for its tokens."""
+        for link in (self._all if left else self._links).values():
+            if self._left(link):
                 continue
-            reply = self._retry(link, lambda: link.excuse(pb.ExcuseRequest(sender=self.me, through=through, left=left),
-                                                          timeout=self._timeout_s))
+            try:
+                reply = self._retry(link, lambda: link.excuse(pb.ExcuseRequest(sender=self.me, through=through, left=left),
+                                                              timeout=self._timeout_s))
+            except _Gone:
+                continue
             link.heard(reply.iteration, reply.left)
 
     # -- plumbing ----------------------------------------------------------------------------------
+
+    def _left(self, link: _Link) -> bool:
+        return link.left or self._gone(link.worker)
 
     def _retry(self, link: _Link, call: Callable[[], T]) -> T:
         give_up_at = time.monotonic() + self._give_up_s
@@ -195,6 +228,8 @@ class Peers:
             try:
                 return call()
             except grpc.RpcError as err:
+                if self._left(link):
+                    raise _Gone() from None
                 if err.code() not in RETRYABLE:
                     raise
                 if time.monotonic() >= give_up_at:
@@ -218,9 +253,6 @@ class Peers:
             self._lock.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
-        for link in self._links.values():
+        for link in self._all.values():
             link.channel.close()
 
-
-def neighbour_addresses(addresses: Sequence[str], neighbours: Sequence[int]) -> dict[int, str]:
-    return {j: addresses[j] for j in neighbours}

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 from grpc import aio
 
-from elasticps.decentralized.peer_state import FOREVER, PeerState
+from elasticps.decentralized.peer_state import PeerState
 from elasticps.decentralized.queues import Update
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import edges, frames, receiving
@@ -38,11 +38,13 @@ MAX_TOKENS = 1 << 30  # far above any real jump
 
 
 class PeerServicer:
-    def __init__(self, state: PeerState[Model], layout: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]],
+    def __init__(self, state: PeerState[Model], layout: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = None,
                  limits: ServerLimits = ServerLimits()) -> None:
-        """``layout``: this worker's model, name -> (shape, dtype): what a neighbour's must match."""
+        """``layout``: this worker's model, name -> (shape, dtype): what a neighbour's must match;
+        until it is known (:meth:`ready`, once the model is built) models are answered UNAVAILABLE,
+        which their senders retry."""
         self._state = state
-        self._layout = dict(layout)
+        self._layout = dict(layout) if layout is not None else None
         self._limits = limits
         self._workers = state.graph.size
 
@@ -56,7 +58,14 @@ class PeerServicer:
         kept, iteration, left = self._state.receive(Update(head.iteration, head.sender, dict(decoded.tensors)))
         return pb.PeerReply(kept=kept, iteration=iteration, left=left)
 
+    def ready(self, model: Mapping[str, np.ndarray]) -> None:
+        """The worker's model is built: neighbours' models must look like it."""
+        self._layout = {name: (tuple(value.shape), value.dtype) for name, value in model.items()}
+
     def _admit(self, head: frames.Head) -> None:
+        layout = self._layout
+        if layout is None:
+            raise receiving.Refused(grpc.StatusCode.UNAVAILABLE, f"worker {self._state.me} is still building its model")
         first = head.first
         if first.WhichOneof("head") != "peer":
             raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, "SendModel: the first frame must carry a peer head")
@@ -64,13 +73,13 @@ class PeerServicer:
         if first.peer.iteration < 0:
             raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, f"SendModel: iteration {first.peer.iteration} < 0")
         got = {t.name: (t.shape, t.dtype) for t in head.tensors}
-        if set(got) != set(self._layout):
-            missing = sorted(set(self._layout) - set(got))
-            extra = sorted(set(got) - set(self._layout))
+        if set(got) != set(layout):
+            missing = sorted(set(layout) - set(got))
+            extra = sorted(set(got) - set(layout))
             raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"SendModel: not this job's model (missing {missing[:3]}, unknown {extra[:3]})")
         for name, (shape, dtype) in got.items():
-            want_shape, want_dtype = self._layout[name]
+            want_shape, want_dtype = layout[name]
             if tuple(shape) != tuple(want_shape) or np.dtype(dtype) != np.dtype(want_dtype):
                 raise receiving.Refused(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -104,7 +113,10 @@ class PeerServicer:
         if not 0 <= request.sender < self._workers or request.through < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"Excuse: sender {request.sender} / through {request.through} out of range")
-        self._state.excuse(request.sender, FOREVER if request.left else request.through)
+        if request.left:
+            self._state.neighbour_left(request.sender)
+        else:
+            self._state.excuse(request.sender, request.through)
         return pb.PeerReply(kept=True, iteration=self._state.iteration, left=self._state.left)
 
     async def PullModel(self, request: pb.PeerModelRequest, context: Context) -> AsyncIterator[bytes]:

@@ -731,18 +731,24 @@ class HeartbeatRequest(_message.Message):
 
     WORKER_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     leaving: _builtins.bool
     """the worker exits now (finished or stopped): it stops counting at once"""
+    iteration: _builtins.int
+    """Decentralized: the iteration the worker is in (>= 0); the job status shows the lowest and
+    highest of the live workers'. Ignored by the coordinator of a PS job (PS 0's).
+    """
     def __init__(
         self,
         *,
         worker: _builtins.str = ...,
         leaving: _builtins.bool = ...,
+        iteration: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leaving", b"leaving", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "leaving", b"leaving", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -886,6 +892,8 @@ class JobStatus(_message.Message):
     LOCAL_STEPS_FIELD_NUMBER: _builtins.int
     STALENESS_BOUNDS_FIELD_NUMBER: _builtins.int
     STALENESS_PUSHES_FIELD_NUMBER: _builtins.int
+    MIN_ITERATION_FIELD_NUMBER: _builtins.int
+    MAX_ITERATION_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -920,6 +928,11 @@ class JobStatus(_message.Message):
     """an export failed every attempt: the job fails with this"""
     local_steps: _builtins.int
     """LocalSGD: the local steps of the workers' current period (0: other modes)"""
+    min_iteration: _builtins.int
+    """Decentralized: the lowest and highest iteration of the workers heard from (-1: none yet, or
+    the PS strategy).
+    """
+    max_iteration: _builtins.int
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -981,10 +994,12 @@ class JobStatus(_message.Message):
         local_steps: _builtins.int = ...,
         staleness_bounds: _abc.Iterable[_builtins.float] | None = ...,
         staleness_pushes: _abc.Iterable[_builtins.int] | None = ...,
+        min_iteration: _builtins.int = ...,
+        max_iteration: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "metrics", b"metrics", "metrics_version", b"metrics_version", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,8 +37,8 @@ from elasticps.coordinator.curves import open_curves
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
-from elasticps.coordinator.tasks import QueueSettings
-from elasticps.data.readers import DataError, ReaderOptions, open_reader
+from elasticps.coordinator.settings import queue_settings
+from elasticps.data.readers import DataError
 from elasticps.files import write_atomically
 from elasticps.ps.bulk import BulkServer
 from elasticps.ps.checkpoint import CheckpointError
@@ -256,36 +256,6 @@ def rounds_and_shards(
     return rounds, Shards(links)
 
 
-def queue_settings(config: PSConfig) -> QueueSettings:
-    """What the coordinator needs: record counts only (the PS never loads the data itself). A job
-    that predicts with an exported model (``--prediction_model``) has no training data."""
-    data, prediction = config.data, config.prediction
-    if not data.training and not prediction.standalone:
-        raise DataError("PS 0 coordinates the job and needs --training_data (or --prediction_model and --prediction_data)")
-    if prediction.enabled and not config.output:
-        raise DataError("--prediction_data needs --output (the predictions go to <output>/predictions/)")
-    options = ReaderOptions.of(data)
-    records = open_reader(data.reader, data.training, options).num_records if data.training else 0
-    validation = open_reader(data.reader, data.validation, options).num_records if data.validation else 0
-    to_predict = open_reader(data.reader, prediction.data, options).num_records if prediction.enabled else 0
-    if data.training and records == 0:
-        raise DataError(f"--training_data {data.training}: holds no records")
-    if prediction.enabled and to_predict == 0:
-        raise DataError(f"--prediction_data {prediction.data}: holds no records")
-    t = config.training
-    return QueueSettings(
-        num_records=records,
-        records_per_task=t.records_per_task,
-        num_epochs=t.num_epochs,
-        validation_records=validation,
-        evaluation_steps=t.evaluation_steps,
-        task_timeout=t.task_timeout_seconds,
-        export=bool(config.output),
-        export_steps=t.export_steps,
-        prediction_records=to_predict,
-    )
-
-
 def run(config: PSConfig) -> int:
     store = ParameterStore(store_settings(config))
     if store.restore():
@@ -304,7 +274,7 @@ def run(config: PSConfig) -> int:
     coordinator: CoordinatorServicer | None = None
     if config.ps_id == 0:
         try:
-            settings = queue_settings(config)
+            settings = queue_settings(config.data, config.training, config.prediction, config.output)
             if config.output:
                 check_output(config.output)
         except (DataError, OutputError) as err:

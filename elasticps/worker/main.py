@@ -27,6 +27,8 @@ import grpc
 
 from elasticps.api.flags import (
     add_data_flags,
+    add_decentralized_flags,
+    decentralized_from_args,
     add_prediction_flags,
     add_training_flags,
     data_from_args,
@@ -35,7 +37,7 @@ from elasticps.api.flags import (
 )
 from elasticps.api.modes import TrainingMode
 from elasticps.api.output import exported_job
-from elasticps.api.spec import DataSpec, ModelSpec, PredictionSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, DecentralizedSpec, ModelSpec, PredictionSpec, Strategy, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
@@ -65,12 +67,30 @@ class WorkerConfig:
     output: str = ""  # spec.output: where this worker writes an export it is handed ("": none)
     job_name: str = ""  # the job's name, for job.json
     prediction: PredictionSpec = PredictionSpec()  # spec.prediction: what prediction tasks read and use
+    strategy: Strategy = Strategy.PARAMETER_SERVER
+    coordinator_addr: str = ""  # the coordinator (PS 0's address under the PS strategy)
+    peer_addrs: tuple[str, ...] = ()  # decentralized: every worker's Peer service, in worker order
+    peer_port: int = 0  # decentralized: this worker's Peer service port (0: its entry in peer_addrs)
+    decentralized: DecentralizedSpec = DecentralizedSpec()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker_id", type=int, default=0, help="this worker's index")
     parser.add_argument(
-        "--ps_addrs", required=True, help="comma-separated host:port of every PS, shard order; PS 0 also coordinates"
+        "--ps_addrs", default="", help="comma-separated host:port of every PS, shard order; PS 0 also coordinates"
+    )
+    parser.add_argument(
+        "--strategy", default=Strategy.PARAMETER_SERVER.value, choices=[s.value for s in Strategy],
+        help="parameterServer (--ps_addrs) or decentralized (--coordinator_addr, --peer_addrs)",
+    )
+    parser.add_argument("--coordinator_addr", default="", help="decentralized: the job's coordinator, host:port")
+    parser.add_argument(
+        "--peer_addrs", default="",
+        help="decentralized: every worker's Peer service host:port, comma-separated, in worker order",
+    )
+    parser.add_argument(
+        "--peer_port", type=int, default=0,
+        help="decentralized: the port this worker's Peer service listens on (0: the port of its own --peer_addrs entry)",
     )
     parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.zoo.mnist_cnn")
     parser.add_argument("--model_params", default="{}", help="JSON object of keyword arguments for custom_model()")
@@ -90,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_flags(parser)
     add_training_flags(parser)
     add_prediction_flags(parser)
+    add_decentralized_flags(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -101,9 +122,21 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         raise SystemExit(f"error: --model_params: not JSON: {err}") from None
     if not isinstance(params, dict):
         raise SystemExit("error: --model_params: must be a JSON object")
+    strategy = Strategy(args.strategy)
     addrs = tuple(a.strip() for a in args.ps_addrs.split(",") if a.strip())
-    if not addrs:
+    peers = tuple(a.strip() for a in args.peer_addrs.split(",") if a.strip())
+    decentralized = decentralized_from_args(args)
+    if strategy is Strategy.PARAMETER_SERVER and not addrs:
         raise SystemExit("error: --ps_addrs: no address")
+    if strategy is Strategy.DECENTRALIZED:
+        if not args.coordinator_addr:
+            raise SystemExit("error: --coordinator_addr: required with --strategy decentralized")
+        if not 0 <= args.worker_id < len(peers):
+            raise SystemExit(f"error: --peer_addrs: {len(peers)} workers, no entry for --worker_id {args.worker_id}")
+        try:
+            decentralized.graph_for(len(peers))
+        except ValueError as err:
+            raise SystemExit(f"error: --graph: {err}") from None
     prediction = prediction_from_args(args)
     if not args.training_data and not prediction.standalone:
         raise SystemExit("error: --training_data: required (unless --prediction_model and --prediction_data are given)")
@@ -122,6 +155,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         output=args.output,
         job_name=args.job_name,
         prediction=prediction,
+        strategy=strategy,
+        coordinator_addr=args.coordinator_addr or (addrs[0] if addrs else ""),
+        peer_addrs=peers,
+        peer_port=args.peer_port,
+        decentralized=decentralized,
     )
 
 
@@ -189,9 +227,12 @@ def _run(config: WorkerConfig) -> int:
     except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes)
-    coordinator = CoordinatorClient(config.ps_addrs[0], worker=name)
     metrics = WorkerMetrics(REGISTRY, name)
+    pace = pace_for(config.training.slowdown, config.worker_id)
+    peer = _peer(config, trainer, metrics, pace) if config.strategy is Strategy.DECENTRALIZED else None
+    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes) if peer is None else None
+    coordinator = CoordinatorClient(config.coordinator_addr, worker=name,
+                                    iteration_fn=None if peer is None else (lambda: peer.state.iteration))
     if config.metrics_port:
         start_http_server(config.metrics_port, registry=REGISTRY)
     health_server = _serve_health(config.health_port) if config.health_port else None
@@ -212,7 +253,8 @@ def _run(config: WorkerConfig) -> int:
         metrics=metrics,
         exporter=_exporter(config),
         prediction=prediction,
-        pace=pace_for(config.training.slowdown, config.worker_id),
+        pace=pace,
+        peer=None if peer is None else (peer.model, peer.step),
     )
     try:
         worker.run()
@@ -221,8 +263,11 @@ def _run(config: WorkerConfig) -> int:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     finally:
-        ps.close()
+        if ps is not None:
+            ps.close()
         coordinator.close()
+        if peer is not None:
+            peer.close()
         if health_server is not None:
             health_server.stop(grace=None)
     log.info("%s done: %s", name, worker.counters)
@@ -230,6 +275,13 @@ def _run(config: WorkerConfig) -> int:
     since = None if worker.first_task_cpu_s is None else total - worker.first_task_cpu_s
     log.info("%s", cpu_line(name, total, since, worker.counters.examples))
     return 0
+
+
+def _peer(config: WorkerConfig, trainer: Any, metrics: Any, pace: Any) -> Any:
+    """A decentralized worker's Peer service, serving from now on, and its model and step."""
+    from elasticps.worker.peer_wiring import start_peer
+
+    return start_peer(config.worker_id, config.peer_addrs, config.peer_port, config.decentralized, trainer, metrics, pace)
 
 
 def _exporter(config: WorkerConfig) -> Exporter | None:

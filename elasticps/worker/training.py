@@ -51,8 +51,9 @@ from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
 from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.pacing import Pace
+from elasticps.worker.peer_model import HopStep, PeerModel
 from elasticps.worker.predicting import PredictionWriter
-from elasticps.worker.steps import step_for
+from elasticps.worker.steps import Step, step_for
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Worker:
         settings: TrainingSpec,
         mode: TrainingMode,
         trainer: Trainer,
-        ps: PSClientLike,
+        ps: PSClientLike | None,
         coordinator: CoordinatorLike,
         training_data: Reader | None,
         validation_data: Reader | None,
@@ -103,7 +104,10 @@ class Worker:
         exporter: Exporter | None = None,
         prediction: Prediction | None = None,
         pace: Pace | None = None,
+        peer: tuple[PeerModel, HopStep] | None = None,
     ) -> None:
+        """``peer``: a decentralized job's model and step (``peer_model.py``), which stand in for
+        the PS's (``ps`` is then not used)."""
         if training_data is None and (prediction is None or not prediction.standalone):
             raise ValueError("a worker without training data only predicts, with an exported model")
         self._trainer = trainer
@@ -116,14 +120,25 @@ class Worker:
         self._stop = threading.Event()
         self.counters = Counters()
         self.first_task_cpu_s: float | None = None  # this process's CPU when its first training task began
-        self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker)
+        self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker if ps is not None else "worker")
         self._minibatch_size = settings.minibatch_size
-        self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics, pace)
-        self._step = step_for(mode, self._model, coordinator)
+        self._model: LocalModel | PeerModel
+        self._step: Step
+        self._hop: HopStep | None = None
+        if peer is None:
+            if ps is None:
+                raise ValueError("a worker of the PS strategy needs its PS client")
+            self._model = LocalModel(trainer, ps, settings.learning_rate, self.counters, self._metrics, pace)
+            self._step = step_for(mode, self._model, coordinator)
+        else:
+            self._model, self._hop = peer
+            self.counters = self._model.counters  # its steps count their sleeps there
+            self._step = self._hop
         # Sync (and LocalSGD) shards meet at every round, so the final model is one version on every shard; async
         # shards count their own pushes and may stay apart (the coordinator names such a model by
-        # the oldest shard's version, which a non-strict settled pull returns too).
-        self._sync = mode.rounds
+        # the oldest shard's version, which a non-strict settled pull returns too). A decentralized
+        # job's models are the workers' own: none is the job's version.
+        self._sync = mode.rounds and peer is None
 
     # ---- the job -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -144,11 +159,16 @@ class Worker:
                     log.info("job finished: %s", self.counters)
                     return
                 if task.type == pb.TASK_TYPE_WAIT:
-                    time.sleep(WAIT_S)
+                    if self._hop is not None:
+                        self._hop.idle()  # the neighbours may be waiting for this worker's models
+                    else:
+                        time.sleep(WAIT_S)
                     continue
                 self._run_task(task)
         finally:
             self._stop.set()
+            if self._hop is not None:
+                self._hop.leave()  # its neighbours stop waiting for its models and tokens
             try:  # best effort: sync rounds stop waiting for this worker now, not after its timeout
                 self._coordinator.leave()
             except Exception as err:
@@ -224,7 +244,7 @@ class Worker:
         if self._exporter is None:
             raise ExportError("an export task, but this worker has no --output")
         version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=task.final and self._sync)
-        if task.final and version != task.model_version:
+        if task.final and self._hop is None and version != task.model_version:
             raise ExportError(f"asked to export version {task.model_version}, but the PS shards hold {version}")
         try:
             status: pb.JobStatus | None = self._coordinator.status()
@@ -248,7 +268,7 @@ class Worker:
             raise RuntimeError("a prediction task, but this worker has no --prediction_data")
         if not prediction.standalone:
             version = self._model.pull_settled(EXPORT_WAIT_MS, EXPORT_ATTEMPTS, strict=self._sync)
-            if version != task.model_version:
+            if self._hop is None and version != task.model_version:
                 raise RuntimeError(f"asked to predict with version {task.model_version}, but the PS shards hold {version}")
         features, labels = prediction.data.read(task.start, task.end)
         outputs = self._trainer.predict(features, labels)

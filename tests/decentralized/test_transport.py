@@ -50,8 +50,10 @@ def start_graph(grpc_servers: Callable[..., int], graph: Graph, rule: Callable[[
         port = grpc_servers(lambda server, s=servicer: add_to_server(s, server))
         nodes.append(Node(i, state, port))
     for node in nodes:
-        outs = {j: f"127.0.0.1:{nodes[j].port}" for j in graph.out_neighbours(node.me)}
-        peers = Peers(node.me, outs, node.state.rule.oldest_usable, max_ig, retry_s=0.05, give_up_s=30)
+        neighbours = set(graph.out_neighbours(node.me)) | set(graph.in_neighbours(node.me))
+        addresses = {j: f"127.0.0.1:{nodes[j].port}" for j in neighbours}
+        peers = Peers(node.me, addresses, graph.out_neighbours(node.me), node.state.rule.oldest_usable, max_ig,
+                      gone=node.state.has_left, retry_s=0.05, give_up_s=30)
         node.hop = Hop(node.state, peers, skipping, recv_limit_s=60)
     return nodes
 
@@ -209,3 +211,37 @@ def test_a_token_take_waits_until_the_neighbour_moves_on(grpc_servers: Callable[
     for node in nodes:
         assert node.hop is not None
         node.hop.peers.close()
+
+
+def test_a_worker_that_leaves_and_exits_is_neither_waited_for_nor_asked(grpc_servers: Callable[..., int]) -> None:
+    """Worker 3 of a ring runs 5 iterations, leaves and its server stops (the process exits); the
+    others run 20: its Excuse told its in- and out-neighbours, so nobody asks the dead address."""
+    from elasticps.rpc.channels import bind
+    from elasticps.rpc.serving import AsyncServer
+
+    graph = build("ring", 4)
+    servers: dict[int, AsyncServer] = {}
+
+    def serving(register: Callable[[AsyncServer], None]) -> int:
+        server = AsyncServer(4)
+        register(server)
+        port = bind(server, "127.0.0.1", 0)
+        server.start()
+        servers[len(servers)] = server
+        return port
+
+    nodes = start_graph(serving, graph, lambda n: rule_for(n, 0, 0), max_ig=2)
+    try:
+        def stop_after_leaving() -> None:
+            while not nodes[3].state.left:
+                time.sleep(0.01)
+            servers[3].stop(grace=None).wait()
+
+        threading.Thread(target=stop_after_leaving, daemon=True).start()
+        run(nodes, {0: 20, 1: 20, 2: 20, 3: 5})  # a call to the dead address would fail after 30 s
+        for n in nodes[:3]:
+            assert n.hop is not None and n.hop.counters.iterations == 20
+        assert nodes[0].state.has_left(3) and nodes[2].state.has_left(3)
+    finally:
+        for server in servers.values():
+            server.stop(grace=None).wait()
