@@ -198,10 +198,8 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
         if spec.prediction.standalone
         else f"{mode}, model {spec.model.model_def}, {spec.training.num_epochs} epochs"
     )
-    print(
-        f"job {job.name}: {spec.ps.replicas} PS + {spec.worker.replicas} workers, {what}; logs in {run_dir}",
-        file=sys.stderr,
-    )
+    servers = f"{spec.ps.replicas} PS" if job.uses_ps else f"a coordinator ({spec.decentralized.graph} graph)"
+    print(f"job {job.name}: {servers} + {spec.worker.replicas} workers, {what}; logs in {run_dir}", file=sys.stderr)
     runner = LocalRunner(job, run_dir, Progress(job.name))
     # Without a handler SIGTERM would end this process at once and orphan every replica (each runs
     # in its own session); raised in the main thread, it takes the runner's finally, as Ctrl-C does.

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from elasticps.api.flags import data_args, prediction_args, training_args
-from elasticps.api.spec import RestartPolicy, TrainingJob
+from elasticps.api.flags import data_args, decentralized_args, prediction_args, training_args
+from elasticps.api.spec import RestartPolicy, Strategy, TrainingJob
 
 PS_PORT = 2222
 
@@ -21,6 +21,7 @@ PS_PORT = 2222
 class Role(str, Enum):
     PS = "ps"
     WORKER = "worker"
+    COORDINATOR = "coordinator"  # a decentralized job's (under the PS strategy PS 0 coordinates)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
     args = [
         "worker",
         f"--worker_id={index}",
-        f"--ps_addrs={','.join(ps_addresses)}",
+        *([f"--ps_addrs={','.join(ps_addresses)}"] if ps_addresses else []),
         f"--model_def={job.spec.model.model_def}",
         *([f"--model_params={json.dumps(job.spec.model.params, sort_keys=True)}"] if job.spec.model.params else []),
         *data_args(job.spec.data),
@@ -114,6 +115,40 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
     return Replica(
         Role.WORKER, index, replica_name(job, Role.WORKER, index), tuple(args), job.spec.worker.restart_policy
     )
+
+
+def coordinator_replica(
+    job: TrainingJob, *, host: str, port: int, checkpoint_dir: str = "", extra: Sequence[str] = ()
+) -> Replica:
+    """A decentralized job's coordinator (``elasticps coordinator``): it opens the data to cut tasks
+    and hands out the exports and predictions, as PS 0 does for a PS job."""
+    args = [
+        "coordinator",
+        f"--host={host}",
+        f"--port={port}",
+        *data_args(job.spec.data),
+        *_training_args(job, checkpoint_dir),
+        *_output_args(job, worker=False),
+        *prediction_args(job.spec.prediction),
+        *extra,
+    ]
+    return Replica(Role.COORDINATOR, 0, replica_name(job, Role.COORDINATOR, 0), tuple(args), RestartPolicy.ALWAYS)
+
+
+def peer_worker_replica(
+    job: TrainingJob, index: int, coordinator: str, peers: Sequence[str], extra: Sequence[str] = ()
+) -> Replica:
+    """Worker ``index`` of a decentralized job: its coordinator, every worker's Peer address (in
+    worker order; its own is where it listens) and the job's graph and rules."""
+    if job.spec.strategy is not Strategy.DECENTRALIZED:
+        raise ValueError(f"job {job.name} is not decentralized")
+    return worker_replica(job, index, (), extra=[
+        "--strategy=decentralized",
+        f"--coordinator_addr={coordinator}",
+        f"--peer_addrs={','.join(peers)}",
+        *decentralized_args(job.spec.decentralized),
+        *extra,
+    ])
 
 
 def should_restart(policy: RestartPolicy, exit_code: int) -> bool:

@@ -48,6 +48,7 @@ from elasticps.api.spec import (
     DecentralizedSpec,
     JobPhase,
     READER_PATTERN,
+    SCALE_DECENTRALIZED,
     ModelSpec,
     Resources,
     TrainingJobSpec,
@@ -79,6 +80,11 @@ SPEC_RULES: list[dict[str, str]] = [
         "rule": "(has(self.strategy) && self.strategy == 'decentralized') || !has(self.ps) || !has(self.ps.replicas)"
         " || self.ps.replicas >= 1",
         "message": "spec.ps.replicas: must be >= 1",
+    },
+    {
+        "rule": "!has(self.strategy) || self.strategy != 'decentralized' || !has(oldSelf.worker) || !has(self.worker)"
+        " || self.worker.replicas == oldSelf.worker.replicas",
+        "message": f"spec.worker.replicas: {SCALE_DECENTRALIZED}",
     },
     {
         "rule": "!has(oldSelf.ps) || !has(self.ps) || self.ps.replicas == oldSelf.ps.replicas",
@@ -328,13 +334,19 @@ def status_schema() -> dict[str, Any]:
             },
             "replicaStatuses": {
                 "type": "object",
-                "properties": {"ps": _counts("PS"), "worker": _counts("worker")},
+                "properties": {"ps": _counts("PS"), "worker": _counts("worker"),
+                               "coordinator": _counts("decentralized coordinator")},
             },
             "startTime": _time("when the job (last) started: creation or resume; activeDeadlineSeconds counts from here"),
             "completionTime": _time("when the job succeeded or failed; ttlSecondsAfterFinished counts from here"),
             "modelVersion": {
                 "type": "integer",
-                "description": "updates applied by the PS (from the coordinator): the oldest shard's version",
+                "description": "updates applied by the PS (from the coordinator): the oldest shard's version; "
+                "decentralized: the highest iteration a worker reached",
+            },
+            "iterations": {
+                "type": "string",
+                "description": "decentralized: the live workers' lowest and highest iteration (low-high)",
             },
             "shardVersions": {
                 "type": "array",
@@ -405,6 +417,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "ready/desired"},
     {"name": "PS", "type": "string", "jsonPath": ".status.ps", "description": "ready/desired"},
     {"name": "Version", "type": "integer", "jsonPath": ".status.modelVersion"},
+    {"name": "Iterations", "type": "string", "jsonPath": ".status.iterations",
+     "description": "decentralized: the workers' lowest-highest iteration"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -105,6 +105,11 @@ class Strategy(str, Enum):
     DECENTRALIZED = "decentralized"
 
 
+SCALE_DECENTRALIZED = (
+    "a decentralized job's graph is fixed when it starts: its workers cannot be scaled (delete and re-create it)"
+)
+
+
 class JobPhase(str, Enum):
     """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types).
 

@@ -184,6 +184,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReportTask: {err}")
             self._write_journal()
             after = self._queue.progress()
+        if self._iterations is not None and request.model_version > 0:
+            self._iterations.heard(request.worker, request.model_version)  # decentralized: its iteration
         if request.export_failed:
             log.warning("%s could not write export task %d: %s", request.worker, request.task_id, request.error)
         if after.export_failure is not None and before.export_failure is None:

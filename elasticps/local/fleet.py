@@ -30,16 +30,17 @@ binds: that entry is then ``127.0.0.1:0``, a placeholder; every later start name
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticps.api.replicas import Replica, Role, ps_replica, worker_replica
+from elasticps.api.replicas import Replica, Role, coordinator_replica, peer_worker_replica, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.local import processes
 from elasticps.local.processes import Process
 from elasticps.planning.observed import ObservedPod, PodPhase
-from elasticps.planning.roles import desired
+from elasticps.planning.roles import coordinating, desired
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0
@@ -69,6 +70,8 @@ class Fleet:
     grace_s: float = STOP_GRACE_S
     slots: dict[str, Slot] = field(default_factory=dict)
     ports: dict[int, int] = field(default_factory=dict)  # PS index -> the port it bound
+    coordinator_port: int | None = None  # a decentralized job's coordinator: the port it bound
+    peer_ports: dict[int, int] = field(default_factory=dict)  # decentralized: worker -> its Peer port
     starts: dict[str, int] = field(default_factory=dict)  # replica name -> processes started so far
 
     # ---- what the planner asks ---------------------------------------------------------------
@@ -102,6 +105,8 @@ class Fleet:
                 continue
             if slot.role is Role.PS and slot.index not in self.ports:
                 self._read_port(slot.index)
+            if slot.role is Role.COORDINATOR and self.coordinator_port is None:
+                self.coordinator_port = _port_in(self._coordinator_port_file())
             if process.exit_code is not None and slot.exited_at is None:
                 slot.exited_at = now
             if slot.stopping_since is None:
@@ -115,12 +120,15 @@ class Fleet:
     def observe(self) -> tuple[ObservedPod, ...]:
         return tuple(self._observe(slot) for slot in self.slots.values())
 
-    def ps0_address(self) -> str | None:
-        """Where PS 0's coordinator answers, once PS 0 is running and has reported its port."""
-        slot = next((s for s in self.slots.values() if s.role is Role.PS and s.index == 0), None)
-        if slot is None or slot.process is None or slot.process.exit_code is not None or 0 not in self.ports:
+    def coordinator_address(self, job: TrainingJob) -> str | None:
+        """Where the job's coordinator answers (PS 0's, or a decentralized job's own), once it is
+        running and has reported its port."""
+        role = coordinating(job)
+        slot = next((s for s in self.slots.values() if s.role is role and s.index == 0), None)
+        port = self.ports.get(0) if role is Role.PS else self.coordinator_port
+        if slot is None or slot.process is None or slot.process.exit_code is not None or port is None:
             return None
-        return f"{HOST}:{self.ports[0]}"
+        return f"{HOST}:{port}"
 
     def last_failure(self) -> Slot | None:
         """The replica whose process most recently exited with a non-zero code (not one we stopped)."""
@@ -141,13 +149,14 @@ class Fleet:
             return ObservedPod(slot.name, slot.role, slot.index, PodPhase.PENDING, uid=slot.uid, deleted=deleted)
         code = process.exit_code
         if code is None:
-            ready = slot.role is Role.WORKER or slot.index in self.ports
+            ready = (slot.role is Role.WORKER or (slot.role is Role.PS and slot.index in self.ports)
+                     or (slot.role is Role.COORDINATOR and self.coordinator_port is not None))
             return ObservedPod(slot.name, slot.role, slot.index, PodPhase.RUNNING, ready=ready, uid=slot.uid, deleted=deleted)
         phase = PodPhase.SUCCEEDED if code == 0 else PodPhase.FAILED
         return ObservedPod(slot.name, slot.role, slot.index, phase, exit_code=code, uid=slot.uid, deleted=deleted)
 
     def _start_waiting(self, job: TrainingJob) -> None:
-        # PS first: a worker created in the same pass may then find every address known.
+        # PS (or the coordinator) first: a worker created in the same pass may then find every address known.
         for slot in sorted(self.slots.values(), key=lambda s: (s.role is Role.WORKER, s.index)):
             if slot.process is None and slot.stopping_since is None:
                 replica = self._replica(job, slot)
@@ -161,6 +170,10 @@ class Fleet:
         """The command line of the slot's replica, or None while a worker's PS addresses are unknown."""
         if slot.role is Role.PS:
             return self._ps_replica(job, slot.index)
+        if slot.role is Role.COORDINATOR:
+            return self._coordinator_replica(job)
+        if not job.uses_ps:
+            return self._peer_worker_replica(job, slot.index)
         wanted = range(desired(job, Role.PS))
         if any(i not in self.ports for i in wanted):
             return None
@@ -188,13 +201,55 @@ class Fleet:
             extra=[f"--port_file={port_file}"],
         )
 
+    def _coordinator_replica(self, job: TrainingJob) -> Replica:
+        checkpoints = str(self.run_dir / "checkpoints")
+        if self.coordinator_port is not None:  # restarted: the workers know this port
+            return coordinator_replica(job, host=HOST, port=self.coordinator_port, checkpoint_dir=checkpoints)
+        port_file = self._coordinator_port_file()
+        port_file.unlink(missing_ok=True)
+        return coordinator_replica(job, host=HOST, port=0, checkpoint_dir=checkpoints, extra=[f"--port_file={port_file}"])
+
+    def _peer_worker_replica(self, job: TrainingJob, index: int) -> Replica | None:
+        """A decentralized worker, once the coordinator's port is known. Every worker must know every
+        other's Peer address before it starts, so the ports are chosen here, all at once, and kept for
+        the run (a restarted worker listens where its neighbours look for it)."""
+        if self.coordinator_port is None:
+            return None
+        workers = desired(job, Role.WORKER)
+        if any(i not in self.peer_ports for i in range(workers)):
+            self.peer_ports.update(zip((i for i in range(workers) if i not in self.peer_ports), _free_ports(workers)))
+        threads = worker_threads(len(os.sched_getaffinity(0)), workers)
+        peers = [f"{HOST}:{self.peer_ports[i]}" for i in range(workers)]
+        return peer_worker_replica(job, index, f"{HOST}:{self.coordinator_port}", peers, extra=[f"--num_threads={threads}"])
+
+    def _coordinator_port_file(self) -> Path:
+        return self.run_dir / "coordinator.port"
+
     def _port_file(self, index: int) -> Path:
         return self.run_dir / f"ps-{index}.port"
 
     def _read_port(self, index: int) -> None:
-        try:
-            text = self._port_file(index).read_text().strip()
-        except OSError:
-            return
-        if text.isdigit():
-            self.ports[index] = int(text)
+        port = _port_in(self._port_file(index))
+        if port is not None:
+            self.ports[index] = port
+
+
+def _port_in(path: Path) -> int | None:
+    """The port a replica wrote to its ``--port_file``, or None before it did."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` ports free now on the loopback (held open together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((HOST, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from elasticps.api.spec import JobPhase, TrainingJob
+from elasticps.api.spec import SCALE_DECENTRALIZED, JobPhase, TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local import control, processes
 from elasticps.local.executing import execute
@@ -143,6 +143,9 @@ class LocalRunner:
             return
         job = self.job
         before = job.spec.worker.replicas
+        if not job.uses_ps and asked.worker_replicas != before:
+            self._progress.event(f"ignored a scale request: {SCALE_DECENTRALIZED}")
+            return
         if asked.worker_replicas == before:
             self._progress.event(f"workers: {before} already")
             return
@@ -151,11 +154,11 @@ class LocalRunner:
         self._progress.event(f"workers: {before} -> {asked.worker_replicas}")
 
     def _ask_coordinator(self) -> pb.JobStatus | None:
-        address = self._fleet.ps0_address()
+        address = self._fleet.coordinator_address(self.job)
         if address is None:
             return None
         if self._coordinator is None:
-            self._coordinator = CoordinatorClient(address, worker="runner")  # PS 0 keeps its port
+            self._coordinator = CoordinatorClient(address, worker="runner")  # it keeps its port
         try:
             reply = self._coordinator.status(timeout_s=COORDINATOR_TIMEOUT_S)
         except grpc.RpcError:

@@ -104,6 +104,11 @@ def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
 def replica(job: TrainingJob, role: Role, index: int) -> Replica:
     """The replica a pod runs in a cluster: the PS listens on every address, port 2222; both serve
     metrics on 9090 and the worker its health on 2223 (the probes' ports)."""
+    if not job.uses_ps:
+        raise TemplateError(
+            "spec.strategy: decentralized jobs run with `elasticps run` in this version; on a cluster their "
+            "workers need a Service each to find one another, which the operator does not create yet"
+        )
     metrics = f"--metrics_port={METRICS_PORT}"
     if role is Role.PS:
         return ps_replica(

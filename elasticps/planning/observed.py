@@ -80,6 +80,8 @@ class JobProgress:
     (``spec.prediction``; empty path: the job does not predict).
     ``export_error``: the coordinator gave up on an export the output refused every attempt (why,
     in its words; empty: no such failure).
+    ``iterations``: a decentralized job's workers, their lowest and highest iteration (None: not
+    known, or the PS strategy).
     """
 
     finished: bool
@@ -98,6 +100,7 @@ class JobProgress:
     prediction_records: int = 0
     predictions_path: str = ""
     export_error: str = ""
+    iterations: tuple[int, int] | None = None  # decentralized: the live workers' lowest and highest iteration
 
     @property
     def version(self) -> int:

@@ -22,9 +22,9 @@ def phase(d: Draft) -> None:
         return
     current = [p for p in d.pods if not p.deleted and p.index < d.desired(p.role)]
     running = [p for p in current if p.phase is PodPhase.RUNNING]
-    # Every PS the job wants (none under a strategy without PS) and at least one worker: an elastic
-    # job trains on what it has.
-    ps_running = sum(p.role is Role.PS for p in running) == d.desired(Role.PS)
+    # Every PS (or the coordinator of a strategy without PS) the job wants and at least one worker:
+    # an elastic job trains on what it has.
+    ps_running = all(sum(p.role is role for p in running) == d.desired(role) for role in Role if role is not Role.WORKER)
     if status.phase is JobPhase.RESTARTING:
         # Recovered only once every replacement runs (a worker that exited 0 is fine).
         workers = [p for p in current if p.role is Role.WORKER and p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED)]

@@ -43,6 +43,7 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         prediction_records=int(reply.prediction_records),
         predictions_path=reply.predictions_path,
         export_error=reply.export_error.strip(),
+        iterations=(int(reply.min_iteration), int(reply.max_iteration)) if 0 <= reply.min_iteration <= reply.max_iteration else None,
     )
 
 

@@ -17,14 +17,15 @@ from elasticps.api.replicas import Role
 from elasticps.planning.draft import Draft
 from elasticps.planning.observed import RUNNING_PHASES, PodPhase
 from elasticps.planning.progress import sync_rounds
-from elasticps.planning.roles import selector
+from elasticps.planning.roles import job_roles, selector
 
 
 def observed_fields(d: Draft) -> dict[str, Any]:
     fields: dict[str, Any] = {"mode": mode_label(d.job.spec)}
     counts: dict[str, dict[str, int]] = {}
     ready: dict[Role, int] = {}
-    for role in Role:
+    # PS and workers always (the columns read them); a decentralized job's coordinator besides.
+    for role in (Role.PS, Role.WORKER, *(r for r in job_roles(d.job) if r is Role.COORDINATOR)):
         pods = [p for p in d.pods if p.role is role]
         counts[role.value] = {
             "active": sum(p.phase in RUNNING_PHASES and not p.deleted for p in pods),
@@ -50,6 +51,9 @@ def observed_fields(d: Draft) -> dict[str, Any]:
             fields["gradsToWait"] = rounds.averaged
         elif "gradsToWait" in d.obs.status:
             fields["gradsToWait"] = None  # the job turned async: no round averages anything
+        if coordinator.iterations is not None and not d.job.uses_ps:
+            low, high = coordinator.iterations
+            fields["iterations"] = f"{low}-{high}"
         fields["epoch"] = coordinator.epoch
         fraction = min(max(coordinator.progress, 0.0), 1.0) if math.isfinite(coordinator.progress) else 0.0
         fields["progress"] = f"{math.floor(fraction * 100)}%"

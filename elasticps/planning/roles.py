@@ -11,8 +11,10 @@ lacks is wanted zero times, and PS Services and the ingress policy exist only wi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from elasticps.api.replicas import Role
-from elasticps.api.spec import ReplicaSpec, TrainingJob
+from elasticps.api.spec import ReplicaSpec, RestartPolicy, TrainingJob
 
 LABEL_JOB = "elasticps.io/job-name"
 LABEL_ROLE = "elasticps.io/replica-type"
@@ -20,12 +22,24 @@ LABEL_INDEX = "elasticps.io/replica-index"
 
 
 def role_spec(job: TrainingJob, role: Role) -> ReplicaSpec:
-    return job.spec.ps if role is Role.PS else job.spec.worker
+    """The replica spec of ``role``. A decentralized job's coordinator is one replica, always
+    restarted, with the workers' resources and pod template (it opens the same data)."""
+    if role is Role.PS:
+        return job.spec.ps
+    if role is Role.COORDINATOR:
+        return replace(job.spec.worker, replicas=1, restart_policy=RestartPolicy.ALWAYS)
+    return job.spec.worker
 
 
 def job_roles(job: TrainingJob) -> tuple[Role, ...]:
-    """The roles the job's strategy runs, in creation order (a PS before the workers that dial it)."""
-    return (Role.PS, Role.WORKER) if job.uses_ps else (Role.WORKER,)
+    """The roles the job's strategy runs, in creation order (a PS or the coordinator before the
+    workers that dial it)."""
+    return (Role.PS, Role.WORKER) if job.uses_ps else (Role.COORDINATOR, Role.WORKER)
+
+
+def coordinating(job: TrainingJob) -> Role:
+    """The role whose replica 0 coordinates the job (tasks, progress): PS 0, or the coordinator."""
+    return Role.PS if job.uses_ps else Role.COORDINATOR
 
 
 def desired(job: TrainingJob, role: Role) -> int:

@@ -681,9 +681,11 @@ class TaskResult(_message.Message):
     total saturates at 2^63 - 1.
     """
     model_version: _builtins.int
-    """export: the version written (>= 0)"""
+    """export: the version written (>= 0); decentralized training:"""
     export_failed: _builtins.bool
-    """export: writing the files failed (not the worker): counts"""
+    """the worker's iteration when the task ended
+    export: writing the files failed (not the worker): counts
+    """
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records; <= 64 named metrics"""

@@ -227,6 +227,8 @@ class Worker:
             self._metrics.steps.inc()
             self._metrics.records.inc(count)
         self._step.end_task()
+        if self._hop is not None:
+            result.model_version = self._model.versions[0]  # decentralized: its iteration now
         result.loss_sum = loss_sum
         result.rejected = self.counters.rejected - rejected_before
 

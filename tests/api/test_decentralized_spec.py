@@ -14,8 +14,6 @@ from elasticps.api.parsing import SpecError, parse_job
 from elasticps.api.spec import DecentralizedSpec, Strategy, float_rows, int_rows
 from job_builders import job_document
 
-NOT_YET = "spec.strategy: decentralized jobs are checked but cannot run yet in this version"
-
 
 def _job(decentralized: dict[str, Any] | None = None, workers: int = 4, **extra: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {"strategy": "decentralized", "worker": {"replicas": workers}, **extra}
@@ -42,8 +40,8 @@ def _refused(document: dict[str, Any]) -> str:
     ],
 )
 def test_a_valid_decentralized_job_passes_every_check(decentralized: dict[str, Any]) -> None:
-    # Everything is checked; only the executors are still to come.
-    assert _refused(_job(decentralized)) == NOT_YET
+    job = parse_job(_job(decentralized))
+    assert not job.uses_ps and mode_label(job.spec).startswith("Decentralized")
 
 
 @pytest.mark.parametrize(
@@ -77,7 +75,7 @@ def test_what_hop_cannot_honour_is_refused_naming_the_field(
 
 def test_a_decentralized_job_needs_no_ps() -> None:
     # spec.ps.replicas: 0 is refused under the PS strategy only.
-    assert _refused(_job({}, ps={"replicas": 0})) == NOT_YET
+    assert not parse_job(_job({}, ps={"replicas": 0})).uses_ps
     assert _refused(job_document({"ps": {"replicas": 0}})) == "spec.ps.replicas: must be >= 1, got 0"
 
 

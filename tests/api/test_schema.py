@@ -459,7 +459,7 @@ def test_subresources() -> None:
 def test_printer_columns_point_at_declared_fields() -> None:
     [version] = crd_schema.crd()["spec"]["versions"]
     columns = version["additionalPrinterColumns"]
-    assert [c["name"] for c in columns] == ["Phase", "Mode", "Workers", "PS", "Version", "Progress", "Age"]
+    assert [c["name"] for c in columns] == ["Phase", "Mode", "Workers", "PS", "Version", "Iterations", "Progress", "Age"]
     full = crd_schema.openapi_schema()
     for column in columns:
         if column["jsonPath"].startswith(".status."):

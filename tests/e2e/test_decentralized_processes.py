@@ -1,7 +1,7 @@
 """Decentralized training across real processes: ``elasticps coordinator`` and four ``elasticps
 worker --strategy decentralized`` on 127.0.0.1, models between the workers over their Peer
 services, tasks from the coordinator (the command lines the local runner and the operator will
-render).
+render; and once through `elasticps run`).
 
 Counted: every record of every epoch reported trained once (the coordinator's ledger), every
 worker's iterations and what its neighbours' models contributed (its log), the job's accuracy, and
@@ -10,15 +10,17 @@ the lowest and highest iteration the coordinator heard of.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from elasticps.coordinator.client import CoordinatorClient
-from local_jobs import elasticps, wait_for, write_data
+from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 
 RECORDS = 6000
 WORKERS = 4
@@ -118,3 +120,32 @@ def test_backup_workers_and_skipping_under_a_straggler(tmp_path: Path) -> None:
     # The others did not wait for it: each trained more minibatches than the straggler.
     steps = [int(re.search(r"done: Counters\(steps=(\d+)", log).group(1)) for log in logs]  # type: ignore[union-attr]
     assert all(steps[0] < s for s in steps[1:]), steps
+
+
+def test_elasticps_run_trains_a_decentralized_job_and_refuses_to_scale_it(tmp_path: Path) -> None:
+    """The same job from one YAML through the local runner: a coordinator process, four workers
+    on a ring, the mode on the first line, and `elasticps scale` refused with the reason."""
+    train, validation = write_data(tmp_path, records=RECORDS)
+    document = job_document("hop", train, validation, learningRate=0.05, recordsPerTask=300)
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec.pop("ps")
+    spec["strategy"] = "decentralized"
+    spec["decentralized"] = {"graph": "ring", "maxIterationGap": 2}
+    spec["worker"] = {"replicas": WORKERS}
+    job = write_job(tmp_path / "job.yaml", document)
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    wait_for(lambda: (run_dir / "coordinator.port").exists() or process.poll() is not None, 120, "the coordinator")
+    scale = subprocess.run([sys.executable, "-m", "elasticps", "scale", str(run_dir), "--workers=6"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert scale.returncode == 0, scale.stderr  # the request is written; the run refuses it
+    _, err = process.communicate(timeout=400)
+    assert process.returncode == 0, err[-3000:]
+    assert "a coordinator (ring graph) + 4 workers, Decentralized" in err
+    assert "ignored a scale request: a decentralized job's graph is fixed" in err
+    result = json.loads(result_file.read_text())
+    assert result["succeeded"] and result["epoch_records"] == [RECORDS, RECORDS]
+    assert result["metrics"]["accuracy"] > 0.85
+    assert result["model_version"] > 0  # the highest iteration a worker reached
+

@@ -78,7 +78,7 @@ def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str
             assert f"--ps_addrs=mnist-async-ps-0.{ns}.svc:2222,mnist-async-ps-1.{ns}.svc:2222" in args
 
     table = kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "MODE", "WORKERS", "PS", "VERSION", "PROGRESS", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "MODE", "WORKERS", "PS", "VERSION", "ITERATIONS", "PROGRESS", "AGE"]
     assert table[1].split()[:5] == ["mnist-async", "Running", "Async+StalenessLR+SSP4", "2/2", "2/2"]
 
     events = [(e["reason"], e["message"]) for e in kubectl.events(ns, "mnist-async")]

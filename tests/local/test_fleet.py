@@ -105,7 +105,7 @@ def test_ps_0_waits_for_the_other_shards_ports_and_workers_for_every_port(tmp_pa
     assert phases(fleet)["tj-worker-0"] == ("Pending", None, False)
     serve(fleet, job, 0, 4100)
     worker = launcher.started[-1]
-    assert fleet.ps0_address() == "127.0.0.1:4100"
+    assert fleet.coordinator_address(job) == "127.0.0.1:4100"
     assert worker.name == "tj-worker-0" and arg(worker, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101,127.0.0.1:4102"
 
 

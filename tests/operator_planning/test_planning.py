@@ -52,6 +52,11 @@ def plan(
     return planner_plan(job, observed, settings, check)
 
 
+def plan_local(job: TrainingJob, observed: Observed) -> list[Action]:
+    """The planner as the local runner runs it: no render check (processes have no pod template)."""
+    return planner_plan(job, observed, SETTINGS, None)
+
+
 # ---- building observations ---------------------------------------------------------------------------
 
 
@@ -935,33 +940,51 @@ def test_lifecycle_suspend_and_resume() -> None:
 # ---- strategies: nothing assumes a PS ----------------------------------------------------------------
 
 
-def without_ps(job: TrainingJob) -> TrainingJob:
-    """The job under a strategy that runs no PS (none exists yet: a stand-in value whose ``uses_ps`` is
-    False), so the planner must take its roles from the strategy instead of assuming PS pods."""
-    return replace(job, spec=replace(job.spec, strategy="workersOnly"))  # type: ignore[arg-type]
+def decentralized() -> TrainingJob:
+    """A job of the strategy without PS: a coordinator of its own and workers. Planned as the local
+    runner plans it (no render check): the operator does not run this strategy yet."""
+    return make_job({"strategy": "decentralized"})
 
 
-def test_a_strategy_without_ps_creates_workers_only() -> None:
-    job = without_ps(make_job())
-    actions = plan(job, observe([], with_services=False, network_policies=()))
-    assert creates(actions) == ["tj-worker-0", "tj-worker-1"]
-    assert created_services(actions) == [] and created_policies(actions) == []
+def test_the_operator_fails_a_decentralized_job_with_the_reason() -> None:
+    actions = plan(decentralized(), observe([], with_services=False, network_policies=()))
+    assert creates(actions) == []
+    status = status_after(actions, {})
+    assert status["phase"] == "Failed" and "decentralized jobs run with `elasticps run`" in str(status["conditions"])
 
 
-def test_a_strategy_without_ps_runs_on_workers_alone() -> None:
-    job = without_ps(make_job())
-    status = status_after(plan(job, observe([], with_services=False)), {})
+def test_a_decentralized_job_creates_its_coordinator_then_workers_and_no_ps() -> None:
+    job = decentralized()
+    actions = plan_local(job, observe([], with_services=False, network_policies=()))
+    assert creates(actions) == ["tj-coordinator-0", "tj-worker-0", "tj-worker-1"]
+    assert created_policies(actions) == []
+
+
+def test_a_decentralized_job_runs_with_its_coordinator_and_a_worker() -> None:
+    job = decentralized()
+    status = status_after(plan_local(job, observe([], with_services=False)), {})
     workers = [pod("worker", 0), pod("worker", 1, "Pending")]
-    after = status_after(plan(job, observe(workers, status, with_services=False, network_policies=())), status)
+    waiting = status_after(plan_local(job, observe(workers, status, with_services=False, network_policies=())), status)
+    assert waiting["phase"] == "Created"  # no coordinator yet
+    pods = [pod("coordinator", 0), *workers]
+    after = status_after(plan_local(job, observe(pods, status, with_services=False, network_policies=())), status)
     assert after["phase"] == "Running" and after["ps"] == "0/0" and after["workers"] == "1/2"
+    assert after["mode"] == "Decentralized"
+    assert after["replicaStatuses"]["coordinator"] == {"active": 1, "succeeded": 0, "failed": 0}
 
 
-def test_a_strategy_without_ps_deletes_a_stray_ps_and_never_replaces_it() -> None:
-    job = without_ps(make_job())
-    running = status_after(plan(job, observe([pod("worker", 0), pod("worker", 1)], with_services=False)), {})
-    actions = plan(job, observe([pod("ps", 0, "Failed", exit_code=1), pod("worker", 0), pod("worker", 1)], running))
+def test_a_decentralized_job_deletes_a_stray_ps_and_never_replaces_it() -> None:
+    job = decentralized()
+    mine = [pod("coordinator", 0), pod("worker", 0), pod("worker", 1)]
+    running = status_after(plan_local(job, observe(mine, with_services=False)), {})
+    actions = plan_local(job, observe([pod("ps", 0, "Failed", exit_code=1), *mine], running))
     assert deletes(actions) == ["tj-ps-0"] and creates(actions) == []
     assert status_after(actions, running)["restarts"] == 0
+
+
+def test_a_ps_job_has_no_coordinator_of_its_own() -> None:
+    actions = plan(make_job(), observe([], with_services=False, network_policies=()))
+    assert "tj-coordinator-0" not in creates(actions)
 
 
 def test_the_ps_strategy_needs_every_ps_for_running() -> None:

@@ -10,7 +10,7 @@ import job_builders
 from job_builders import merge
 
 from elasticps.api.replicas import Role
-from elasticps.api.spec import TrainingJob
+from elasticps.api.spec import Strategy, TrainingJob
 from elasticps.operator.manifests import pod_manifest
 from elasticps.operator.rendering import CreateNetworkPolicy, CreatePod, CreateService, DeletePod, Renderer
 from elasticps.planning.actions import (
@@ -91,6 +91,8 @@ def test_the_render_check_names_the_template_field_it_cannot_render() -> None:
 
 def test_without_ps_there_is_no_service_or_policy_to_render() -> None:
     job = make_job()
-    no_ps = replace(job, spec=replace(job.spec, strategy="workersOnly"))  # a stand-in: only parameterServer exists
-    actions = [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0), CreateReplica("tj-worker-0", Role.WORKER, 0)]
-    assert [type(a).__name__ for a in Renderer().render(actions, no_ps, UID)] == ["CreatePod"]
+    no_ps = replace(job, spec=replace(job.spec, strategy=Strategy.DECENTRALIZED))
+    actions = [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0)]
+    assert Renderer().render(actions, no_ps, UID) == []
+    # Its pods cannot be rendered yet: the render check says why, so the planner fails the job.
+    assert "decentralized jobs run with `elasticps run`" in str(Renderer().problem(no_ps, Role.WORKER, 0))
