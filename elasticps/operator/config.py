@@ -16,16 +16,18 @@ from elasticps.operator.rendering import Renderer
 from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
-# Where PS 0's coordinator answers: the headless Service of PS 0 (stable across PS restarts).
-DEFAULT_COORDINATOR_ADDRESS = "{job}-ps-0.{namespace}.svc:" + str(PS_PORT)
+# Where a job's coordinator answers: the headless Service of PS 0, or of a decentralized job's
+# coordinator replica (``{coordinator}``: that replica's name; stable across restarts).
+DEFAULT_COORDINATOR_ADDRESS = "{coordinator}.{namespace}.svc:" + str(PS_PORT)
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
     """``namespaces``: watch only these (empty: every namespace).
 
-    ``coordinator_address``: a template with ``{job}`` and ``{namespace}``; the default dials the PS 0
-    Service's DNS name, which resolves only inside the cluster. An operator run outside the cluster
+    ``coordinator_address``: a template with ``{job}``, ``{namespace}`` and ``{coordinator}`` (the
+    coordinating replica's name: ``{job}-ps-0``, or ``{job}-coordinator-0`` for a decentralized
+    job); the default dials that replica's Service's DNS name, which resolves only inside the cluster. An operator run outside the cluster
     (or a test playing PS 0) points it elsewhere, e.g. ``unix:///run/{namespace}.{job}.sock``.
     ``coordinator_timeout_s``: a pass waits at most this long for PS 0; no answer means "unknown".
     ``debounce_s``: a burst of pod events within this window makes one pass.
@@ -54,5 +56,5 @@ class OperatorConfig:
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     rendering: Renderer = field(default_factory=Renderer)
 
-    def coordinator_for(self, namespace: str, job: str) -> str:
-        return self.coordinator_address.format(job=job, namespace=namespace)
+    def coordinator_for(self, namespace: str, job: str, coordinator: str = "") -> str:
+        return self.coordinator_address.format(job=job, namespace=namespace, coordinator=coordinator or f"{job}-ps-0")

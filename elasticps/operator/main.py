@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--coordinator_address",
         default=DEFAULT_COORDINATOR_ADDRESS,
-        help="where PS 0's coordinator answers; {job} and {namespace} are filled in (default: %(default)s)",
+        help="where a job's coordinator answers; {job}, {namespace} and {coordinator} (PS 0's or the "
+        "coordinator replica's name) are filled in (default: %(default)s)",
     )
     parser.add_argument("--coordinator_timeout", type=float, default=1.0, help="seconds a pass waits for PS 0")
     parser.add_argument("--resync_seconds", type=float, default=10.0, help="a pass of every job at least this often")
@@ -70,9 +71,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         if value < 1:
             raise SystemExit(f"error: {flag} must be >= 1, got {value}")
     try:
-        args.coordinator_address.format(job="j", namespace="n")
+        args.coordinator_address.format(job="j", namespace="n", coordinator="c")
     except (KeyError, IndexError, ValueError) as err:
-        raise SystemExit(f"error: --coordinator_address: only {{job}} and {{namespace}} may be used ({err})") from None
+        raise SystemExit(f"error: --coordinator_address: only {{job}}, {{namespace}} and {{coordinator}} may be used ({err})") from None
     return OperatorConfig(
         namespaces=tuple(args.namespace),
         coordinator_address=args.coordinator_address,

@@ -41,7 +41,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from elasticps.api.replicas import PS_PORT, Replica, Role, cluster_ps_addresses, ps_replica, replica_name, worker_replica
+from elasticps.api.replicas import (
+    PS_PORT, Replica, Role, cluster_ps_addresses, coordinator_replica, peer_worker_replica, ps_replica, replica_name,
+    worker_replica,
+)  # fmt: skip
 from elasticps.api.spec import API_VERSION, KIND, ReplicaSpec, TrainingJob
 from elasticps.planning.roles import LABEL_INDEX as LABEL_INDEX
 from elasticps.planning.roles import LABEL_JOB as LABEL_JOB
@@ -57,6 +60,7 @@ PORT_NAME = "grpc"
 HEALTH_PORT = 2223  # the worker's grpc.health.v1 server (the PS answers health on PS_PORT itself)
 METRICS_PORT = 9090  # Prometheus /metrics, PS and worker alike
 BULK_PORT = 2224  # the PS's raw-TCP tensor channel (ps/bulk.py), dialled by the job's workers
+PEER_PORT = 2225  # a decentralized worker's Peer service (decentralized/servicer.py), dialled by its neighbours
 DEFAULT_COMMAND = ("elasticps",)
 TMP_VOLUME = "tmp"
 RUN_AS = 1000
@@ -104,12 +108,13 @@ def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
 def replica(job: TrainingJob, role: Role, index: int) -> Replica:
     """The replica a pod runs in a cluster: the PS listens on every address, port 2222; both serve
     metrics on 9090 and the worker its health on 2223 (the probes' ports)."""
-    if not job.uses_ps:
-        raise TemplateError(
-            "spec.strategy: decentralized jobs run with `elasticps run` in this version; on a cluster their "
-            "workers need a Service each to find one another, which the operator does not create yet"
-        )
     metrics = f"--metrics_port={METRICS_PORT}"
+    if role is Role.COORDINATOR:
+        return coordinator_replica(job, host="0.0.0.0", port=PS_PORT)
+    if not job.uses_ps:
+        coordinator = f"{replica_name(job, Role.COORDINATOR, 0)}.{job.namespace}.svc:{PS_PORT}"
+        peers = [f"{replica_name(job, Role.WORKER, i)}.{job.namespace}.svc:{PEER_PORT}" for i in range(job.spec.worker.replicas)]
+        return peer_worker_replica(job, index, coordinator, peers, extra=(f"--health_port={HEALTH_PORT}", metrics))
     if role is Role.PS:
         return ps_replica(
             job, index, host="0.0.0.0", port=PS_PORT, ps_addresses=cluster_ps_addresses(job),
@@ -125,7 +130,7 @@ def probes(role: Role) -> dict[str, dict[str, Any]]:
     of silence. The worker's health server starts after TensorFlow's import (~10 s) and the model's
     build, so its liveness waits 30 s and then allows 2 minutes of failed checks.
     """
-    if role is Role.PS:
+    if role in (Role.PS, Role.COORDINATOR):
         check = {"grpc": {"port": PS_PORT}, "timeoutSeconds": 5}
         return {
             "readinessProbe": {**check, "periodSeconds": 5},
@@ -138,15 +143,19 @@ def probes(role: Role) -> dict[str, dict[str, Any]]:
     }
 
 
-def container_ports(role: Role) -> list[dict[str, Any]]:
+def container_ports(role: Role, peer: bool = False) -> list[dict[str, Any]]:
+    """The container's ports; ``peer``: a decentralized worker's Peer service too."""
     metrics = {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+    if role is Role.COORDINATOR:
+        return [{"name": PORT_NAME, "containerPort": PS_PORT, "protocol": "TCP"}]
     if role is Role.PS:
         return [
             {"name": PORT_NAME, "containerPort": PS_PORT, "protocol": "TCP"},
             {"name": "bulk", "containerPort": BULK_PORT, "protocol": "TCP"},
             metrics,
         ]
-    return [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}, metrics]
+    own = [{"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"}] if peer else []
+    return [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}, *own, metrics]
 
 
 def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -181,10 +190,12 @@ def network_policy_manifest(job: TrainingJob, uid: str, operator_peer: dict[str,
     }
 
 
-def service_manifest(job: TrainingJob, uid: str, index: int) -> dict[str, Any]:
-    """The headless Service ``{job}-ps-{index}`` that gives PS ``index`` a stable DNS name."""
-    name = replica_name(job, Role.PS, index)
-    own = labels(job, Role.PS, index)
+def service_manifest(job: TrainingJob, uid: str, index: int, role: Role = Role.PS) -> dict[str, Any]:
+    """The headless Service ``{job}-{role}-{index}`` that gives a replica a stable DNS name: a PS or a
+    decentralized job's coordinator (gRPC on 2222), or a decentralized worker (its Peer service)."""
+    name = replica_name(job, role, index)
+    own = labels(job, role, index)
+    port = PEER_PORT if role is Role.WORKER else PS_PORT
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -198,7 +209,7 @@ def service_manifest(job: TrainingJob, uid: str, index: int) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": dict(own),
-            "ports": [{"name": PORT_NAME, "port": PS_PORT, "targetPort": PS_PORT, "protocol": "TCP"}],
+            "ports": [{"name": PORT_NAME if port == PS_PORT else "peer", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
@@ -263,7 +274,7 @@ def _container(
     ports = base.get("ports", [])
     if not isinstance(ports, list):
         raise TemplateError(f"{where}.ports: must be a list")
-    ours = container_ports(rep.role)
+    ours = container_ports(rep.role, peer=not job.uses_ps)
     taken = [p["containerPort"] for p in ours] + [p["name"] for p in ours]  # a list: template values may be unhashable
     kept = [p for p in ports if not (isinstance(p, dict) and (p.get("containerPort") in taken or p.get("name") in taken))]
     container["ports"] = [*ours, *kept]

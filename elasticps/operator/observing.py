@@ -97,9 +97,10 @@ def observe_names(items: Iterable[Mapping[str, Any]] | None) -> tuple[str, ...] 
     return tuple(str(n) for n in names if n)
 
 
-def ps0_running(pods: Iterable[ObservedPod]) -> bool:
-    """Whether PS 0 could answer at all (else the adapter does not dial it)."""
-    return any(p.role is Role.PS and p.index == 0 and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
+def coordinator_running(pods: Iterable[ObservedPod], role: Role = Role.PS) -> bool:
+    """Whether the coordinating replica (PS 0, or a decentralized job's coordinator: ``role``) could
+    answer at all (else the adapter does not dial it)."""
+    return any(p.role is role and p.index == 0 and p.phase is PodPhase.RUNNING and not p.deleted for p in pods)
 
 
 # Waiting reasons a container does not leave by itself: the image or the pod's config is wrong.

@@ -1,4 +1,4 @@
-"""Asks PS 0's coordinator how a job is doing (``GetJobStatus``), briefly, and never fails a pass.
+"""Asks a job's coordinator (PS 0's, or a decentralized job's own) how the job is doing (``GetJobStatus``), briefly, and never fails a pass.
 
 Callers: ``reconciling``, once per pass and only while PS 0 runs. Any gRPC error or a timeout is
 "no answer" (None): the planner then keeps the last progress it wrote and never declares success.
@@ -28,12 +28,13 @@ class CoordinatorProbe:
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, str], CoordinatorClient] = {}
 
-    def progress(self, namespace: str, job: str) -> JobProgress | None:
+    def progress(self, namespace: str, job: str, replica: str = "") -> JobProgress | None:
+        """``replica``: the name of the replica that coordinates the job (PS 0's by default)."""
         key = (namespace, job)
         with self._lock:
             coordinator = self._clients.pop(key, None)
         if coordinator is None:
-            address = self._template.format(job=job, namespace=namespace)
+            address = self._template.format(job=job, namespace=namespace, coordinator=replica or f"{job}-ps-0")
             coordinator = CoordinatorClient(address, deadline_s=self._timeout_s, timeout_s=self._timeout_s)
         try:
             reply = coordinator.status(timeout_s=self._timeout_s)

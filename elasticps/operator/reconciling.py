@@ -26,18 +26,20 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.parsing import SpecError, parse_job
+from elasticps.api.replicas import replica_name
 from elasticps.operator.cluster_api import ClusterApi
 from elasticps.operator.counting import current_job
 from elasticps.operator.executing import DEFAULT_CONCURRENCY, JobRef, Outcome, execute
 from elasticps.operator.manifests import LABEL_JOB_UID
 from elasticps.operator.metrics import OperatorMetrics
-from elasticps.operator.observing import observe_names, observe_pods, observe_services, ps0_running
+from elasticps.operator.observing import coordinator_running, observe_names, observe_pods, observe_services
 from elasticps.api.spec import JobPhase
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.rendering import ClusterAction, Renderer
 from elasticps.planning.actions import SetStatus
 from elasticps.planning.observed import JobProgress, Observed
 from elasticps.planning.plan import plan, plan_invalid
+from elasticps.planning.roles import coordinating
 from elasticps.planning.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
@@ -109,8 +111,9 @@ class Reconcile:
         policies = observe_names(self.api.list_network_policies(key.namespace, key.name))
         pods = observe_pods(pod_items, key.name, ref.uid)
         progress: JobProgress | None = None
-        if ps0_running(pods):
-            progress = self.probe.progress(key.namespace, key.name)
+        role = coordinating(job)
+        if coordinator_running(pods, role):
+            progress = self.probe.progress(key.namespace, key.name, replica_name(job, role, 0))
         observed = Observed(
             pods=pods,
             services=services,

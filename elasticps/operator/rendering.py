@@ -101,10 +101,12 @@ class Renderer:
             return CreatePod(pod_manifest(job, uid, action.role, action.index, command=self.command))
         if isinstance(action, DeleteReplica):
             return DeletePod(action.name, action.reason)
-        if isinstance(action, (CreateReplicaService, CreateIngressPolicy)) and not job.uses_ps:
-            return None  # both exist for PS pods only; the planner asks for neither without them
+        if isinstance(action, CreateIngressPolicy) and not job.uses_ps:
+            return None  # it guards PS pods; the planner asks for none without them
         if isinstance(action, CreateReplicaService):
-            return CreateService(service_manifest(job, uid, action.index))
+            if action.role is Role.PS and not job.uses_ps:
+                return None
+            return CreateService(service_manifest(job, uid, action.index, action.role))
         if isinstance(action, CreateIngressPolicy):
             peer = None if self.operator_peer is None else dict(self.operator_peer)
             return CreateNetworkPolicy(network_policy_manifest(job, uid, peer))

@@ -47,6 +47,12 @@ def desired(job: TrainingJob, role: Role) -> int:
     return role_spec(job, role).replicas if role in job_roles(job) else 0
 
 
+def service_roles(job: TrainingJob) -> tuple[Role, ...]:
+    """The roles whose every replica gets a headless Service (a stable DNS name others dial): the PS
+    shards; or a decentralized job's coordinator and its workers (each dialled by its neighbours)."""
+    return (Role.PS,) if job.uses_ps else (Role.COORDINATOR, Role.WORKER)
+
+
 def ingress_policy_name(job: TrainingJob) -> str:
     """The NetworkPolicy that guards the job's PS replicas."""
     return f"{job.name}-ps"

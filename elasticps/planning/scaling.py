@@ -13,7 +13,7 @@ from elasticps.api.replicas import Role, parse_replica_name, replica_name
 from elasticps.planning.actions import CreateIngressPolicy, CreateReplica, CreateReplicaService, DeleteReplica, Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import fail
-from elasticps.planning.roles import ingress_policy_name, job_roles
+from elasticps.planning.roles import ingress_policy_name, job_roles, service_roles
 
 
 def scale_down(d: Draft) -> None:
@@ -40,12 +40,13 @@ def create_missing(d: Draft) -> bool:
         policies = d.obs.network_policies
         if policies is not None and ingress_policy_name(job) not in policies:
             d.creates.append(CreateIngressPolicy(ingress_policy_name(job)))
-        if d.obs.services is not None:
-            services = {s.name for s in d.obs.services}
-            for index in range(d.desired(Role.PS)):
-                name = replica_name(job, Role.PS, index)
+    if d.obs.services is not None:
+        services = {s.name for s in d.obs.services}
+        for role in service_roles(job):
+            for index in range(d.desired(role)):
+                name = replica_name(job, role, index)
                 if name not in services:
-                    d.creates.append(CreateReplicaService(name, Role.PS, index))
+                    d.creates.append(CreateReplicaService(name, role, index))
     for role in job_roles(job):
         for index in range(d.desired(role)):
             name = replica_name(job, role, index)

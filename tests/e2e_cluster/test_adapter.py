@@ -14,7 +14,7 @@ from elasticps.api.replicas import Role
 from elasticps.operator.cluster_api import ApiError
 from elasticps.operator.counting import RequestCounter, describe
 from elasticps.operator.executing import JobRef, Outcome, execute
-from elasticps.operator.observing import observe_pod, ps0_running
+from elasticps.operator.observing import observe_pod, coordinator_running
 from elasticps.operator.rendering import CreateNetworkPolicy, CreatePod, CreateService, DeletePod
 from elasticps.planning.actions import Event, Recheck, SetStatus
 from elasticps.planning.observed import PodPhase
@@ -99,7 +99,7 @@ def test_a_pod_of_an_earlier_job_of_the_same_name_counts_as_going() -> None:
 
 def test_deleting_pods_and_stray_labels() -> None:
     going = observe_pod(pod_json("tj-ps-0", metadata={"deletionTimestamp": "2024-05-01T12:00:00Z"}), "tj", UID)
-    assert going is not None and going.deleted and not ps0_running([going])
+    assert going is not None and going.deleted and not coordinator_running([going])
     relabelled = pod_json("tj-worker-2", metadata={"labels": {"elasticps.io/job-name": "tj"}})
     found = observe_pod(relabelled, "tj", UID)
     assert found is not None and (found.role, found.index) == (Role.WORKER, 2)
@@ -298,7 +298,7 @@ class NoCoordinator:
     def __init__(self) -> None:
         self.asked = 0
 
-    def progress(self, namespace: str, job: str) -> None:
+    def progress(self, namespace: str, job: str, replica: str = "") -> None:
         self.asked += 1
         return None
 

@@ -98,6 +98,27 @@ def test_worker_pod_dials_every_ps_through_its_service_and_serves_health() -> No
     assert live["initialDelaySeconds"] + live["periodSeconds"] * live["failureThreshold"] >= 120
 
 
+def test_a_decentralized_job_renders_its_coordinator_and_workers_that_find_each_other_by_dns() -> None:
+    job = make_job(strategy="decentralized", worker={"replicas": 3}, decentralized={"graph": "complete", "staleness": 2})
+    coordinator = container(pod_manifest(job, UID, Role.COORDINATOR, 0))
+    assert coordinator["args"][:3] == ["coordinator", "--host=0.0.0.0", "--port=2222"]
+    assert coordinator["readinessProbe"]["grpc"] == {"port": 2222}
+    assert coordinator["ports"] == [{"name": "grpc", "containerPort": 2222, "protocol": "TCP"}]
+    worker = container(pod_manifest(job, UID, Role.WORKER, 1))
+    args = worker["args"]
+    assert "--strategy=decentralized" in args and "--worker_id=1" in args and "--staleness=2" in args
+    assert "--coordinator_addr=mnist-coordinator-0.team.svc:2222" in args
+    assert ("--peer_addrs=mnist-worker-0.team.svc:2225,mnist-worker-1.team.svc:2225,"
+            "mnist-worker-2.team.svc:2225") in args
+    assert not any(a.startswith("--ps_addrs") for a in args)
+    assert {"name": "peer", "containerPort": 2225, "protocol": "TCP"} in worker["ports"]
+    service = service_manifest(job, UID, 1, Role.WORKER)
+    assert service["metadata"]["name"] == "mnist-worker-1" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "peer", "port": 2225, "targetPort": 2225, "protocol": "TCP"}]
+    assert service["spec"]["selector"][LABEL_ROLE] == "worker" and service["spec"]["selector"][LABEL_INDEX] == "1"
+    assert service_manifest(job, UID, 0, Role.COORDINATOR)["spec"]["ports"][0]["port"] == 2222
+
+
 @pytest.mark.parametrize("role", [Role.PS, Role.WORKER])
 def test_pods_are_scraped_by_prometheus(role: Role) -> None:
     pod = pod_manifest(make_job(), UID, role, 0)

@@ -17,7 +17,7 @@ from elasticps.operator.observing import (
     observe_pod,
     observe_pods,
     observe_services,
-    ps0_running,
+    coordinator_running,
 )
 from elasticps.planning.observed import ObservedPod, PodPhase
 from elasticps.planning.progress import job_progress
@@ -136,7 +136,7 @@ def test_a_pod_that_is_not_a_replica_of_the_job_is_not_observed(name: str) -> No
 def test_observe_pods_keeps_the_replicas_only() -> None:
     pods = observe_pods([pod_json("tj-ps-0"), pod_json(metadata={"name": "stray"}), pod_json("tj-worker-0")], JOB, UID)
     assert [p.name for p in pods] == ["tj-ps-0", "tj-worker-0"]
-    assert ps0_running(pods) and not ps0_running(pods[1:])
+    assert coordinator_running(pods) and not coordinator_running(pods[1:])
 
 
 def test_an_unknown_job_uid_trusts_the_pod() -> None:

@@ -941,16 +941,15 @@ def test_lifecycle_suspend_and_resume() -> None:
 
 
 def decentralized() -> TrainingJob:
-    """A job of the strategy without PS: a coordinator of its own and workers. Planned as the local
-    runner plans it (no render check): the operator does not run this strategy yet."""
+    """A job of the strategy without PS: a coordinator of its own and workers."""
     return make_job({"strategy": "decentralized"})
 
 
-def test_the_operator_fails_a_decentralized_job_with_the_reason() -> None:
+def test_the_operator_gives_a_decentralized_job_a_service_per_worker_and_its_coordinator() -> None:
     actions = plan(decentralized(), observe([], with_services=False, network_policies=()))
-    assert creates(actions) == []
-    status = status_after(actions, {})
-    assert status["phase"] == "Failed" and "decentralized jobs run with `elasticps run`" in str(status["conditions"])
+    assert creates(actions) == ["tj-coordinator-0", "tj-worker-0", "tj-worker-1"]
+    assert created_services(actions) == ["tj-coordinator-0", "tj-worker-0", "tj-worker-1"]
+    assert created_policies(actions) == []
 
 
 def test_a_decentralized_job_creates_its_coordinator_then_workers_and_no_ps() -> None:

@@ -89,10 +89,12 @@ def test_the_render_check_names_the_template_field_it_cannot_render() -> None:
     assert renderer.problem(make_job(), Role.WORKER, 0) is None
 
 
-def test_without_ps_there_is_no_service_or_policy_to_render() -> None:
+def test_without_ps_there_is_no_ps_service_or_policy_to_render() -> None:
     job = make_job()
     no_ps = replace(job, spec=replace(job.spec, strategy=Strategy.DECENTRALIZED))
-    actions = [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0)]
-    assert Renderer().render(actions, no_ps, UID) == []
-    # Its pods cannot be rendered yet: the render check says why, so the planner fails the job.
-    assert "decentralized jobs run with `elasticps run`" in str(Renderer().problem(no_ps, Role.WORKER, 0))
+    actions = [CreateIngressPolicy("tj-ps"), CreateReplicaService("tj-ps-0", Role.PS, 0),
+               CreateReplicaService("tj-worker-1", Role.WORKER, 1)]
+    [service] = Renderer().render(actions, no_ps, UID)
+    assert service.manifest["metadata"]["name"] == "tj-worker-1"  # type: ignore[attr-defined]
+    assert service.manifest["spec"]["ports"][0]["port"] == 2225  # type: ignore[attr-defined]
+    assert Renderer().problem(no_ps, Role.WORKER, 0) is None
