@@ -69,6 +69,14 @@ def updates_per_s(samples: Sequence[Mapping[str, Any]], epoch2: Mapping[str, Any
     return versions / float(inside[-1]["t"] - inside[0]["t"])
 
 
+def slowest_iterations_per_s(samples: Sequence[Mapping[str, Any]], epoch2: Mapping[str, Any], ended_epoch1: float) -> float | None:
+    """Decentralized: the slowest live worker's iterations per second over epoch 2 (None: not known)."""
+    inside = [s for s in samples if ended_epoch1 <= s["t"] <= epoch2["ended_s"] and s.get("min_iteration", -1) >= 0]
+    if len(inside) < 2 or inside[-1]["t"] <= inside[0]["t"]:
+        return None
+    return float(inside[-1]["min_iteration"] - inside[0]["min_iteration"]) / float(inside[-1]["t"] - inside[0]["t"])
+
+
 def staleness_figures(buckets: Sequence[Sequence[int | None]]) -> dict[str, float | None]:
     """From PS 0's ``[lowest, highest, pushes]`` buckets: the share of pushes computed on an older
     model than the shard's (staleness > 0), and the staleness 90% of pushes are at or below (the
@@ -102,6 +110,7 @@ def run_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
         "wall_s": measured["wall_s"],
         "test_accuracy": measured["test_accuracy"],
         "updates_per_s_epoch2": None if second is None else updates_per_s(samples, second, epochs[0]["ended_s"]),
+        "slowest_iterations_per_s_epoch2": None if second is None else slowest_iterations_per_s(samples, second, epochs[0]["ended_s"]),
         "tensor_bytes_epoch2": measured["tensor_bytes_epoch2"],
         "tensor_bytes_per_epoch": [e["tensor_bytes"] for e in epochs],
         "examples_per_s_epoch2": measured["examples_per_s_epoch2"],

@@ -29,6 +29,13 @@ class Mode:
     label: str
     training: Mapping[str, Any] = field(default_factory=dict)
     minibatches_per_version: float = 1.0  # how many minibatches make one model version (roughly)
+    decentralized: Mapping[str, Any] | None = None  # spec.decentralized: the strategy without PS
+
+
+def hop(key: str, label: str, **settings: Any) -> Mode:
+    """A decentralized mode: no PS; its "model version" is the highest iteration a worker reached,
+    one per minibatch of each worker."""
+    return Mode(key, label, {}, WORKERS, {"graph": "ring", "maxIterationGap": 4, **settings})
 
 
 MODES = (
@@ -42,6 +49,14 @@ MODES = (
         for k in (2, 4, 8)
     ),
     Mode("localsgd-adaptive", "LocalSGD adaptive (K0=8)", {"localSGDSteps": 8, "adaptiveLocalSGD": True}, WORKERS * 4),
+    # Hop (seed 004) on a ring of 4 (a ringBased graph of 4 is the complete graph, so the ring is the
+    # sparse one here); skipping rides on backup workers, which let neighbours run ahead of a straggler.
+    hop("hop", "decentralized (ring)"),
+    hop("hop-backup1", "decentralized, 1 backup worker", backupWorkers=1),
+    hop("hop-stale5", "decentralized, staleness 5", staleness=5, maxIterationGap=6),
+    hop("hop-skip2", "decentralized, backup 1 + skipping (max jump 2)", backupWorkers=1, skipMaxJump=2, maxIterationGap=12),
+    hop("hop-skip10", "decentralized, backup 1 + skipping (max jump 10)", backupWorkers=1, skipMaxJump=10, maxIterationGap=12),
+    hop("allreduce", "decentralized, complete graph (all-reduce averaging)", graph="complete"),
 )
 
 
@@ -77,7 +92,12 @@ def derive(document: Mapping[str, Any], mode: Mode, slowdown: Slowdown, records:
     spec = job.setdefault("spec", {})
     spec.pop("output", None)
     spec.pop("prediction", None)
-    spec.setdefault("ps", {})["replicas"] = PS_REPLICAS
+    if mode.decentralized is not None:
+        spec.pop("ps", None)
+        spec["strategy"] = "decentralized"
+        spec["decentralized"] = dict(mode.decentralized)
+    else:
+        spec.setdefault("ps", {})["replicas"] = PS_REPLICAS
     spec.setdefault("worker", {})["replicas"] = WORKERS
     training = spec.setdefault("training", {})
     for key in ("exportSteps", "gradsToWait", "useAsync", "lrStalenessModulation", "getModelFrequency"):

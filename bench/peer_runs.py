@@ -133,7 +133,8 @@ def run_elasticps(
     coordinator polled (``samples``: the timeline of accuracy, versions, bytes and LocalSGD's K);
     with ``worker_cpus``, each worker held to that many CPUs (``bench.cpu_caps``)."""
     run_dir, result_file, log = work / "run", work / "result.json", work / "elasticps.log"
-    port_file = run_dir / "ps-0.port"
+    # Where the coordinator's port appears: PS 0's under the PS strategy, the coordinator's otherwise.
+    port_files = (run_dir / "ps-0.port", run_dir / "coordinator.port")
     samples: list[Sample] = []
     client: CoordinatorClient | None = None
     caps = CpuCaps(worker_cpus, f"elasticps-bench-{os.getpid()}-{work.name}") if worker_cpus else None
@@ -152,7 +153,8 @@ def run_elasticps(
                     break
                 if caps is not None:
                     caps.hold(run_dir)
-                if client is None and port_file.exists():
+                port_file = next((p for p in port_files if p.exists()), None)
+                if client is None and port_file is not None:
                     text = port_file.read_text().strip()
                     if text:
                         client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench")
@@ -173,6 +175,7 @@ def run_elasticps(
                                 tensor_bytes=_tensor_bytes(reply),
                                 accuracy=reply.metrics["accuracy"] if "accuracy" in reply.metrics else None,
                                 local_steps=reply.local_steps,
+                                min_iteration=reply.min_iteration,
                             )
                         )
                 time.sleep(POLL_S)

@@ -37,6 +37,7 @@ class Sample:
     tensor_bytes: int | None = None  # tensor bytes every shard received and sent so far (None: a shard did not answer)
     accuracy: float | None = None  # the latest complete evaluation's test accuracy (None: none yet)
     local_steps: int = 0  # LocalSGD: the workers' current period
+    min_iteration: int = -1  # decentralized: the slowest live worker's iteration (-1: not known)
 
 
 class IncompleteRun(ValueError):

@@ -53,6 +53,24 @@ def test_each_mode_is_what_its_name_says() -> None:
     assert backup["spec"]["training"]["gradsToWait"] == jobs.WORKERS - 1
 
 
+def test_the_decentralized_modes_run_without_ps_with_their_rules() -> None:
+    from elasticps.api.modes import mode_label
+
+    def job(key: str) -> Any:
+        return parse_job(jobs.derive(example(), jobs.MODE_BY_KEY[key], jobs.SLOWDOWN_BY_KEY["straggler4"], records=60_000))
+
+    labels = {k: mode_label(job(k).spec) for k in ("hop", "hop-backup1", "hop-stale5", "hop-skip2", "hop-skip10", "allreduce")}
+    assert labels == {
+        "hop": "Decentralized", "hop-backup1": "Decentralized-backup1", "hop-stale5": "Decentralized-stale5",
+        "hop-skip2": "Decentralized-backup1-skip2", "hop-skip10": "Decentralized-backup1-skip10",
+        "allreduce": "Decentralized",
+    }
+    assert all(not job(k).uses_ps for k in labels)
+    assert job("allreduce").spec.decentralized.graph == "complete" and job("hop").spec.decentralized.graph == "ring"
+    # a skip of 10 needs neighbours up to 11 iterations ahead: the tokens allow 12
+    assert job("hop-skip10").spec.decentralized.max_iteration_gap > 10
+
+
 def test_evaluations_come_about_eight_times_an_epoch_in_each_modes_versions() -> None:
     # 60,000 records / 64 = 937.5 minibatches an epoch.
     assert jobs.evaluation_steps(jobs.MODE_BY_KEY["sync"], 60_000, 64) == round(937.5 / 4 / 8)
