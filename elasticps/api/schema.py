@@ -346,7 +346,7 @@ def status_schema() -> dict[str, Any]:
             },
             "iterations": {
                 "type": "string",
-                "description": "decentralized: the live workers' lowest and highest iteration (low-high)",
+                "description": "decentralized: the lowest and highest of the workers' latest iterations (low-high)",
             },
             "shardVersions": {
                 "type": "array",

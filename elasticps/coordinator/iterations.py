@@ -3,13 +3,13 @@
 The standalone coordinator of a decentralized job (``coordinator/main.py``) has no PS whose version
 counts the model's updates; the workers' iterations stand in for it: the newest iteration any worker
 reached is the job's "model version" (evaluations every ``evaluationSteps`` of it), and the lowest
-and highest of the live workers' go to the job status (``kubectl get tj`` shows both).
+and highest of every worker's latest go to the job status (``kubectl get tj`` shows both; a worker
+that finished keeps its last, so the figures stay after the job).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 
 
 class Iterations:
@@ -29,8 +29,8 @@ class Iterations:
         with self._lock:
             return self._newest
 
-    def span(self, live: Iterable[str]) -> tuple[int, int]:
-        """(lowest, highest) iteration of the ``live`` workers that reported one; (-1, -1) if none."""
+    def span(self) -> tuple[int, int]:
+        """(lowest, highest) of the workers' latest iterations; (-1, -1) before any report."""
         with self._lock:
-            known = [self._latest[w] for w in live if w in self._latest]
+            known = list(self._latest.values())
         return (min(known), max(known)) if known else (-1, -1)

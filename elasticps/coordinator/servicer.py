@@ -513,7 +513,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             progress = self._queue.progress()
             live_workers = self._queue.live_workers()
         live = len(live_workers)
-        lowest, highest = self._iterations.span(live_workers) if self._iterations is not None else (-1, -1)
+        lowest, highest = self._iterations.span() if self._iterations is not None else (-1, -1)
         grads_to_wait = 0
         if self._rounds is not None:
             with self._rounds_changed:

@@ -26,7 +26,7 @@ import numpy as np
 from elasticps.decentralized.peer_state import PeerState
 from elasticps.decentralized.peers import Peers
 from elasticps.decentralized.queues import Update
-from elasticps.decentralized.rules import Skipping, reduce_weights
+from elasticps.decentralized.rules import Skipping, reduce_weights, rejoin_point
 
 G = TypeVar("G")
 Model = dict[str, np.ndarray]
@@ -45,6 +45,7 @@ class HopCounters:
     reduced: int = 0  # neighbours' models averaged in
     waited_s: float = 0.0  # in Recv
     tokens_s: float = 0.0  # waiting for tokens
+    rejoined_at: int = -1  # a replacement: the iteration it went on from (-1: a fresh start)
 
 
 class Hop(Generic[G]):
@@ -80,6 +81,24 @@ class Hop(Generic[G]):
         self.state.enter(target)
         self.counters.iterations += 1
         return model
+
+    def rejoin(self) -> tuple[int, Model | None] | None:
+        """At start: a worker replacing one that died or was removed goes on where it stopped (as its
+        out-neighbours' tokens say), with the newest model a neighbour sent; None for a fresh start.
+        The caller opens its Peer service to neighbours' models and tokens only afterwards."""
+        point = rejoin_point(self.state.max_ig, self.peers.survey())
+        if point is None:
+            return None
+        iteration, missing = point
+        for worker, count in missing.items():
+            self.peers.take_from(worker, count)
+        self.state.rejoin(iteration, {})
+        iterations = self.peers.announce_rejoin(iteration - 1)
+        ins = set(self.state.graph.in_neighbours(self.state.me))
+        self.state.rejoin(iteration, {j: it for j, it in iterations.items() if j in ins})
+        newest = self.peers.pull_newest()
+        self.counters.rejoined_at = iteration
+        return iteration, None if newest is None else newest[1]
 
     def leave(self) -> None:
         """This worker's data ran out: its neighbours stop waiting for it."""

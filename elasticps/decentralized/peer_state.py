@@ -58,6 +58,27 @@ class PeerState(Generic[T]):
             self._queue.excuse(neighbour, FOREVER)
             self._lock.notify_all()
 
+    def neighbour_rejoined(self, neighbour: int, through: int) -> None:
+        """``neighbour`` was replaced and is back from iteration ``through + 1`` on."""
+        with self._lock:
+            self._gone.discard(neighbour)
+            self._queue.rejoined(neighbour, through)
+            self._lock.notify_all()
+
+    def rejoin(self, iteration: int, in_iterations: dict[int, int]) -> None:
+        """This worker replaces one that died at ``iteration``: it goes on from there, its
+        in-neighbours' tokens as the invariant says for their iterations (``in_iterations``). The
+        models they had already delivered to the one that died (up to ``max_ig`` iterations ahead
+        of it) are gone with it and are not sent again: those iterations reduce what comes instead
+        of waiting for it."""
+        with self._lock:
+            self._iteration = iteration
+            self._queue.advance(iteration)
+            for neighbour in self.graph.in_neighbours(self.me):
+                self._queue.excuse(neighbour, iteration + self.max_ig)
+            self._tokens.reset({j: iteration - it + self.max_ig for j, it in in_iterations.items()})
+        self.changes.notify()
+
     def has_left(self, neighbour: int) -> bool:
         with self._lock:
             return neighbour in self._gone

@@ -57,8 +57,7 @@ class _Link:
     worker: int
     address: str
     channel: grpc.Channel
-    iteration: int = -1  # the neighbour's newest known iteration (only grows)
-    left: bool = False
+    iteration: int = -1  # the neighbour's newest known iteration
     outbox: deque[tuple[int, Model]] = field(default_factory=deque)
     sent: int = 0
     skipped: int = 0
@@ -75,24 +74,29 @@ class _Link:
         self.excuse: grpc.UnaryUnaryMultiCallable[pb.ExcuseRequest, pb.PeerReply] = self.channel.unary_unary(
             path + "Excuse", request_serializer=pb.ExcuseRequest.SerializeToString, response_deserializer=pb.PeerReply.FromString
         )
+        self.pull_model: grpc.UnaryStreamMultiCallable[pb.PeerModelRequest, bytes] = self.channel.unary_stream(
+            path + "PullModel", request_serializer=pb.PeerModelRequest.SerializeToString, response_deserializer=None
+        )
 
-    def heard(self, iteration: int, left: bool) -> None:
-        """What a reply said of the neighbour."""
-        self.iteration = max(self.iteration, iteration)
-        self.left = self.left or left
+    def heard(self, iteration: int) -> None:
+        """The neighbour's iteration, as a reply said (a rejoined one may be behind the last)."""
+        self.iteration = iteration
 
 
 class Peers:
     def __init__(self, me: int, addresses: Mapping[int, str], outs: Sequence[int], oldest_usable: Callable[[int], int],
-                 max_ig: int, gone: Callable[[int], bool] = lambda worker: False, retry_s: float = 0.5,
+                 max_ig: int, gone: Callable[[int], bool] = lambda worker: False,
+                 on_left: Callable[[int], None] = lambda worker: None, retry_s: float = 0.5,
                  give_up_s: float = 300.0, timeout_s: float = 60.0) -> None:
         """``addresses``: every neighbour (in and out) -> its Peer address; ``outs``: the
         out-neighbours (models and tokens); ``oldest_usable``: the job's rule (the oldest tag a
         worker at an iteration may still reduce); ``gone``: whether a neighbour said it left (its
-        Excuse reached this worker's Peer service), so it is neither sent to nor asked."""
+        Excuse reached this worker's Peer service), so it is neither sent to nor asked; ``on_left``:
+        told when a reply says a neighbour left (``gone`` answers for it from then on)."""
         self.me = me
         self.max_ig = max_ig
         self._gone = gone
+        self._on_left = on_left
         self._oldest_usable = oldest_usable
         self._retry_s = retry_s
         self._give_up_s = give_up_s
@@ -118,7 +122,7 @@ class Peers:
         self.raise_sender_error()
         with self._lock:
             for link in self._links.values():
-                if not link.left and not link.refused:
+                if not self._left(link) and not link.refused:
                     link.outbox.append((iteration, model))
             self._lock.notify_all()
 
@@ -158,7 +162,7 @@ class Peers:
                 except _Gone:
                     link.skipped += 1
                 else:
-                    link.heard(reply.iteration, reply.left)
+                    self._heard(link, reply.iteration, reply.left)
                     link.sent += 1
             else:
                 link.skipped += 1
@@ -181,7 +185,7 @@ class Peers:
                         pb.TokenRequest(worker=self.me, count=count, wait_ms=MAX_WAIT_MS // 2), timeout=self._timeout_s))
                 except _Gone:
                     break
-                link.heard(reply.iteration, reply.left)
+                self._heard(link, reply.iteration, reply.left)
                 if reply.taken or reply.left:
                     break
 
@@ -199,7 +203,7 @@ class Peers:
             except _Gone:
                 found.append(float("inf"))
                 continue
-            link.heard(reply.iteration, reply.left)
+            self._heard(link, reply.iteration, reply.left)
             found.append(float("inf") if reply.left or reply.available >= MAX_TOKENS else reply.available - self.max_ig)
         return found
 
@@ -215,12 +219,59 @@ class Peers:
                                                               timeout=self._timeout_s))
             except _Gone:
                 continue
-            link.heard(reply.iteration, reply.left)
+            self._heard(link, reply.iteration, reply.left)
 
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _left(self, link: _Link) -> bool:
-        return link.left or self._gone(link.worker)
+        return self._gone(link.worker)
+
+    def _heard(self, link: _Link, iteration: int, left: bool) -> None:
+        link.heard(iteration)
+        if left:
+            self._on_left(link.worker)
+
+    # -- a replaced worker's return ------------------------------------------------------------------
+
+    def survey(self) -> dict[int, tuple[int, int]]:
+        """Each out-neighbour's iteration and its tokens for this worker (``TakeTokens`` of 0)."""
+        found: dict[int, tuple[int, int]] = {}
+        for j, link in self._links.items():
+            reply = self._retry(link, lambda: link.take_tokens(pb.TokenRequest(worker=self.me, count=0), timeout=self._timeout_s))
+            if not reply.left:
+                found[j] = (reply.iteration, reply.available)
+        return found
+
+    def take_from(self, worker: int, count: int) -> None:
+        """``count`` tokens from out-neighbour ``worker`` alone, waiting for them."""
+        link = self._links[worker]
+        while count > 0 and not self._left(link):
+            reply = self._retry(link, lambda: link.take_tokens(
+                pb.TokenRequest(worker=self.me, count=count, wait_ms=MAX_WAIT_MS // 2), timeout=self._timeout_s))
+            if reply.taken or reply.left:
+                return
+
+    def announce_rejoin(self, through: int) -> dict[int, int]:
+        """Tells every neighbour this worker is back from iteration ``through + 1``; their iterations."""
+        found: dict[int, int] = {}
+        for j, link in self._all.items():
+            reply = self._retry(link, lambda: link.excuse(pb.ExcuseRequest(sender=self.me, through=through, rejoin=True),
+                                                          timeout=self._timeout_s))
+            found[j] = reply.iteration
+        return found
+
+    def pull_newest(self) -> tuple[int, dict[str, np.ndarray]] | None:
+        """The newest model any neighbour sent (its iteration and tensors); None when none has one."""
+        best: tuple[int, dict[str, np.ndarray]] | None = None
+        for link in self._all.values():
+            try:
+                decoded = frames.decode(link.pull_model(pb.PeerModelRequest(worker=self.me), timeout=self._timeout_s))
+            except grpc.RpcError:
+                continue  # not started yet, or without a model: another neighbour may have one
+            iteration = decoded.first.peer.iteration
+            if best is None or iteration > best[0]:
+                best = (iteration, dict(decoded.tensors))
+        return best
 
     def _retry(self, link: _Link, call: Callable[[], T]) -> T:
         give_up_at = time.monotonic() + self._give_up_s

@@ -90,6 +90,12 @@ class UpdateQueue(Generic[T]):
         if sender in self.in_neighbours:
             self._excused[sender] = max(self._excused.get(sender, -1), through)
 
+    def rejoined(self, sender: int, through: int) -> None:
+        """``sender`` was replaced and is back: waited for again from iteration ``through + 1`` (an
+        earlier excuse, even one for ever, no longer holds)."""
+        if sender in self.in_neighbours:
+            self._excused[sender] = through
+
     # -- what the worker takes ------------------------------------------------------------------
 
     def collect(self, iteration: int) -> list[Update[T]] | None:
@@ -167,6 +173,14 @@ class TokenQueues:
             return False
         self._tokens[neighbour] -= count
         return True
+
+    def reset(self, counts: dict[int, int]) -> None:
+        """A replaced worker rejoins at an iteration: each in-neighbour's tokens as the invariant
+        says (``Iter(me) - Iter(neighbour) + max_ig``, given by the caller), and open again."""
+        for neighbour in self._tokens:
+            if neighbour in counts:
+                self._tokens[neighbour] = max(0, counts[neighbour])
+        self.closed = False
 
     def give(self, count: int) -> None:
         """This worker entered ``count`` new iterations: every in-neighbour may go ``count`` further."""

@@ -135,6 +135,19 @@ def reduce_weights(
     return own_weight / total, [w / total for w in raw]
 
 
+def rejoin_point(max_ig: int, out: Mapping[int, tuple[int, int]]) -> tuple[int, dict[int, int]] | None:
+    """Where a restarted worker's predecessor stopped, as its out-neighbours' token queues tell:
+    ``out`` maps each to (its iteration, the tokens it holds for this worker), and ``tokens = Iter(j)
+    - Iter(me) + max_ig`` gives ``Iter(me)``. The furthest any says, with the tokens still to take
+    from the others to stand there too (a predecessor killed between two takes); None when every
+    queue says 0: a fresh start."""
+    said = {j: iteration - tokens + max_ig for j, (iteration, tokens) in out.items()}
+    point = max(said.values(), default=0)
+    if point <= 0:
+        return None
+    return point, {j: point - k for j, k in said.items() if k < point}
+
+
 @dataclass(frozen=True)
 class Skipping:
     max_jump: int = 0  # at most this many iterations skipped at once; 0: never skip

@@ -92,6 +92,8 @@ class PeerServicer:
                                     f"{what} {worker} is not a worker of this job (0..{self._workers - 1})")
 
     async def TakeTokens(self, request: pb.TokenRequest, context: Context) -> pb.TokenReply:
+        if self._layout is None and request.count > 0:  # its tokens are not settled yet (a rejoin)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self._state.me} is still starting")
         worker = request.worker
         if worker not in self._state.graph.in_neighbours(self._state.me):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -113,7 +115,9 @@ class PeerServicer:
         if not 0 <= request.sender < self._workers or request.through < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"Excuse: sender {request.sender} / through {request.through} out of range")
-        if request.left:
+        if request.rejoin:
+            self._state.neighbour_rejoined(request.sender, request.through)
+        elif request.left:
             self._state.neighbour_left(request.sender)
         else:
             self._state.excuse(request.sender, request.through)

@@ -100,7 +100,7 @@ class JobProgress:
     prediction_records: int = 0
     predictions_path: str = ""
     export_error: str = ""
-    iterations: tuple[int, int] | None = None  # decentralized: the live workers' lowest and highest iteration
+    iterations: tuple[int, int] | None = None  # decentralized: the lowest and highest of the workers' iterations
 
     @property
     def version(self) -> int:

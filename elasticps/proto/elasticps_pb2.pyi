@@ -739,7 +739,7 @@ class HeartbeatRequest(_message.Message):
     """the worker exits now (finished or stopped): it stops counting at once"""
     iteration: _builtins.int
     """Decentralized: the iteration the worker is in (>= 0); the job status shows the lowest and
-    highest of the live workers'. Ignored by the coordinator of a PS job (PS 0's).
+    highest of the workers'. Ignored by the coordinator of a PS job (PS 0's).
     """
     def __init__(
         self,
@@ -931,8 +931,8 @@ class JobStatus(_message.Message):
     local_steps: _builtins.int
     """LocalSGD: the local steps of the workers' current period (0: other modes)"""
     min_iteration: _builtins.int
-    """Decentralized: the lowest and highest iteration of the workers heard from (-1: none yet, or
-    the PS strategy).
+    """Decentralized: the lowest and highest of the workers' latest iterations (a finished worker's
+    last; -1: none yet, or the PS strategy).
     """
     max_iteration: _builtins.int
     @_builtins.property
@@ -1109,19 +1109,25 @@ class ExcuseRequest(_message.Message):
     SENDER_FIELD_NUMBER: _builtins.int
     THROUGH_FIELD_NUMBER: _builtins.int
     LEFT_FIELD_NUMBER: _builtins.int
+    REJOIN_FIELD_NUMBER: _builtins.int
     sender: _builtins.int
     through: _builtins.int
     left: _builtins.bool
+    rejoin: _builtins.bool
+    """The sender replaced one of the job's workers that died or was removed: it is back from iteration
+    `through` + 1 on, to be waited for again (even after a `left`).
+    """
     def __init__(
         self,
         *,
         sender: _builtins.int = ...,
         through: _builtins.int = ...,
         left: _builtins.bool = ...,
+        rejoin: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "sender", b"sender", "through", b"through"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "rejoin", b"rejoin", "sender", b"sender", "through", b"through"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -44,10 +44,13 @@ INITIAL_PULL_S = 300.0  # how long a worker waits for worker 0's initial model
 class PeerModel:
     def __init__(self, trainer: Trainer, state: PeerState[dict[str, np.ndarray]], first_address: str,
                  counters: Counters, metrics: WorkerMetrics, pace: Pace | None = None,
-                 on_ready: Callable[[dict[str, np.ndarray]], None] = lambda model: None) -> None:
+                 on_ready: Callable[[dict[str, np.ndarray]], None] = lambda model: None,
+                 rejoin: Callable[[], tuple[int, dict[str, np.ndarray] | None] | None] = lambda: None) -> None:
         """``first_address``: worker 0's Peer service (the initial model); ``on_ready``: told the
-        model once it is built (the Peer service then takes the neighbours' models)."""
+        model once it is built (the Peer service then takes the neighbours' models and tokens);
+        ``rejoin``: where a replacement goes on from (``Hop.rejoin``)."""
         self._on_ready = on_ready
+        self._rejoin = rejoin
         self.counters = counters
         self.metrics = metrics
         self.trainer = trainer
@@ -61,7 +64,17 @@ class PeerModel:
         return [self.state.iteration]
 
     def initialise(self) -> None:
-        """Worker 0 keeps its initial weights and serves them; the others take them."""
+        """Worker 0 keeps its initial weights and serves them; the others take them. A replacement
+        of a worker that died or was removed goes on where that one stopped, with the newest model
+        a neighbour sent."""
+        rejoined = self._rejoin()
+        if rejoined is not None:
+            iteration, model = rejoined
+            if model is not None:
+                self.trainer.assign(model)
+            log.info("worker %d rejoins at iteration %d", self.state.me, iteration)
+            self._on_ready(self.trainer.weights())
+            return
         self._on_ready(self.trainer.weights())
         if self.state.me == 0:
             self.state.sent(0, self.trainer.weights())

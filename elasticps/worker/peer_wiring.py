@@ -53,7 +53,7 @@ def start_peer(me: int, addresses: Sequence[str], port: int, spec: Decentralized
     server.start()
     neighbours = set(graph.out_neighbours(me)) | set(graph.in_neighbours(me))
     peers = Peers(me, {j: addresses[j] for j in neighbours}, graph.out_neighbours(me), rule.oldest_usable,
-                  spec.max_iteration_gap, gone=state.has_left)
+                  spec.max_iteration_gap, gone=state.has_left, on_left=state.neighbour_left)
     hop: Hop[Any] = Hop(state, peers, Skipping(spec.skip_max_jump, spec.skip_trigger))
-    model = PeerModel(trainer, state, addresses[0], Counters(), metrics, pace, on_ready=servicer.ready)
+    model = PeerModel(trainer, state, addresses[0], Counters(), metrics, pace, on_ready=servicer.ready, rejoin=hop.rejoin)
     return PeerSide(state, model, HopStep(model, hop), server, peers)

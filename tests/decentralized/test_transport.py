@@ -245,3 +245,91 @@ def test_a_worker_that_leaves_and_exits_is_neither_waited_for_nor_asked(grpc_ser
     finally:
         for server in servers.values():
             server.stop(grace=None).wait()
+
+
+def test_a_killed_worker_is_replaced_and_rejoins_where_it_stopped(grpc_servers: Callable[..., int]) -> None:
+    """Worker 2 of a ring runs 6 iterations and dies (no goodbye: its server just stops); its
+    neighbours wait for it. A replacement at the same address finds, from their token queues, the
+    iteration it died at, takes the newest model a neighbour sent and goes on; everyone finishes."""
+    from elasticps.rpc.channels import bind
+    from elasticps.rpc.serving import AsyncServer
+
+    graph = build("ring", 4)
+    ports: list[int] = []
+    servers: list[AsyncServer] = []
+
+    def serving(register: Callable[[AsyncServer], None], port: int = 0) -> int:
+        server = AsyncServer(4)
+        register(server)
+        bound = bind(server, "127.0.0.1", port)
+        server.start()
+        servers.append(server)
+        return bound
+
+    nodes = start_graph(serving, graph, lambda n: rule_for(n, 0, 0), max_ig=2)
+    ports = [n.port for n in nodes]
+    died_at: list[int] = []
+
+    def victim() -> None:
+        hop = nodes[2].hop
+        assert hop is not None
+        model: Model = {"w": np.full((3, 2), 20.0), "b": np.full(2, 2.0)}
+        for _ in range(6):
+            model = hop.step(model, lambda m: 0.0, lambda m, g: m)
+        died_at.append(nodes[2].state.iteration)
+        hop.peers.close()
+        servers[2].stop(grace=None).wait()  # kill -9: no Excuse, no flush
+
+    others: dict[int, int] = {0: 30, 1: 30, 3: 30}
+    finished: dict[int, BaseException | None] = {}
+
+    def survivor(node: Node) -> None:
+        hop = node.hop
+        assert hop is not None
+        model: Model = {"w": np.full((3, 2), float(node.me * 10)), "b": np.full(2, float(node.me))}
+        try:
+            for _ in range(others[node.me]):
+                model = hop.step(model, lambda m: 0.0, lambda m, g: m)
+            hop.peers.flush(30)
+            hop.leave()
+            finished[node.me] = None
+        except BaseException as err:  # noqa: BLE001
+            finished[node.me] = err
+
+    threads = [threading.Thread(target=survivor, args=(nodes[i],)) for i in others]
+    killer = threading.Thread(target=victim)
+    for t in [*threads, killer]:
+        t.start()
+    killer.join(60)
+    assert died_at, "the victim never died"
+    time.sleep(0.5)  # its neighbours are now waiting for its models
+    assert all(i not in finished for i in others)
+
+    # The replacement: a fresh process' state, the same address.
+    state: PeerState[Model] = PeerState(2, graph, rule_for(2, 0, 0), 2)
+    servicer = PeerServicer(state)
+    serving(lambda server: add_to_server(servicer, server), port=ports[2])
+    neighbours = set(graph.out_neighbours(2)) | set(graph.in_neighbours(2))
+    peers = Peers(2, {j: f"127.0.0.1:{ports[j]}" for j in neighbours}, graph.out_neighbours(2), state.rule.oldest_usable, 2,
+                  gone=state.has_left, on_left=state.neighbour_left, retry_s=0.05, give_up_s=30)
+    hop = Hop(state, peers, Skipping(), recv_limit_s=60)
+    rejoined = hop.rejoin()
+    assert rejoined is not None and rejoined[0] == died_at[0] == 6, (rejoined, died_at)
+    assert rejoined[1] is not None and set(rejoined[1]) == {"w", "b"}
+    model = rejoined[1]
+    servicer.ready(model)
+    try:
+        while len(finished) < 3 and state.iteration < 200:
+            model = hop.step(model, lambda m: 0.0, lambda m, g: m)
+        hop.leave()
+        for t in threads:
+            t.join(60)
+        assert finished == {0: None, 1: None, 3: None}, finished
+        assert hop.counters.rejoined_at == 6
+    finally:
+        peers.close()
+        for n in nodes:
+            if n.hop is not None:
+                n.hop.peers.close()
+        for server in servers:
+            server.stop(grace=None).wait()

@@ -44,10 +44,14 @@ def _common(train: Path, validation: Path) -> list[str]:
             "--minibatch_size=32", "--records_per_task=300", "--num_epochs=2", "--learning_rate=0.05"]
 
 
-def run_job(tmp_path: Path, hop: list[str], slowdown: str = "") -> tuple[list[str], dict[str, object]]:
+def run_job(tmp_path: Path, hop: list[str], slowdown: str = "", kill_at: int = 0) -> tuple[list[str], dict[str, object]]:
+    """``kill_at``: once the coordinator heard of that iteration, worker 2 is killed (SIGKILL) and a
+    new process started in its place (what a restart policy does), which must rejoin."""
     train, validation = write_data(tmp_path, records=RECORDS)
     port_file = tmp_path / "coordinator.port"
     training = _common(train, validation) + ([f"--slowdown={slowdown}"] if slowdown else [])
+    if kill_at:
+        training.append("--task_timeout_seconds=5")  # the dead worker's task goes back soon
     coordinator = elasticps("coordinator", "--host=127.0.0.1", "--port=0", f"--port_file={port_file}", *training,
                             cwd=tmp_path)
     workers: list[subprocess.Popen[str]] = []
@@ -55,17 +59,26 @@ def run_job(tmp_path: Path, hop: list[str], slowdown: str = "") -> tuple[list[st
         wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 60, "the coordinator's port")
         address = f"127.0.0.1:{port_file.read_text().strip()}"
         peers = ",".join(f"127.0.0.1:{p}" for p in _free_ports(WORKERS))
-        for i in range(WORKERS):
-            workers.append(elasticps(
+
+        def start(i: int) -> subprocess.Popen[str]:
+            return elasticps(
                 "worker", f"--worker_id={i}", "--strategy=decentralized", f"--coordinator_addr={address}",
-                f"--peer_addrs={peers}", "--model_def=elasticps.zoo.mlp", *training, *hop, cwd=tmp_path))
+                f"--peer_addrs={peers}", "--model_def=elasticps.zoo.mlp", *training, *hop, cwd=tmp_path)
+
+        workers.extend(start(i) for i in range(WORKERS))
         status = CoordinatorClient(address, worker="test")
         spans: list[tuple[int, int]] = []
+        killed: list[subprocess.Popen[str]] = []
 
         def finished() -> bool:
             got = status.status()
             if got.max_iteration >= 0:
                 spans.append((got.min_iteration, got.max_iteration))
+            if kill_at and not killed and got.max_iteration >= kill_at:
+                workers[2].kill()
+                killed.append(workers[2])
+                workers[2].wait()
+                workers[2] = start(2)
             return all(w.poll() is not None for w in workers)
 
         wait_for(finished, 400, "the workers to finish")
@@ -77,7 +90,7 @@ def run_job(tmp_path: Path, hop: list[str], slowdown: str = "") -> tuple[list[st
             assert w.returncode == 0, f"worker {i}:\n{err[-3000:]}"
             logs.append(err)
         result = {"records": list(final.epoch_records), "metrics": dict(final.metrics), "finished": final.finished,
-                  "spans": spans}
+                  "spans": spans, "killed": len(killed)}
         return logs, result
     finally:
         for w in workers:
@@ -149,3 +162,14 @@ def test_elasticps_run_trains_a_decentralized_job_and_refuses_to_scale_it(tmp_pa
     assert result["metrics"]["accuracy"] > 0.85
     assert result["model_version"] > 0  # the highest iteration a worker reached
 
+
+
+def test_a_worker_killed_mid_training_is_restarted_and_rejoins(tmp_path: Path) -> None:
+    logs, result = run_job(tmp_path, ["--graph=ring"], kill_at=15)
+    assert result["killed"] == 1
+    assert result["finished"] and result["records"] == [RECORDS, RECORDS]  # its task was trained again
+    assert result["metrics"]["accuracy"] > 0.85  # type: ignore[index]
+    replacement = _hop_counters(logs[2])
+    assert replacement["rejoined_at"] >= 15 and "rejoins at iteration" in logs[2]
+    for log in logs:
+        assert _hop_counters(log)["iterations"] > 0

@@ -46,10 +46,14 @@ def test_decentralized_ring_trains_to_succeeded(kubectl: Kubectl, ns: str, data:
     record(f"MNIST decentralized (coordinator + 3 workers, 4096 records, 2 epochs): kubectl apply -> {phase}", elapsed)
     assert phase == "Succeeded", status
     assert status.get("mode") == "Decentralized", status
+    # The coordinator, like a PS, never finishes by itself: it is stopped once the job succeeded.
     pods = {p["metadata"]["name"] for p in kubectl.pods(ns, name)}
-    assert pods == {f"{name}-coordinator-0", f"{name}-worker-0", f"{name}-worker-1", f"{name}-worker-2"}, pods
+    assert pods == {f"{name}-worker-0", f"{name}-worker-1", f"{name}-worker-2"}, pods
+    assert status["replicaStatuses"]["worker"]["succeeded"] == 3
     services = set(kubectl("get", "services", "-n", ns, "-o", "name").stdout.split())
     assert {f"service/{name}-worker-{i}" for i in range(3)} | {f"service/{name}-coordinator-0"} <= services, services
     assert seen and all(re.fullmatch(r"\d+-\d+", s) for s in seen), seen
+    low, high = map(int, str(status["iterations"]).split("-"))
+    assert 0 < low <= high == status["modelVersion"], status  # every worker ran; the highest is the version
     accuracy = status.get("metrics", {}).get("accuracy")
     assert accuracy is not None and accuracy > 0.5, status
