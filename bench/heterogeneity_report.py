@@ -91,6 +91,45 @@ def adaptive_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+MIN_BACKUP_RATE = 1.3  # issue 16: under random 6x, backup workers give 1.3x standard decentralized's iterations/s
+MIN_SKIP_SPEEDUP = 1.5  # ... under the 4x straggler, skipping (max jump 10) reaches 97% 1.5x sooner
+MAX_SKIP_SLOWDOWN = 1.5  # ... and the straggler slows the average iteration by at most 1.5x with skipping
+
+
+def _figure(doc: Mapping[str, Any], slowdown: str, mode: str, figure: str) -> float | None:
+    value = doc["summary"].get(slowdown, {}).get(mode, {}).get(figure)
+    return None if value is None else float(value)
+
+
+def hop_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Issue 16's figures for the decentralized modes, where their runs exist: iterations per second
+    with a backup worker against the standard rule under the random 6x slowdown; under the 4x
+    straggler, time to 97% with skipping (max jump 10) against the standard rule, and how much the
+    straggler slows the average iteration (the job's iterations per second without a slowdown over
+    those with it) with and without skipping."""
+    lines: list[str] = []
+    standard, backup = (_figure(doc, "random6", m, "updates_per_s_epoch2") for m in ("hop", "hop-backup1"))
+    if standard and backup:
+        ratio = backup / standard
+        mark = "ok" if ratio >= MIN_BACKUP_RATE else "MISSED"
+        lines.append(f"random 6x: decentralized with 1 backup worker {backup:.2f} iterations/s, standard {standard:.2f}: "
+                     f"{ratio:.2f}x ({mark}: at least {MIN_BACKUP_RATE}x)")
+    slow, skip = (_figure(doc, "straggler4", m, "time_to_97_s") for m in ("hop", "hop-skip10"))
+    if slow and skip:
+        ratio = slow / skip
+        mark = "ok" if ratio >= MIN_SKIP_SPEEDUP else "MISSED"
+        lines.append(f"worker 0 4x slower: skipping (max jump 10) reaches 97% in {skip:.1f} s, standard decentralized in "
+                     f"{slow:.1f} s: {ratio:.2f}x ({mark}: at least {MIN_SKIP_SPEEDUP}x)")
+    for mode, label in (("hop", "standard"), ("hop-skip10", "skipping (max jump 10)")):
+        calm, slowed = _figure(doc, "none", mode, "updates_per_s_epoch2"), _figure(doc, "straggler4", mode, "updates_per_s_epoch2")
+        if calm and slowed:
+            factor = calm / slowed
+            mark = "" if mode == "hop" else f" ({'ok' if factor <= MAX_SKIP_SLOWDOWN else 'MISSED'}: at most {MAX_SKIP_SLOWDOWN}x)"
+            lines.append(f"worker 0 4x slower: the average iteration of decentralized, {label}, takes {factor:.2f}x "
+                         f"as long as without a slowdown ({calm:.2f} vs {slowed:.2f} iterations/s){mark}")
+    return lines
+
+
 def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
     """The issue's figures: under the 4x straggler, the best mode's time to 98% against sync's, and
     adaptive LocalSGD against the best fixed K under each slowdown."""
@@ -113,7 +152,7 @@ def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
             f"worker 0 4x slower: {doc['modes'].get(best, best)} reaches 98% in {reached[best]:.1f} s, sync in "
             f"{sync:.1f} s: {speedup:.2f}x ({mark}: at least {MIN_SPEEDUP:.0f}x){after_start}"
         )
-    return lines + adaptive_lines(doc)
+    return lines + adaptive_lines(doc) + hop_lines(doc)
 
 
 def run_line(figures: Mapping[str, Any]) -> str:

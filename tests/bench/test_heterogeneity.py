@@ -196,3 +196,24 @@ def test_adaptive_is_judged_against_the_spread_of_the_best_fixed_k() -> None:
     runs[-1] = cell("none", "localsgd-adaptive", 70.0, 3)  # median 60.0, past K=2's slowest run
     doc["summary"] = aggregate(runs)
     assert adaptive_lines(doc)[0].endswith("(MISSED: within that spread or faster)")
+
+
+def test_hop_lines_name_issue_16s_figures_and_marks() -> None:
+    from bench.heterogeneity_report import hop_lines
+
+    def cell(**figures: float) -> dict[str, Any]:
+        return {"runs": 3, **figures}
+
+    doc = {"summary": {
+        "random6": {"hop": cell(updates_per_s_epoch2=2.0), "hop-backup1": cell(updates_per_s_epoch2=3.0)},
+        "none": {"hop": cell(updates_per_s_epoch2=4.0), "hop-skip10": cell(updates_per_s_epoch2=4.0)},
+        "straggler4": {"hop": cell(updates_per_s_epoch2=1.0, time_to_97_s=60.0),
+                       "hop-skip10": cell(updates_per_s_epoch2=3.0, time_to_97_s=50.0)},
+    }}
+    lines = hop_lines(doc)
+    assert lines[0] == ("random 6x: decentralized with 1 backup worker 3.00 iterations/s, standard 2.00: 1.50x "
+                        "(ok: at least 1.3x)")
+    assert lines[1].endswith("in 50.0 s, standard decentralized in 60.0 s: 1.20x (MISSED: at least 1.5x)")
+    assert "standard, takes 4.00x as long" in lines[2] and "MISSED" not in lines[2]
+    assert "skipping (max jump 10), takes 1.33x as long" in lines[3] and lines[3].endswith("(ok: at most 1.5x)")
+    assert hop_lines({"summary": {}}) == []
