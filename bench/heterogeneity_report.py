@@ -236,19 +236,28 @@ def plot(doc: Mapping[str, Any]) -> None:
     done = [r for r in doc["runs"] if "failed" not in r]
     slowdowns = list(doc["slowdowns"].items())
     figure, axes = plt.subplots(1, len(slowdowns), figsize=(6 * len(slowdowns), 4.5), sharey=True, squeeze=False)
+    # One colour per mode across the panels (tab20: more modes than tab10 has colours); the
+    # decentralized modes dashed.
+    colours = {mode: plt.get_cmap("tab20")(i % 20) for i, mode in enumerate(doc["modes"])}
     for axis, (key, label) in zip(axes[0], slowdowns):
         for mode, mode_label in doc["modes"].items():
             mine = [r for r in done if r["slowdown"] == key and r["mode"] == mode]
             if mine:
                 points = _median_run(mine)["accuracy_curve"]
-                axis.plot([t for t, _ in points], [a for _, a in points], label=mode_label, marker=".")
+                style = "--" if mode.startswith(("hop", "allreduce")) else "-"
+                axis.plot([t for t, _ in points], [a for _, a in points], label=mode_label, marker=".",
+                          color=colours[mode], linestyle=style)
         axis.set_title(label)
         axis.set_xlabel("wall time (s)")
         axis.set_ylim(0.9, 1.0)
         axis.axhline(0.98, color="grey", linewidth=0.5)
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][-1].legend(fontsize=7)
+    shown: dict[str, Any] = {}  # every mode in the legend, though a panel may lack some
+    for axis in axes[0]:
+        for handle, name in zip(*axis.get_legend_handles_labels()):
+            shown.setdefault(name, handle)
+    axes[0][-1].legend(list(shown.values()), list(shown), fontsize=7)
     figure.tight_layout()
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(PLOT, dpi=110)
