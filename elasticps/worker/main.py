@@ -166,8 +166,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
 def run(config: WorkerConfig) -> int:
     from elasticps.worker.training import Stopped
 
+    stopping = threading.Event()
+
     def stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up below must not be interrupted
+        stopping.set()
         watchdog = threading.Timer(STOP_GRACE_S, os._exit, args=(EXIT_STOPPED,))
         watchdog.daemon = True
         watchdog.start()
@@ -178,6 +181,13 @@ def run(config: WorkerConfig) -> int:
         return _run(config)
     except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
         log.info("worker-%d: stopped by signal SIGTERM", config.worker_id)
+        return EXIT_STOPPED
+    except Exception as err:
+        # Raised while TensorFlow binds a tf.function's inputs, Stopped comes out as its TypeError
+        # ("Binding inputs to tf.function failed due to `stopped by signal SIGTERM`"): still a stop.
+        if not stopping.is_set():
+            raise
+        log.info("worker-%d: stopped by signal SIGTERM (%s)", config.worker_id, type(err).__name__)
         return EXIT_STOPPED
 
 
