@@ -47,6 +47,19 @@ class Counters:
     slowed_s: float = 0.0  # slept on purpose (spec.training.slowdown)
 
 
+def paced_gradients(trainer: Trainer, x: Any, y: Any, pace: Pace | None, counters: Counters,
+                    metrics: WorkerMetrics) -> tuple[float, dict[str, np.ndarray]]:
+    """One minibatch's mean loss and gradients, timed; then, for a worker slowed on purpose, its
+    sleep (counted in ``counters.slowed_s``; the step's seconds include it, as a slower processor's
+    would). Every step of every strategy computes its gradients here."""
+    with metrics.step_seconds.time():
+        began = time.perf_counter()
+        result = trainer.gradients(x, y)
+        if pace is not None:
+            counters.slowed_s += pace.after(time.perf_counter() - began)
+        return result
+
+
 class LocalModel:
     def __init__(
         self,
@@ -218,12 +231,7 @@ class LocalModel:
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """One minibatch's mean loss and gradients on the local copy (then, for a worker slowed on
         purpose, its sleep: the step's seconds include it, as a slower processor's would)."""
-        with self.metrics.step_seconds.time():
-            began = time.perf_counter()
-            result = self._trainer.gradients(x, y)
-            if self._pace is not None:
-                self.counters.slowed_s += self._pace.after(time.perf_counter() - began)
-            return result
+        return paced_gradients(self._trainer, x, y, self._pace, self.counters, self.metrics)
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
         """Applies gradients to the local copy only (between pulls); the PS does not see this."""

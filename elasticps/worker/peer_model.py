@@ -30,7 +30,7 @@ from elasticps.decentralized.peer_state import PeerState
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import frames
 from elasticps.rpc.channels import create_channel
-from elasticps.worker.local_model import Counters
+from elasticps.worker.local_model import Counters, paced_gradients
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
 from elasticps.worker.ports import Trainer
@@ -107,12 +107,7 @@ class PeerModel:
         return self.state.iteration
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        with self.metrics.step_seconds.time():
-            began = time.perf_counter()
-            result = self.trainer.gradients(x, y)
-            if self._pace is not None:
-                self.counters.slowed_s += self._pace.after(time.perf_counter() - began)
-            return result
+        return paced_gradients(self.trainer, x, y, self._pace, self.counters, self.metrics)
 
 
 class HopStep:
