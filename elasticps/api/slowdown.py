@@ -2,8 +2,9 @@
 
 For experiments and tests of the heterogeneity modes: the same job, the same slowdowns, every mode
 (seeds 003 and 004). A worker realises its factor by sleeping, after computing each minibatch's
-gradients, ``factor - 1`` times as long as the computation took (``worker/local_model.py``), so it
-works the same in a pod and in a local process, on any machine speed.
+gradients, ``factor - 1`` times as long as the computation took (``worker/local_model.py``; a
+decentralized worker, which also averages its neighbours' models itself, after its whole
+iteration's work: ``worker/peer_model.py``), so it works the same in a pod and in a local process, on any machine speed.
 
 The text is a comma-separated list of:
 

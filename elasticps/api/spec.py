@@ -369,7 +369,8 @@ class TrainingSpec:
         "",
         help="stragglers on purpose, for experiments: '<worker>:<factor>' (0:4: worker 0 four times "
         "slower) and/or 'random:<factor>:<probability>' (every worker, each step), comma-separated; "
-        "a worker sleeps factor - 1 times its compute time after each minibatch (empty: none)",
+        "a worker sleeps factor - 1 times its compute time after each minibatch (decentralized: its "
+        "whole iteration's work, averaging included) (empty: none)",
         check=slowdown_problem,
     )
     split_bytes: int = spec_field(

@@ -5,7 +5,9 @@
 2. Compute: the gradient on ``x(k)`` (the caller's), while the sends travel.
 3. Recv + Reduce: the models of iteration ``k`` per the rule (``rules.py``), averaged with the own
    by the graph's weights (renormalised over what came).
-4. Apply: the gradient to the reduced model (the caller's).
+4. Apply: the gradient to the reduced model (the caller's). A worker slowed on purpose
+   (``spec.training.slowdown``) then sleeps for the iteration's own work (compute, reduce, apply;
+   not its waits), as a processor that many times slower would take: the caller's ``slow``.
 5. Enter the next iteration: a token from every out-neighbour, or, for a straggler far enough behind
    all of them, the tokens of a jump: it tells them which iterations it skips, receives and reduces
    the models of the iteration before its target (``Recv(k - 1)`` + Reduce), and enters it.
@@ -59,15 +61,19 @@ class Hop(Generic[G]):
         self._own_weight = graph.weights[state.me][state.me]
         self._edge = {j: graph.weights[j][state.me] for j in graph.in_neighbours(state.me)}
 
-    def step(self, model: Model, compute: Callable[[Model], G], apply: Callable[[Model, G], Model]) -> Model:
-        """One iteration from ``model`` = ``x(k)``; returns the model the next iteration starts from."""
+    def step(self, model: Model, compute: Callable[[Model], G], apply: Callable[[Model, G], Model],
+             slow: Callable[[float], object] = lambda busy_s: None) -> Model:
+        """One iteration from ``model`` = ``x(k)``; returns the model the next iteration starts from.
+        ``slow`` is told the seconds the iteration worked (not waited) before it enters the next."""
         k = self.state.iteration
+        began, waited = time.monotonic(), self.counters.waited_s
         snapshot = {name: np.array(value, copy=True) for name, value in model.items()}
         self.state.sent(k, snapshot)
         self.peers.send(k, snapshot)
         gradient = compute(model)
         reduced = self._reduce(k, model)
         model = apply(reduced, gradient)
+        slow(time.monotonic() - began - (self.counters.waited_s - waited))
         lags = self.peers.lags() if self.skipping.max_jump else []
         target = self.skipping.target(k, lags)
         began = time.monotonic()

@@ -2,7 +2,9 @@
 
 Built once by ``worker/main.py`` from the job's :class:`~elasticps.api.slowdown.Slowdown` and the
 worker's id; :class:`~elasticps.worker.local_model.LocalModel` calls :meth:`Pace.after` with the
-seconds each minibatch's gradients took, and this sleeps ``factor - 1`` times as long, as a
+seconds each minibatch's gradients took (a decentralized worker's
+:meth:`~elasticps.worker.peer_model.PeerModel.slow`: the seconds its whole iteration worked, the
+averaging of its neighbours' models included), and this sleeps ``factor - 1`` times as long, as a
 processor ``factor`` times slower would have taken. The random protocol draws from a generator
 seeded by the worker's id, so a run's slow steps are the same when it runs again.
 """

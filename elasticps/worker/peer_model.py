@@ -4,9 +4,12 @@ No PS: the worker's own Keras model is the model. :class:`PeerModel` stands wher
 ``LocalModel`` stands for a PS job (what the training loop asks of its model: the first model, the
 model to evaluate and to export), and :class:`HopStep` is the step the loop hands each minibatch:
 one iteration of Hop's parallel variant (``decentralized/loop.py``): send ``x(k)``, compute the
-gradient on it (with the job's slowdown), reduce the neighbours' models of the iteration, apply the
+gradient on it, reduce the neighbours' models of the iteration, apply the
 gradient to the reduced model with the worker's own optimizer (its momentum kept from iteration to
-iteration: its own descent direction), enter the next iteration.
+iteration: its own descent direction), enter the next iteration. A worker slowed on purpose sleeps
+after the whole iteration's work, not only the gradient's (:meth:`PeerModel.slow`): without a PS,
+averaging the neighbours' models is the worker's own work too, and a slower processor is slower at
+all of it.
 
 Every worker starts from worker 0's initial weights (pulled from its Peer service), so the models
 to average begin equal. A worker with no task (the coordinator answers WAIT: the epoch's last
@@ -107,7 +110,13 @@ class PeerModel:
         return self.state.iteration
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-        return paced_gradients(self.trainer, x, y, self._pace, self.counters, self.metrics)
+        return paced_gradients(self.trainer, x, y, None, self.counters, self.metrics)
+
+    def slow(self, busy_s: float) -> None:
+        """The iteration worked ``busy_s`` seconds: a worker slowed on purpose sleeps what a slower
+        processor would add (counted in ``counters.slowed_s``)."""
+        if self._pace is not None:
+            self.counters.slowed_s += self._pace.after(busy_s)
 
 
 class HopStep:
@@ -153,7 +162,7 @@ class HopStep:
     def _step(self, compute: Any, apply: Any) -> None:
         trainer = self._model.trainer
         jumps = self._hop.counters.jumps
-        model = self._hop.step(trainer.weights(), compute, apply)
+        model = self._hop.step(trainer.weights(), compute, apply, self._model.slow)
         if self._hop.counters.jumps != jumps:  # a jump reduced once more, after the apply
             trainer.assign(model)
 

@@ -58,10 +58,13 @@ def start_graph(grpc_servers: Callable[..., int], graph: Graph, rule: Callable[[
     return nodes
 
 
-def run(nodes: list[Node], iterations: dict[int, int], slow: dict[int, float] | None = None) -> None:
+def run(nodes: list[Node], iterations: dict[int, int], slow: dict[int, float] | None = None,
+        worked: dict[int, list[float]] | None = None) -> None:
     """Every node trains ``iterations[i]`` iterations from a model of its own (a constant per
-    node) with a zero gradient, sleeping ``slow[i]`` per compute; then leaves."""
+    node) with a zero gradient, sleeping ``slow[i]`` per compute; then leaves. ``worked[i]`` gets
+    the seconds each iteration of node i worked, as Hop tells a slowed worker."""
     slow = slow or {}
+    worked = {} if worked is None else worked
 
     def train(node: Node) -> None:
         hop = node.hop
@@ -75,7 +78,7 @@ def run(nodes: list[Node], iterations: dict[int, int], slow: dict[int, float] | 
                     time.sleep(slow.get(node.me, 0.0))
                     return 0.0
 
-                model = hop.step(model, compute, lambda m, g: m)
+                model = hop.step(model, compute, lambda m, g: m, worked.setdefault(node.me, []).append)
             node.models[node.state.iteration] = model
             hop.peers.flush(30)
             hop.leave()
@@ -120,6 +123,20 @@ def test_backup_workers_and_skipping_let_the_others_run_ahead_of_a_straggler(grp
     assert straggler.counters.skipped >= 2
     for n in nodes[1:]:
         assert n.hop is not None and n.hop.counters.iterations == 40
+
+
+def test_a_slowed_worker_is_told_the_seconds_it_worked_not_those_it_waited(grpc_servers: Callable[..., int]) -> None:
+    """What a worker slowed on purpose stretches (``spec.training.slowdown``): its computation and
+    its reduce, once per iteration; its wait for a slow neighbour's model is not its work."""
+    graph = build("ring", 3)
+    nodes = start_graph(grpc_servers, graph, lambda n: rule_for(n, 0, 0), max_ig=2)
+    worked: dict[int, list[float]] = {}
+    run(nodes, {i: 20 for i in range(3)}, slow={1: 0.05}, worked=worked)
+    assert [len(worked[i]) for i in range(3)] == [20, 20, 20]
+    assert min(worked[1]) >= 0.05  # the computation is work
+    fast = nodes[0].hop
+    assert fast is not None and fast.counters.waited_s + fast.counters.tokens_s >= 19 * 0.05 * 0.7  # it waited for 1 ...
+    assert sum(worked[0]) < sum(worked[1]) / 2  # ... and that was not work
 
 
 def test_staleness_rule_over_grpc_runs_to_the_end(grpc_servers: Callable[..., int]) -> None:
