@@ -57,7 +57,8 @@ class DataReader(str, Enum):
     ``idx``: MNIST-style idx files, the path is the prefix before ``-images-idx3-ubyte[.gz]``;
     ``npz``: a numpy .npz file holding arrays ``x`` and ``y``; ``tfrecord``: files of serialized
     ``tf.train.Example`` records, parsed by the model's ``feed``; ``csv`` and ``tsv``: delimited text,
-    one record per line; ``parquet``: Parquet files. The path of the last four may be a glob
+    one record per line; ``parquet``: Parquet files; ``criteo``: Criteo's click-log TSV, read as one
+    embedding id per field (``data/criteo.py``). The path of the last five may be a glob
     (``train-*.tfrecord``): its files, sorted, are one dataset.
     """
 
@@ -67,6 +68,7 @@ class DataReader(str, Enum):
     CSV = "csv"
     TSV = "tsv"
     PARQUET = "parquet"
+    CRITEO = "criteo"
 
 
 # A plug-in reader: a module path and a class name, e.g. ``my_pkg.readers:AvroReader``.
@@ -148,7 +150,8 @@ class DataSpec:
     validation: str = spec_field("", help="validation data, as training; empty: no evaluation", flag="validation_data")
     reader: str = spec_field(
         DataReader.IDX.value,
-        help="how records are read: idx, npz, tfrecord, csv, tsv, parquet, or a plug-in class package.module:ClassName",
+        help="how records are read: idx, npz, tfrecord, csv, tsv, parquet, criteo, or a plug-in class "
+        "package.module:ClassName",
         flag="data_reader",
         check=reader_problem,
     )

@@ -41,6 +41,7 @@ from elasticps import storage
 from elasticps.api.spec import DataReader, DataSpec, reader_problem
 from elasticps.data.api import DataError, Labels, Reader, ReaderOptions
 from elasticps.data.arrays import IdxReader, NpzReader
+from elasticps.data.criteo import CriteoReader
 from elasticps.data.csv_reader import CsvReader, TsvReader
 from elasticps.data.parquet import ParquetReader
 from elasticps.data.tfrecord import TFRecordReader
@@ -58,6 +59,7 @@ BUILTIN: dict[str, Factory] = {
     DataReader.CSV.value: CsvReader,
     DataReader.TSV.value: TsvReader,
     DataReader.PARQUET.value: ParquetReader,
+    DataReader.CRITEO.value: CriteoReader,
 }
 
 

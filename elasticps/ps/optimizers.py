@@ -231,6 +231,22 @@ class Optimizer(abc.ABC):
     def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
         """Keras's update_step for one variable; ``var.step`` is already incremented."""
 
+    def row_slots(self) -> dict[str, float]:
+        """The slots every row of an embedding table gets, with their first value."""
+        return {slot: self._slot_initial_value(slot) for slot in self._slot_names()}
+
+    def update_rows(self, rows: Array, slots: Mapping[str, Array], steps: Array, grad: Array, lr: float) -> None:
+        """A lazy sparse update of an embedding table's rows (``embeddings.py``), in place:
+        ``rows`` (n, dim) and their ``slots`` (each (n, dim)) gathered from the table, ``steps``
+        (n,) each row's own update count including this one, ``grad`` (n, dim). Keras's
+        update_step formulas, with each row's own count where Keras has the optimizer's
+        ``iterations``: a row not in a minibatch is not touched, as in TensorFlow's lazy Adam."""
+        if not (math.isfinite(lr) and lr >= 0.0):
+            raise OptimizerError(f"learning rate {lr!r} must be finite and >= 0")
+        var = _VariableState(rows.shape, rows.dtype, dict(slots))
+        var.step = steps.reshape(-1, 1)  # type: ignore[assignment]  # broadcast over each row
+        self._update(var, rows, grad.astype(rows.dtype, copy=False), rows.dtype.type(lr))
+
     def register(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         """Create the slots and the step count (0) of variable ``name``."""
         if name in self._vars:

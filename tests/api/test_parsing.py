@@ -242,7 +242,7 @@ ERRORS: dict[str, tuple[str, Any, str]] = {
     "unknown reader": (
         "spec.data.reader",
         "xml",
-        "spec.data.reader: must be a built-in reader (idx, npz, tfrecord, csv, tsv, parquet) or a plug-in class "
+        "spec.data.reader: must be a built-in reader (idx, npz, tfrecord, csv, tsv, parquet, criteo) or a plug-in class "
         "as package.module:ClassName, got 'xml'",
     ),
     "plug-in reader without a class": ("spec.data.reader", "my_readers.avro", "spec.data.reader: must be a built-in"),
