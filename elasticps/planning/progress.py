@@ -68,9 +68,10 @@ class SyncRounds:
 
 
 def sync_rounds(job: TrainingJob, progress: JobProgress) -> SyncRounds | None:
-    """The job's sync rounds (None for an async job). ``averaged`` is the coordinator's number when
-    it gives one, else the spec's (``TrainingJob.grads_to_wait``) cut down to the live workers."""
-    if not TrainingMode.of(job.spec.training).rounds:
+    """The job's sync rounds (None for an async job, and a job without PS). ``averaged`` is the
+    coordinator's number when it gives one, else the spec's (``TrainingJob.grads_to_wait``) cut
+    down to the live workers."""
+    if not job.uses_ps or not TrainingMode.of(job.spec.training).rounds:
         return None
     live = progress.live_workers
     if progress.grads_to_wait > 0:

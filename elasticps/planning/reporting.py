@@ -43,7 +43,7 @@ def observed_fields(d: Draft) -> dict[str, Any]:
     coordinator = d.obs.coordinator
     if coordinator is not None:
         fields["modelVersion"] = coordinator.version  # the oldest shard's, when the shards are known
-        if coordinator.shard_versions:
+        if coordinator.shard_versions and d.job.uses_ps:
             fields["shardVersions"] = list(coordinator.shard_versions)
         fields["liveWorkers"] = coordinator.live_workers
         rounds = sync_rounds(d.job, coordinator)

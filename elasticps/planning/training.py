@@ -11,7 +11,7 @@ them as they were):
   is above its live workers, so every round averages fewer gradients (``progress.SyncRounds``),
   with an Event when it starts; False (reason GradsToWaitMet) once it is no longer, and absent in
   a job that never was.
-Neither changes the phase nor fails the job: the coordinator and the PS act on them, the planner
+A job without PS (``spec.strategy: decentralized``) has neither. Neither changes the phase nor fails the job: the coordinator and the PS act on them, the planner
 reports them.
 """
 
@@ -40,6 +40,8 @@ def training(d: Draft) -> None:
 
 def shards(d: Draft, progress: JobProgress) -> None:
     status = d.status
+    if not d.job.uses_ps:
+        return  # no shards to agree: a decentralized job's coordinator stands in for none
     if progress.shard_problem:
         if status.is_true(SHARDS_CONSISTENT) or not status.has(SHARDS_CONSISTENT):
             d.events.append(Event(SHARDS_DISAGREE, progress.shard_problem, "Warning"))

@@ -972,6 +972,25 @@ def test_a_decentralized_job_runs_with_its_coordinator_and_a_worker() -> None:
     assert after["replicaStatuses"]["coordinator"] == {"active": 1, "succeeded": 0, "failed": 0}
 
 
+def test_a_decentralized_job_reports_iterations_and_nothing_of_shards_or_rounds() -> None:
+    job = decentralized()
+    pods = [pod("coordinator", 0), pod("worker", 0), pod("worker", 1)]
+    running = status_after(plan_local(job, observe(pods, with_services=False)), {})
+    hop = JobProgress(finished=False, model_version=40, progress=0.3, shard_versions=(40,), live_workers=2,
+                      iterations=(37, 40))
+    after = status_after(plan_local(job, observe(pods, running, coordinator=hop, with_services=False)), running)
+    assert after["iterations"] == "37-40" and after["liveWorkers"] == 2
+    assert "gradsToWait" not in after and "shardVersions" not in after
+    assert condition(after, "ShardsConsistent") is None and condition(after, "GradsToWaitClamped") is None
+    # The same progress from a sync PS job's coordinator: its shard and its rounds are reported.
+    ps_job = make_job()
+    ps_pods = [pod("ps", 0), pod("worker", 0), pod("worker", 1)]
+    ps_running = status_after(plan(ps_job, observe(ps_pods)), {})
+    ps_after = status_after(plan(ps_job, observe(ps_pods, ps_running, coordinator=hop)), ps_running)
+    assert ps_after["gradsToWait"] == 2 and ps_after["shardVersions"] == [40] and "iterations" not in ps_after
+    assert condition(ps_after, "ShardsConsistent") == ("True", "ShardsAgree")
+
+
 def test_a_decentralized_job_deletes_a_stray_ps_and_never_replaces_it() -> None:
     job = decentralized()
     mine = [pod("coordinator", 0), pod("worker", 0), pod("worker", 1)]
