@@ -21,7 +21,7 @@ import yaml
 from elasticps.api.fields import camel, check_bounds, field_info
 from elasticps.api.graph import GraphError
 from elasticps.api.modes import TrainingMode
-from elasticps.api.spec import API_VERSION, KIND, Strategy, TrainingJob, TrainingJobSpec, TrainingSpec
+from elasticps.api.spec import API_VERSION, KIND, PSReplicaSpec, Strategy, TrainingJob, TrainingJobSpec, TrainingSpec
 
 T = TypeVar("T")
 
@@ -108,6 +108,8 @@ _PS_ONLY_TRAINING = (
 def _check_decentralized(spec: TrainingJobSpec) -> None:
     """The graph trains on the job's workers and Hop's settings fit together; no PS setting is
     silently ignored."""
+    if dataclasses.replace(spec.ps, replicas=PSReplicaSpec().replicas) != PSReplicaSpec() or spec.ps.replicas > 1:
+        raise SpecError("spec.ps: spec.strategy decentralized runs no parameter servers; remove spec.ps")
     defaults = TrainingSpec()
     for name in _PS_ONLY_TRAINING:
         if getattr(spec.training, name) != getattr(defaults, name):

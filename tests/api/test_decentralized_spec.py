@@ -77,6 +77,10 @@ def test_a_decentralized_job_needs_no_ps() -> None:
     # spec.ps.replicas: 0 is refused under the PS strategy only.
     assert not parse_job(_job({}, ps={"replicas": 0})).uses_ps
     assert _refused(job_document({"ps": {"replicas": 0}})) == "spec.ps.replicas: must be >= 1, got 0"
+    # PS settings in a decentralized job would be silently ignored: refused instead.
+    for ps in ({"replicas": 2}, {"resources": {"requests": {"cpu": "2"}}}, {"restartPolicy": "Never"}):
+        assert _refused(_job({}, ps=ps)) == "spec.ps: spec.strategy decentralized runs no parameter servers; remove spec.ps"
+    assert parse_job(_job({}, ps={"replicas": 1})).spec.strategy is Strategy.DECENTRALIZED  # the default said again
 
 
 def test_labels_name_the_rule() -> None:
