@@ -46,9 +46,15 @@ def test_decentralized_ring_trains_to_succeeded(kubectl: Kubectl, ns: str, data:
     record(f"MNIST decentralized (coordinator + 3 workers, 4096 records, 2 epochs): kubectl apply -> {phase}", elapsed)
     assert phase == "Succeeded", status
     assert status.get("mode") == "Decentralized", status
-    # The coordinator, like a PS, never finishes by itself: it is stopped once the job succeeded.
-    pods = {p["metadata"]["name"] for p in kubectl.pods(ns, name)}
-    assert pods == {f"{name}-worker-0", f"{name}-worker-1", f"{name}-worker-2"}, pods
+    # The coordinator, like a PS, never finishes by itself: it is stopped once the job succeeded
+    # (deleted in the pass that sets Succeeded; gone once its deletion completes).
+    workers = {f"{name}-worker-0", f"{name}-worker-1", f"{name}-worker-2"}
+
+    def only_workers_left() -> set[str] | None:
+        pods = {p["metadata"]["name"] for p in kubectl.pods(ns, name)}
+        return pods if pods == workers else None
+
+    wait_for(only_workers_left, 60, "the coordinator pod to be deleted once the job succeeded", interval=1)
     assert status["replicaStatuses"]["worker"]["succeeded"] == 3
     services = set(kubectl("get", "services", "-n", ns, "-o", "name").stdout.split())
     assert {f"service/{name}-worker-{i}" for i in range(3)} | {f"service/{name}-coordinator-0"} <= services, services
