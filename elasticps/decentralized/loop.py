@@ -66,14 +66,14 @@ class Hop(Generic[G]):
         """One iteration from ``model`` = ``x(k)``; returns the model the next iteration starts from.
         ``slow`` is told the seconds the iteration worked (not waited) before it enters the next."""
         k = self.state.iteration
-        began, waited = time.monotonic(), self.counters.waited_s
+        started, waited = time.monotonic(), self.counters.waited_s
         snapshot = {name: np.array(value, copy=True) for name, value in model.items()}
         self.state.sent(k, snapshot)
         self.peers.send(k, snapshot)
         gradient = compute(model)
         reduced = self._reduce(k, model)
         model = apply(reduced, gradient)
-        slow(time.monotonic() - began - (self.counters.waited_s - waited))
+        slow(time.monotonic() - started - (self.counters.waited_s - waited))
         lags = self.peers.lags() if self.skipping.max_jump else []
         target = self.skipping.target(k, lags)
         began = time.monotonic()

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec, as_ids, initial_rows
-from elasticps.ps.optimizers import Optimizer
+from elasticps.ps.optimizers import Optimizer, finite
 
 Array = npt.NDArray[Any]
 FIRST_CAPACITY = 1024
@@ -87,7 +87,7 @@ class EmbeddingTable:
             steps = self._steps[at] + 1
             with np.errstate(all="ignore"):
                 self._optimizer.update_rows(rows, slots, steps, grads, lr)
-            if not (np.isfinite(rows).all() and all(np.isfinite(a).all() for a in slots.values())):
+            if not (finite(rows) and all(finite(a) for a in slots.values())):
                 raise EmbeddingError(f"embedding table {self.spec.name!r}: the update would overflow a row or a slot; "
                                      "nothing applied (lower the learning rate or clip the gradients)")
             self._rows[at] = rows
@@ -104,7 +104,7 @@ class EmbeddingTable:
             raise EmbeddingError(f"embedding table {name!r}: gradient dtype {grads.dtype} is not floating-point")
         if np.unique(ids).size != ids.size:
             raise EmbeddingError(f"embedding table {name!r}: ids repeat in one push; sum each id's gradients first")
-        if not np.isfinite(grads).all():
+        if not finite(grads):
             raise EmbeddingError(f"embedding table {name!r}: gradient holds NaN or infinity; nothing applied")
 
     def _positions(self, ids: IdArray) -> npt.NDArray[np.intp]:

@@ -94,14 +94,9 @@ def auc(labels: Any, scores: Any) -> float:
     positives, negatives = int(y.sum()), int((~y).sum())
     if not positives or not negatives:
         raise ValueError("the AUC needs clicks and non-clicks among the labels")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(s.size)
-    sorted_s = s[order]
-    # Average ranks over ties.
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_s)) + 1]
-    ends = np.r_[starts[1:], s.size]
-    for a, b in zip(starts, ends):
-        ranks[order[a:b]] = (a + b + 1) / 2.0
+    _, group, counts = np.unique(s, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # the 1-based rank of each distinct score's last copy
+    ranks = (ends - (counts - 1) / 2.0)[group]  # ties share their average rank
     return float((ranks[y].sum() - positives * (positives + 1) / 2.0) / (positives * negatives))
 
 
