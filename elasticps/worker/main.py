@@ -18,8 +18,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,12 +173,10 @@ def run(config: WorkerConfig) -> int:
     def stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up below must not be interrupted
         stopping.set()
-        watchdog = threading.Timer(STOP_GRACE_S, os._exit, args=(EXIT_STOPPED,))
-        watchdog.daemon = True
-        watchdog.start()
         raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, stop)
+    arm_stop_watchdog()
     try:
         return _run(config)
     except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
@@ -189,6 +189,28 @@ def run(config: WorkerConfig) -> int:
             raise
         log.info("worker-%d: stopped by signal SIGTERM (%s)", config.worker_id, type(err).__name__)
         return EXIT_STOPPED
+
+
+def arm_stop_watchdog() -> None:
+    """Exits the process ``STOP_GRACE_S`` after a SIGTERM, whatever the main thread is doing.
+
+    Python runs a signal's handler in the main thread only once that thread is back in the
+    interpreter; one blocked inside native code (a TensorFlow op, a lock the handler would need)
+    runs it late or never. The signal's number is also written, by the C-level handler, to the
+    wakeup descriptor; a thread started beforehand reads it there and needs nothing from the
+    main thread."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch(kept_open: socket.socket) -> None:  # the writer lives as long as the watchdog
+        while (signum := reader.recv(1)) != bytes([signal.SIGTERM]):
+            if not signum:
+                return
+        time.sleep(STOP_GRACE_S)
+        os._exit(EXIT_STOPPED)
+
+    threading.Thread(target=watch, args=(writer,), name="stop-watchdog", daemon=True).start()
 
 
 def _run(config: WorkerConfig) -> int:
