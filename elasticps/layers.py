@@ -9,11 +9,22 @@ start from values that depend only on the table's name, its seed and the id
 In one plain process (``model.fit``, a notebook, no elasticps at all) the table is local: a
 Keras weight of ``local_rows`` rows, id ``i`` in row ``i mod local_rows``, trained by the model's
 optimizer like any weight (ids that share a row share it; pick ``local_rows`` well above the ids
-the data has). Served by parameter servers, only the rows a minibatch touches travel.
+the data has).
+
+Served by parameter servers (a layer made inside :func:`served`, as the worker makes the model),
+the layer holds no table: before each minibatch the worker pulls the rows of the minibatch's
+distinct ids and puts them in the layer's two buffers (:meth:`Embedding.load`: the ids, sorted,
+and their rows); the layer looks each id up there (``searchsorted``), and the gradient of the rows
+buffer is each distinct id's gradient summed over the minibatch, which the worker pushes. Only the
+rows a minibatch touches travel. The buffers are plain ``tf.Variable``s outside Keras's tracking:
+never in the model's weights, so never among the dense variables the PS holds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -23,6 +34,18 @@ import tensorflow as tf
 from elasticps.api.embedding import TableSpec, initial_rows
 
 LOCAL_ROWS = 1 << 18
+_SERVED = contextvars.ContextVar("elasticps_tables_served", default=False)
+
+
+@contextlib.contextmanager
+def served() -> Iterator[None]:
+    """Embedding layers made inside take their rows from the worker (parameter servers), not a
+    local table."""
+    token = _SERVED.set(True)
+    try:
+        yield
+    finally:
+        _SERVED.reset(token)
 
 
 @keras.saving.register_keras_serializable(package="elasticps")
@@ -36,14 +59,33 @@ class Embedding(keras.layers.Layer):  # type: ignore[misc]  # Keras is untyped
         if isinstance(local_rows, bool) or not isinstance(local_rows, int) or local_rows < 1:
             raise ValueError(f"embedding table {table!r}: local_rows {local_rows!r} must be an integer >= 1")
         self.local_rows = local_rows
+        self.served = _SERVED.get()
+        if self.served:
+            dim = self.spec.dim
+            self.ids_buffer = tf.Variable(np.empty(0, np.int64), shape=tf.TensorShape([None]), trainable=False,
+                                          name=f"{table}_ids")
+            self.rows_buffer = tf.Variable(np.empty((0, dim), np.float32), shape=tf.TensorShape([None, dim]),
+                                           name=f"{table}_rows")
 
     def build(self, input_shape: Any) -> None:
+        if self.served:
+            return
         self.table = self.add_weight(name="rows", shape=(self.local_rows, self.spec.dim), initializer="zeros",
                                      dtype="float32")
         self.table.assign(initial_rows(self.spec, np.arange(self.local_rows, dtype=np.int64)))
 
+    def load(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Served: the minibatch's distinct ids, sorted, and their rows (len(ids), dim)."""
+        self.ids_buffer.assign(ids)
+        self.rows_buffer.assign(rows)
+
     def call(self, ids: Any) -> Any:
-        positions = tf.math.floormod(tf.cast(ids, tf.int64), self.local_rows)
+        ids = tf.cast(ids, tf.int64)
+        if self.served:
+            positions = tf.searchsorted(self.ids_buffer, tf.reshape(ids, [-1]))
+            rows = tf.gather(self.rows_buffer, positions)
+            return tf.reshape(rows, tf.concat([tf.shape(ids), [self.spec.dim]], axis=0))
+        positions = tf.math.floormod(ids, self.local_rows)
         return tf.gather(self.table, positions)
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:

@@ -27,6 +27,11 @@ MAX_DIM = 4096
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+# A table's parts in a tensor stream (TensorMeta.name beside TensorMeta.table in the .proto): a
+# push's ids and row gradients, a pull's rows.
+PART_IDS, PART_GRADIENT, PART_ROWS = "ids", "gradient", "rows"
+
+
 class EmbeddingError(ValueError):
     """A table or a batch of ids that cannot be served: the message says which and why."""
 
@@ -132,3 +137,13 @@ def initial_rows(spec: TableSpec, ids: IdArray, dtype: npt.DTypeLike = np.float3
     v = _uniform01(ids, spec.dim, key, 1)
     normal = np.sqrt(-2.0 * np.log1p(-u)) * np.cos(2.0 * np.pi * v)  # Box-Muller; 1 - u is in (0, 1]
     return (normal * spec.scale).astype(dtype)
+
+
+def summed_by_id(ids: IdArray, grads: npt.NDArray[Any]) -> tuple[IdArray, npt.NDArray[Any]]:
+    """The distinct ids, sorted, and each one's rows of ``grads`` summed (ids may repeat)."""
+    if not ids.size:
+        return ids, grads
+    order = np.argsort(ids, kind="stable")
+    ids, grads = ids[order], grads[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    return ids[starts], np.add.reduceat(grads, starts, axis=0)

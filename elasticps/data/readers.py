@@ -9,7 +9,11 @@ naming the file), the worker (``worker.main``), which reads the records of its t
 Built-in readers (``spec.data.reader``): ``idx`` and ``npz`` (``arrays``), ``tfrecord``
 (``tfrecord``), ``csv`` and ``tsv`` (``csv_reader``), ``parquet`` (``parquet``). Paths of the last
 four may be object-store URIs (``s3://bucket/train-*.tfrecord``, see ``elasticps.storage``) and globs.
-A local path of any reader may start with ``~`` (the home of the process that opens it).
+A local path of any reader may start with ``~`` (the home of the process that opens it). Any path
+may end in a record range ``[START:END]`` (either end may be left out, as a Python slice with
+whole numbers): the records ``START .. END - 1`` of the data, numbered from 0 again, so one file
+can give a job its training and its validation records (``criteo.txt[0:8000]``,
+``criteo.txt[8000:]``).
 
 A plug-in reader is named ``package.module:ClassName`` (e.g. ``my_readers.avro:AvroReader``); the
 module must be importable in the PS and worker images. The class is called as
@@ -34,6 +38,7 @@ import when a process opens the data, with an error naming the module.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +90,10 @@ def open_reader(kind: str, path: str, options: ReaderOptions = ReaderOptions()) 
     """Opens ``path`` with reader ``kind`` (a built-in name or ``package.module:ClassName``).
     A local path starting with ``~`` is expanded first (``~/data/train-*.tfrecord``)."""
     name = str(getattr(kind, "value", kind))  # DataReader members too
+    ranged = _RANGE.match(path)
+    if ranged is not None:
+        inner = open_reader(kind, ranged["path"], options)
+        return RecordRange.of(inner, ranged["start"], ranged["end"], path)
     path = storage.expand_user(path)
     factory = reader_class(name)
     if name in BUILTIN:
@@ -99,6 +108,38 @@ def open_reader(kind: str, path: str, options: ReaderOptions = ReaderOptions()) 
     if not isinstance(reader, Reader):
         raise DataError(f"reader {name}: {type(reader).__name__} has no num_records and read(start, end) (the Reader protocol)")
     return reader
+
+
+_RANGE = re.compile(r"^(?P<path>.+)\[(?P<start>\d*):(?P<end>\d*)\]$")
+
+
+class RecordRange:
+    """Records ``start .. end - 1`` of another reader, numbered from 0 (a path's ``[START:END]``)."""
+
+    def __init__(self, inner: Reader, start: int, end: int) -> None:
+        self._inner, self._start, self._end = inner, start, end
+        columns = getattr(inner, "column_names", None)
+        if columns is not None:
+            self.column_names = columns
+
+    @classmethod
+    def of(cls, inner: Reader, start: str, end: str, path: str) -> RecordRange:
+        total = inner.num_records
+        first = int(start) if start else 0
+        last = int(end) if end else total
+        if not first < last <= total:
+            raise DataError(f"{path}: the range [{start}:{end}] must hold at least one of the {total} records "
+                            "(START < END <= records)")
+        return cls(inner, first, last)
+
+    @property
+    def num_records(self) -> int:
+        return self._end - self._start
+
+    def read(self, start: int, end: int) -> tuple[Any, Labels]:
+        if not 0 <= start <= end <= self.num_records:
+            raise DataError(f"records [{start}, {end}) are outside this range's {self.num_records}")
+        return self._inner.read(self._start + start, self._start + end)
 
 
 def count_records(data: DataSpec) -> tuple[int, int]:

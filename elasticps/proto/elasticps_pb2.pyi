@@ -133,6 +133,7 @@ class TensorMeta(_message.Message):
     DTYPE_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: Global___DType.ValueType
     state: _builtins.bool
@@ -146,6 +147,16 @@ class TensorMeta(_message.Message):
     holding NaN or infinity is refused like a bad gradient (INVALID_ARGUMENT, nothing changes).
     Integer state (Keras seed generators) and optimizer variables never travel.
     """
+    table: _builtins.str
+    """The tensor belongs to embedding table `table` (issue 17; see EmbeddingTable), not to the
+    dense variables; `name` says which part of it: in PushGradients a table sends "ids" (int64
+    [n]: distinct ids of this shard, id mod shards == the shard) and "gradient" ([n, dim], the
+    table's dtype, finite: each id's gradient summed over the minibatch), both or neither; in a
+    PullEmbeddings reply, "rows" ([n, dim]: the rows of the ids asked, in their order). The name
+    is unique per table, not across tables. A table this shard does not hold, a part of another
+    name, shape or dtype, ids that repeat or belong to another shard, or a gradient holding NaN or
+    infinity is INVALID_ARGUMENT, and the push changes nothing.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -155,14 +166,57 @@ class TensorMeta(_message.Message):
         dtype: Global___DType.ValueType = ...,
         shape: _abc.Iterable[_builtins.int] | None = ...,
         state: _builtins.bool = ...,
+        table: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape", "state", b"state", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TensorMeta: _TypeAlias = TensorMeta  # noqa: Y015
+
+@_typing.final
+class EmbeddingTable(_message.Message):
+    """An embedding table (issue 17): rows keyed by int64 ids, row `id` on shard `id mod shards`,
+    made on first use with values that depend only on (name, seed, initializer, scale, id); each
+    row keeps its own optimizer slots and update count. PushModel declares the model's tables in its
+    head; a PushModel whose tables differ from the ones a shard holds is FAILED_PRECONDITION.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    INITIALIZER_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-128 of A-Z a-z 0-9 _ . - /"""
+    dim: _builtins.int
+    """1..4096"""
+    initializer: _builtins.str
+    """uniform | normal | zeros"""
+    scale: _builtins.float
+    """finite, >= 0"""
+    seed: _builtins.int
+    """0..2^63-1"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        dim: _builtins.int = ...,
+        initializer: _builtins.str = ...,
+        scale: _builtins.float = ...,
+        seed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "initializer", b"initializer", "name", b"name", "scale", b"scale", "seed", b"seed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbeddingTable: _TypeAlias = EmbeddingTable  # noqa: Y015
 
 @_typing.final
 class OptimizerConfig(_message.Message):
@@ -272,6 +326,8 @@ class ModelHead(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     OPTIMIZER_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     incarnation: _builtins.int
@@ -279,9 +335,17 @@ class ModelHead(_message.Message):
     updates, so after a rollback a version number comes back with other weights; the pair
     (incarnation, version) names one model.
     """
+    shards: _builtins.int
+    """PushModel: how many PS shards the job has (the shards' split of ids, id mod shards); 0 with
+    no tables.
+    """
     @_builtins.property
     def optimizer(self) -> Global___OptimizerConfig:
         """PushModel only"""
+
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbeddingTable]:
+        """PushModel: the model's embedding tables (every shard holds its part of each); otherwise empty."""
 
     def __init__(
         self,
@@ -290,10 +354,12 @@ class ModelHead(_message.Message):
         version: _builtins.int = ...,
         optimizer: Global___OptimizerConfig | None = ...,
         incarnation: _builtins.int = ...,
+        tables: _abc.Iterable[Global___EmbeddingTable] | None = ...,
+        shards: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["optimizer", b"optimizer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "initialized", b"initialized", "optimizer", b"optimizer", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "initialized", b"initialized", "optimizer", b"optimizer", "shards", b"shards", "tables", b"tables", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -490,6 +556,56 @@ class DescribeRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeRequest: _TypeAlias = DescribeRequest  # noqa: Y015
+
+@_typing.final
+class EmbeddingIds(_message.Message):
+    """The rows of a minibatch's ids, per table (ids of this shard only; at most 2^20 per request)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    IDS_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    ids: _builtins.bytes
+    """little-endian int64, 8 bytes each"""
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        ids: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbeddingIds: _TypeAlias = EmbeddingIds  # noqa: Y015
+
+@_typing.final
+class EmbeddingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbeddingIds]:
+        """a table at most once"""
+
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        tables: _abc.Iterable[Global___EmbeddingIds] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tables", b"tables", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbeddingRequest: _TypeAlias = EmbeddingRequest  # noqa: Y015
 
 @_typing.final
 class ShardState(_message.Message):

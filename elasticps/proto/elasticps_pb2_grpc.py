@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
                 _registered_method=True)
+        self.PullEmbeddings = channel.unary_stream(
+                '/elasticps.v1.ParameterServer/PullEmbeddings',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.EmbeddingRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -109,6 +114,14 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullEmbeddings(self, request, context):
+        """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
+        the version the rows are of) and one "rows" tensor per table, marked with `table`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +154,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.RestoreShard,
                     request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.FromString,
                     response_serializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.SerializeToString,
+            ),
+            'PullEmbeddings': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullEmbeddings,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.EmbeddingRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.Frame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -305,6 +323,33 @@ class ParameterServer:
             '/elasticps.v1.ParameterServer/RestoreShard',
             elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
             elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullEmbeddings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elasticps.v1.ParameterServer/PullEmbeddings',
+            elasticps_dot_proto_dot_elasticps__pb2.EmbeddingRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.Frame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,10 @@ class ParameterServerStub:
     CommitRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]
     DescribeShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]
     RestoreShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]
+    PullEmbeddings: _grpc.UnaryStreamMultiCallable[_elasticps_pb2.EmbeddingRequest, _elasticps_pb2.Frame]
+    """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
+    the version the rows are of) and one "rows" tensor per table, marked with `table`.
+    """
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -69,6 +73,10 @@ class ParameterServerAsyncStub(ParameterServerStub):
     CommitRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]  # type: ignore[assignment]
     DescribeShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
     RestoreShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
+    PullEmbeddings: _aio.UnaryStreamMultiCallable[_elasticps_pb2.EmbeddingRequest, _elasticps_pb2.Frame]  # type: ignore[assignment]
+    """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
+    the version the rows are of) and one "rows" tensor per table, marked with `table`.
+    """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -117,6 +125,16 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _elasticps_pb2.RestoreRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.ShardState, _abc.Awaitable[_elasticps_pb2.ShardState]]: ...
+
+    @_abc_1.abstractmethod
+    def PullEmbeddings(
+        self,
+        request: _elasticps_pb2.EmbeddingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_elasticps_pb2.Frame], _abc.AsyncIterator[_elasticps_pb2.Frame]]:
+        """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
+        the version the rows are of) and one "rows" tensor per table, marked with `table`.
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -173,13 +173,12 @@ class BulkServer:
 
         decoded = bulk.receive_stream(conn, deadline, self._admit_push, buffer_for)
         head = decoded.first.push
-        received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
-        self._metrics.bytes_received.inc(received)
+        self._metrics.bytes_received.inc(frames.tensor_bytes(decoded))
         started = time.perf_counter()
         try:
             outcome = store.push(
                 decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch,
-                head.incarnation, state=decoded.state,
+                head.incarnation, state=decoded.state, embeddings=decoded.embeddings,
             )  # fmt: skip
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")

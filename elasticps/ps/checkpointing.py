@@ -17,18 +17,23 @@ is the schedule around it:
   the ``meta`` and its state from the ``opt/`` keys. The model's non-trainable state is a table
   (``state/`` keys); ``meta["state_table"]`` says the checkpoint was written with one, so a
   checkpoint written before shards kept state (no such entry) restores with a table that adopts
-  the state the workers push next (``state_table.py``).
+  the state the workers push next (``state_table.py``). Embedding tables are saved whole, every row
+  held with its slots and count (``emb/<name>/`` keys), their specs and the job's shard count in
+  ``meta["tables"]`` and ``meta["shards"]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from elasticps.api.embedding import EmbeddingError, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps import checkpoint
+from elasticps.ps.embeddings import EmbeddingTable, table_key
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import make_optimizer
 from elasticps.ps.settings import StoreSettings
@@ -48,6 +53,10 @@ def capture(model: Model, version: int, shard: int) -> checkpoint.Checkpoint:
     arrays.update({f"{_OPTIMIZER}{key}": value.copy() for key, value in model.optimizer.state().items()})
     config = model.optimizer.config
     meta = {"shard": shard, "optimizer": {"name": config.name, "params": dict(config.params)}, "state_table": True}
+    tables = list(model.embeddings.values())
+    if tables:
+        meta["tables"] = [dataclasses.asdict(table.spec) for table in tables]
+        meta["shards"] = tables[0].shards
     return checkpoint.Checkpoint(version=version, arrays=arrays, meta=meta)
 
 
@@ -56,7 +65,15 @@ def rebuild(found: checkpoint.Checkpoint, shard: int) -> Model:
     spec = found.meta.get("optimizer", {})
     config = OptimizerConfig(name=str(spec.get("name")), params=dict(spec.get("params", {})))
     state = StateTable.restored(found.arrays, shard, saved=bool(found.meta.get("state_table", False)))
-    model = Model(DenseTable.restored(found.arrays, shard), make_optimizer(config), state=state)
+    optimizer = make_optimizer(config)
+    try:
+        specs = [TableSpec(**spec) for spec in found.meta.get("tables", [])]
+        shards = int(found.meta.get("shards", 1))
+        tables = {table_key(spec.name): EmbeddingTable.restored(spec, optimizer, found.arrays, shard, shards)
+                  for spec in specs}
+    except (EmbeddingError, TypeError, ValueError) as err:
+        raise checkpoint.CheckpointError("-", f"its embedding tables cannot be restored: {err}") from None
+    model = Model(DenseTable.restored(found.arrays, shard), optimizer, tables, state=state)
     model.optimizer.load_state(
         {key.removeprefix(_OPTIMIZER): value for key, value in found.arrays.items() if key.startswith(_OPTIMIZER)}
     )

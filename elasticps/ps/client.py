@@ -17,6 +17,12 @@ The model's non-trainable state (BatchNorm statistics; ``TensorMeta.state`` in t
 beside the variables: placed with them, sent with the model and with every push, returned
 by every full pull in :attr:`Pulled.state`.
 
+Embedding tables (issue 17): the model's tables (:meth:`PSClient.declare_tables`) go with the
+model to every shard; :meth:`PSClient.pull_embeddings` asks each shard for the rows of its ids
+(``id mod N``), all shards at once, and puts them back in the order asked; a push's row
+gradients (:class:`RowGrads`, per table) are split the same way and ride with the shard's dense
+part.
+
 Pushes and pulls of a shard travel over its bulk channel (raw TCP, ``rpc/bulk.py``) when it has
 one that connects, as gRPC frames otherwise (``ps/routes.py``); the answers, and their retries,
 are the same either way.
@@ -33,7 +39,9 @@ import grpc
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.api.embedding import IdArray, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.embedding_wire import GRADIENT, IDS, ROWS, ids_request, spec_message
 from elasticps.ps.routes import BulkRoute
 from elasticps.ps.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
 from elasticps.rpc import bulk, frames
@@ -62,6 +70,10 @@ class _FrameStub:
         self.PushGradients: grpc.StreamUnaryMultiCallable[bytes, pb.PushReply] = channel.stream_unary(
             path + "PushGradients", request_serializer=None, response_deserializer=pb.PushReply.FromString
         )
+        self.PullEmbeddings: grpc.UnaryStreamMultiCallable[pb.EmbeddingRequest, bytes] = channel.unary_stream(
+            path + "PullEmbeddings", request_serializer=pb.EmbeddingRequest.SerializeToString,
+            response_deserializer=None,
+        )
         self.DescribeShard: grpc.UnaryUnaryMultiCallable[pb.DescribeRequest, pb.ShardState] = channel.unary_unary(
             path + "DescribeShard",
             request_serializer=pb.DescribeRequest.SerializeToString,
@@ -89,6 +101,24 @@ class Pulled:
 class ModelMismatch(RuntimeError):
     """A shard holds another model than the one offered (other variables, shapes or dtypes), or
     one placed by another rule (a pull found tensors the placement puts elsewhere)."""
+
+
+@dataclass(frozen=True)
+class RowGrads:
+    """One table's part of a push: distinct ids and each one's gradient summed over the minibatch."""
+
+    ids: IdArray
+    grads: np.ndarray
+
+
+@dataclass(frozen=True)
+class PulledRows:
+    """Rows of embedding tables, per table in the order the ids were asked, and each shard's
+    (incarnation, version) the rows are of."""
+
+    rows: dict[str, np.ndarray]
+    versions: list[int]
+    incarnations: list[int]
 
 
 @dataclass(frozen=True)
@@ -144,6 +174,11 @@ class PSClient:
         # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
         self._push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-push")
+        self.tables: tuple[TableSpec, ...] = ()  # the model's embedding tables (declare_tables)
+
+    def declare_tables(self, tables: Sequence[TableSpec]) -> None:
+        """The model's embedding tables: sent with the model to every shard (push_model)."""
+        self.tables = tuple(tables)
 
     # ---- placement ---------------------------------------------------------------------------
     def place(self, variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None) -> Placement:
@@ -190,7 +225,11 @@ class PSClient:
         def push(shard: int) -> int:
             version = max(0, versions[shard]) if versions is not None else 0
             head = pb.Frame(
-                model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation, optimizer=config)
+                model=pb.ModelHead(
+                    initialized=True, version=version, incarnation=incarnation, optimizer=config,
+                    tables=[spec_message(spec) for spec in self.tables],
+                    shards=self.num_shards if self.tables else 0,
+                )
             )
 
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
@@ -283,13 +322,16 @@ class PSClient:
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, RowGrads] | None = None,
     ) -> Pushed:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
         then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
-        ``state``: the worker's current state tensors, each sent to its shard with the gradients."""
+        ``state``: the worker's current state tensors, each sent to its shard with the gradients.
+        ``embeddings``: row gradients per table, each shard sent the rows of its ids."""
         placement = self._placed(gradients, state)
         parts = placement.split(gradients)
         state_parts = placement.split(state or {})
+        row_parts = self._split_rows(embeddings or {})
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
 
         def push(shard: int) -> pb.PushReply:
@@ -303,11 +345,12 @@ class PSClient:
                 )
             )
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
-                return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard])
+                return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard], row_parts[shard])
 
             def attempt() -> pb.PushReply:
                 reply = self._over_bulk(
-                    shard, lambda connection: connection.push(head, parts[shard], state_parts[shard])
+                    shard,
+                    lambda connection: connection.push(head, parts[shard], state_parts[shard], row_parts[shard]),
                 )
                 if reply is not None:
                     return reply
@@ -319,6 +362,56 @@ class PSClient:
         replies = self._fan_out(push)
         return Pushed([r.accepted for r in replies], [r.version for r in replies])
 
+    def _split_rows(self, embeddings: Mapping[str, RowGrads]) -> list[dict[str, dict[str, np.ndarray]]]:
+        """Each shard's part of the row gradients: the ids ``id mod N`` names it, with their rows."""
+        out: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in range(self.num_shards)]
+        for table, part in embeddings.items():
+            owners = np.mod(part.ids, self.num_shards)
+            for shard in range(self.num_shards):
+                mine = owners == shard
+                if mine.any():
+                    out[shard][table] = {IDS: part.ids[mine], GRADIENT: part.grads[mine]}
+        return out
+
+    def pull_embeddings(self, ids: Mapping[str, IdArray]) -> PulledRows:
+        """The rows of ``ids`` per table, in their order: each shard is asked for the ids it holds
+        (``id mod N``; the caller passes distinct ids), all shards at once."""
+        owners = {table: np.mod(values, self.num_shards) for table, values in ids.items()}
+
+        def pull(shard: int) -> tuple[int, int, dict[str, np.ndarray]]:
+            mine = {table: values[owners[table] == shard] for table, values in ids.items()}
+            mine = {table: values for table, values in mine.items() if values.size}
+            if not mine:
+                return -1, -1, {}
+            request = ids_request(self.worker, mine)
+            decoded: frames.Decoded = self._call(
+                lambda: frames.decode(self._stubs[shard].PullEmbeddings(request, timeout=self._timeout_s)),
+                "PullEmbeddings",
+            )
+            head = decoded.first.model
+            if not head.initialized:
+                raise ShardsUninitialized([shard])
+            rows = {table: parts[ROWS] for table, parts in decoded.embeddings.items() if ROWS in parts}
+            for table, values in mine.items():
+                found = rows.get(table)
+                if found is None or found.shape[0] != values.size:
+                    raise ModelMismatch(f"PS shard {shard} answered {None if found is None else found.shape[0]} rows "
+                                        f"of table {table!r} for {values.size} ids")
+            return head.version, head.incarnation, rows
+
+        results = self._fan_out(pull)
+        out: dict[str, np.ndarray] = {}
+        for table, values in ids.items():
+            parts = [(owners[table] == shard, results[shard][2].get(table)) for shard in range(self.num_shards)]
+            dim = next((p.shape[1] for _, p in parts if p is not None), 0)
+            dtype = next((p.dtype for _, p in parts if p is not None), np.dtype(np.float32))
+            rows = np.empty((values.size, dim), dtype)
+            for mask, part in parts:
+                if part is not None:
+                    rows[mask] = part
+            out[table] = rows
+        return PulledRows(out, [r[0] for r in results], [r[1] for r in results])
+
     def push_gradients_async(
         self,
         gradients: Mapping[str, np.ndarray],
@@ -326,10 +419,13 @@ class PSClient:
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, RowGrads] | None = None,
     ) -> Future[Pushed]:
         """The same push, returned as a future so the caller can compute while it travels."""
         held = None if incarnations is None else list(incarnations)
-        return self._push_pool.submit(self.push_gradients, gradients, list(versions), learning_rate, "", held, state)
+        return self._push_pool.submit(
+            self.push_gradients, gradients, list(versions), learning_rate, "", held, state, embeddings
+        )
 
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)

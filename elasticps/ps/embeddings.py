@@ -13,23 +13,38 @@ dict's entry (about 100 bytes in CPython) and up to 2x of growth room (:meth:`Em
 counts the arrays' capacity and the dict).
 
 A push is checked before it changes anything: ids unique (the worker sums a minibatch's gradients
-per id), the gradient (n, dim) and finite, the updated rows and slots finite (the update runs on
-gathered copies and is written back only then). Pulls and pushes may come from many threads; one
-lock per table serialises them.
+per id) and of this shard, the gradient (n, dim) and finite, the updated rows and slots finite (the
+update runs on gathered copies and is written back only then). Pulls and pushes may come from many
+threads; one lock per table serialises them.
+
+In the shard's model (``model.py``) the table is one more :class:`~elasticps.ps.tables.Table`,
+keyed ``emb/<name>`` (:func:`table_key`), whose gradient is a :class:`RowGradient`; so every update
+rule applies it as it applies the dense table, with nothing of its own: sync rounds sum the
+members' row gradients per id and divide by the members (:class:`RowSum`, as the dense mean), async
+pushes apply at once with the push's (staleness-modulated) learning rate. An update staged aside
+(:meth:`EmbeddingTable.stage`) is written back by its commit; if another update wrote any of its
+rows in between (async pushes sharing hot ids), the commit computes it again from the rows as they
+are then, so no update is lost. Checkpoint keys: ``emb/<name>/ids``, ``.../rows``, ``.../steps``,
+``.../slot/<slot>``.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec, as_ids, initial_rows
+from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec, as_ids, initial_rows, summed_by_id
+from elasticps.ps.errors import GradientError
 from elasticps.ps.optimizers import Optimizer, finite
+
+log = logging.getLogger(__name__)
 
 Array = npt.NDArray[Any]
 FIRST_CAPACITY = 1024
@@ -37,12 +52,60 @@ IDS = "ids"
 STEPS = "steps"
 ROWS = "rows"
 SLOT = "slot/"
+PREFIX = "emb/"  # of a table's key in the shard's model and of its checkpoint keys
+
+
+def table_key(name: str) -> str:
+    """The table's key among the shard's tables (``Model.tables``)."""
+    return PREFIX + name
+
+
+@dataclass(frozen=True)
+class RowGradient:
+    """A push's gradient for one table: distinct ids and each one's summed gradient (n, dim)."""
+
+    ids: IdArray
+    grads: Array
+
+    @classmethod
+    def empty(cls, dim: int, dtype: npt.DTypeLike = np.float32) -> RowGradient:
+        return cls(np.empty(0, np.int64), np.empty((0, dim), dtype))
+
+
+class RowSum:
+    """A sync round's row gradients of one table: the members' (ids, rows), summed per id and
+    divided by the members when averaged (the dense table's mean, for the rows a minibatch has)."""
+
+    def __init__(self, dim: int, dtype: np.dtype[Any]) -> None:
+        self._dim, self._dtype = dim, dtype
+        self._parts: list[RowGradient] = []
+
+    def add(self, gradient: RowGradient) -> None:
+        if gradient.ids.size:
+            self._parts.append(gradient)
+
+    def averaged(self, count: int) -> RowGradient:
+        if not self._parts:
+            return RowGradient.empty(self._dim, self._dtype)
+        with np.errstate(over="ignore"):  # an overflowing sum is refused by the stage's finiteness check
+            ids, summed = summed_by_id(np.concatenate([p.ids for p in self._parts]),
+                                       np.concatenate([p.grads for p in self._parts]).astype(self._dtype))
+        if count != 1:
+            summed *= self._dtype.type(1.0 / count)
+        return RowGradient(ids, summed)
+
+    def clear(self) -> None:
+        self._parts = []
 
 
 class EmbeddingTable:
-    def __init__(self, spec: TableSpec, optimizer: Optimizer, dtype: npt.DTypeLike = np.float32) -> None:
+    def __init__(self, spec: TableSpec, optimizer: Optimizer, dtype: npt.DTypeLike = np.float32,
+                 shard: int = 0, shards: int = 1) -> None:
+        if not 0 <= shard < shards:
+            raise EmbeddingError(f"embedding table {spec.name!r}: shard {shard} of {shards} does not exist")
         self.spec = spec
         self.dtype = np.dtype(dtype)
+        self.shard, self.shards = shard, shards
         self._optimizer = optimizer
         self._slot_values = optimizer.row_slots()
         self._lock = threading.Lock()
@@ -64,8 +127,9 @@ class EmbeddingTable:
 
     def pull(self, ids: Any) -> Array:
         """The rows of ``ids`` (len(ids), dim), in their order (an id twice: its row twice); rows
-        not held yet are made."""
+        not held yet are made. Ids of another shard are refused (EmbeddingError)."""
         ids = as_ids(ids)
+        self._check_ids(ids)
         with self._lock:
             at = self._positions(ids)  # may grow the arrays: index them after
             return self._rows[at]
@@ -73,29 +137,24 @@ class EmbeddingTable:
     def push(self, ids: Any, grads: Any, lr: float) -> None:
         """Apply ``grads`` (one row per id, the minibatch's sum for that id) to the rows of
         ``ids``, each row's count + 1. Refused with :class:`EmbeddingError`, changing no row, when
-        the ids repeat, the gradient is not (len(ids), dim) or not finite, or the update would
-        overflow a row or a slot."""
-        ids = as_ids(ids)
-        grads = np.asarray(grads)
-        self._check_push(ids, grads)
-        if not ids.size:
-            return
-        with self._lock:
-            at = self._positions(ids)
-            rows = self._rows[at]
-            slots = {s: a[at] for s, a in self._slots.items()}
-            steps = self._steps[at] + 1
-            with np.errstate(all="ignore"):
-                self._optimizer.update_rows(rows, slots, steps, grads, lr)
-            if not (finite(rows) and all(finite(a) for a in slots.values())):
-                raise EmbeddingError(f"embedding table {self.spec.name!r}: the update would overflow a row or a slot; "
-                                     "nothing applied (lower the learning rate or clip the gradients)")
-            self._rows[at] = rows
-            for s, a in slots.items():
-                self._slots[s][at] = a
-            self._steps[at] = steps
+        the ids repeat or are another shard's, the gradient is not (len(ids), dim) or not finite,
+        or the update would overflow a row or a slot."""
+        gradient = RowGradient(as_ids(ids), np.asarray(grads))
+        self._check_push(gradient.ids, gradient.grads)
+        try:
+            update = self.stage(gradient, self._optimizer, lr)
+        except GradientError as err:
+            raise EmbeddingError(f"{err} (lower the learning rate or clip the gradients)") from None
+        update.commit()
+
+    def _check_ids(self, ids: IdArray) -> None:
+        if self.shards > 1 and ids.size and (np.mod(ids, self.shards) != self.shard).any():
+            wrong = int(ids[np.mod(ids, self.shards) != self.shard][0])
+            raise EmbeddingError(f"embedding table {self.spec.name!r}: id {wrong} belongs to shard "
+                                 f"{wrong % self.shards}, not {self.shard} (id mod {self.shards})")
 
     def _check_push(self, ids: IdArray, grads: Array) -> None:
+        self._check_ids(ids)
         name, dim = self.spec.name, self.spec.dim
         if grads.shape != (ids.size, dim):
             raise EmbeddingError(f"embedding table {name!r}: gradient is {list(grads.shape)}, expected [{ids.size}, {dim}] "
@@ -179,3 +238,93 @@ class EmbeddingTable:
             for s in self._slot_values:
                 self._slots[s][:n] = state[SLOT + s]
             self._index = dict(zip(ids.tolist(), range(n)))
+
+    # -- the shard's Table interface (tables.py) -----------------------------------------------------
+
+    def register(self, optimizer: Optimizer) -> None:
+        """Rows make their slots when they are made: nothing to register."""
+
+    def check(self, gradient: RowGradient) -> None:
+        try:
+            self._check_push(as_ids(gradient.ids), np.asarray(gradient.grads))
+        except EmbeddingError as err:
+            raise GradientError(str(err)) from None
+
+    def stage(self, gradient: RowGradient, optimizer: Optimizer, lr: float, *, locking: bool = False) -> _RowUpdate:
+        """The rows' update computed aside; GradientError (nothing changed) when any new value of
+        a row or slot would not be finite."""
+        update = _RowUpdate(self, gradient, lr)
+        with self._lock:
+            if not update.compute():
+                raise GradientError(f"embedding table {self.spec.name!r}: the update at learning rate {lr:g} would "
+                                    "make a row or its optimizer state NaN or infinite; nothing applied")
+        return update
+
+    def apply(self, gradient: RowGradient, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
+        self.stage(gradient, optimizer, lr, locking=locking).commit()
+
+    def accumulator(self) -> RowSum:
+        return RowSum(self.spec.dim, self.dtype)
+
+    def snapshot(self) -> dict[str, Array]:
+        prefix = f"{table_key(self.spec.name)}/"
+        return {prefix + key: value for key, value in self.state().items()}
+
+    @classmethod
+    def restored(cls, spec: TableSpec, optimizer: Optimizer, arrays: Mapping[str, Array], shard: int = 0,
+                 shards: int = 1) -> EmbeddingTable:
+        """The table :meth:`snapshot` wrote, from a checkpoint's arrays (EmbeddingError when they
+        do not fit the spec and optimizer)."""
+        prefix = f"{table_key(spec.name)}/"
+        state = {key.removeprefix(prefix): value for key, value in arrays.items() if key.startswith(prefix)}
+        table = cls(spec, optimizer, np.asarray(state.get(ROWS, np.empty(0, np.float32))).dtype, shard, shards)
+        table.load_state(state)
+        return table
+
+
+class _RowUpdate:
+    """A staged update of some rows: their new values, slots and counts, and the counts they were
+    computed from (a commit that finds other counts computes the update again)."""
+
+    def __init__(self, table: EmbeddingTable, gradient: RowGradient, lr: float) -> None:
+        self._table, self._lr = table, lr
+        self._ids = as_ids(gradient.ids)
+        self._grads = np.asarray(gradient.grads)
+        self._open = True
+
+    def compute(self) -> bool:
+        """Under the table's lock: the new values from the rows as they are; whether all are finite."""
+        table = self._table
+        if not self._ids.size:
+            self._at = np.empty(0, np.intp)
+            return True
+        at = self._at = table._positions(self._ids)
+        self._before = table._steps[at].copy()
+        self._rows = table._rows[at]
+        self._slots = {s: a[at] for s, a in table._slots.items()}
+        self._steps = self._before + 1
+        with np.errstate(all="ignore"):
+            table._optimizer.update_rows(self._rows, self._slots, self._steps, self._grads, self._lr)
+        return finite(self._rows) and all(finite(a) for a in self._slots.values())
+
+    def commit(self) -> None:
+        if not self._open:
+            raise RuntimeError("this update was committed or discarded already")
+        self._open = False
+        table, at = self._table, self._at
+        if not at.size:
+            return
+        with table._lock:
+            if not np.array_equal(table._steps[at], self._before) and not self.compute():
+                # Another update wrote these rows since (async pushes sharing ids) and this one,
+                # applied on top of it, would overflow: dropped, as the PS drops a refused push.
+                log.warning("embedding table %r: an update concurrent with another would overflow a row; dropped",
+                            table.spec.name)
+                return
+            table._rows[at] = self._rows
+            for s, a in self._slots.items():
+                table._slots[s][at] = a
+            table._steps[at] = self._steps
+
+    def discard(self) -> None:
+        self._open = False

@@ -5,15 +5,17 @@ Built by the store (``store.py``) when a worker pushes a model and by the checkp
 apply an :data:`Update` (each table's gradient, keyed by table name) through it. The dense table is
 always there, under :data:`~elasticps.ps.tables.DENSE`, and so is the model's non-trainable state,
 under :data:`~elasticps.ps.state_table.STATE` (``state_table.py``: empty for a model without any);
-other tables (embeddings) sit beside them.
+other tables sit beside them: the embedding tables (``embeddings.py``), keyed ``emb/<name>``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from elasticps.api.embedding import TableSpec
+from elasticps.ps.embeddings import EmbeddingTable
 from elasticps.ps.errors import GradientError
 from elasticps.ps.layout import Layout
 from elasticps.ps.optimizers import Optimizer
@@ -43,17 +45,28 @@ class Model:
     def layout(self) -> Layout:
         """What a stream to this model may carry, as the model was installed (a state table that
         adopts takes tensors beyond it)."""
-        return Layout.of(self.dense.variables, self.state.values, adopts_state=self.state.adopts_new)
+        specs = {name: table.spec for name, table in self.embeddings.items()}
+        return Layout.of(self.dense.variables, self.state.values, adopts_state=self.state.adopts_new, tables=specs)
+
+    @functools.cached_property
+    def embeddings(self) -> dict[str, EmbeddingTable]:
+        """The embedding tables, by their own names."""
+        return {t.spec.name: t for t in self.tables.values() if isinstance(t, EmbeddingTable)}
 
     @property
     def empty(self) -> bool:
-        """No variable and no state: the placement put none of the model on this shard."""
-        return not self.dense.variables and not self.state.values
+        """No variable, no state, no table: the placement put none of the model on this shard."""
+        return not self.dense.variables and not self.state.values and not self.embeddings
 
-    def difference(self, variables: Mapping[str, Any], state: Mapping[str, Any]) -> str:
-        """How a pushed model (arrays by name) differs from this one ("" when it does not):
-        names, shapes and dtypes of the variables and of the state tensors."""
+    def difference(self, variables: Mapping[str, Any], state: Mapping[str, Any],
+                   tables: Sequence[TableSpec] = ()) -> str:
+        """How a pushed model (arrays by name, table specs) differs from this one ("" when it
+        does not): names, shapes and dtypes of the variables and of the state tensors; tables."""
         found = _difference("variable", self.dense.variables, variables)
+        held = sorted((t.spec for t in self.embeddings.values()), key=lambda spec: spec.name)
+        pushed = sorted(tables, key=lambda spec: spec.name)
+        if not found and held != pushed:
+            found = f"the pushed model's embedding tables are {pushed}, this shard's {held}"
         if found or self.state.adopts_new:  # a table that adopts state takes what workers push
             return found
         return _difference("state tensor", self.state.values, state)
@@ -76,8 +89,9 @@ class Model:
         when any would not be finite. Commit the list with :meth:`commit` or :meth:`discard` it."""
         staged: list[Staged] = []
         try:
-            for name, gradient in update.items():
-                staged.append(self.tables[name].stage(gradient, self.optimizer, lr, locking=locking))
+            for name, table in self.tables.items():  # the model's order, whatever the push's
+                if name in update:
+                    staged.append(table.stage(update[name], self.optimizer, lr, locking=locking))
         except BaseException:
             self.discard(staged)
             raise

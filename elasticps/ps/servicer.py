@@ -43,7 +43,9 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
+from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
+from elasticps.ps.embedding_wire import ROWS, ids_of, spec_of
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import edges, frames, receiving
 from elasticps.rpc.limits import ServerLimits, Slots
@@ -93,10 +95,12 @@ class ParameterServerServicer:
             config = OptimizerConfig(name=spec.name, params=dict(spec.params))
             head = decoded.first.model
             try:
+                tables = [spec_of(table) for table in head.tables]
                 await asyncio.to_thread(
-                    self._store.initialize, decoded.tensors, config, head.version, head.incarnation, decoded.state
+                    self._store.initialize, decoded.tensors, config, head.version, head.incarnation, decoded.state,
+                    tables, max(1, head.shards),
                 )
-            except (GradientError, OptimizerError) as err:
+            except (GradientError, OptimizerError, EmbeddingError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             except ModelMismatch as err:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
@@ -177,8 +181,7 @@ class ParameterServerServicer:
                 request_iterator, context, "PushGradients", self._limits, self._admit_push
             )
             head = decoded.first.push
-            received = sum(t.nbytes for t in decoded.tensors.values()) + sum(t.nbytes for t in decoded.state.values())
-            self._metrics.bytes_received.inc(received)
+            self._metrics.bytes_received.inc(frames.tensor_bytes(decoded))
             started = time.perf_counter()
             try:
                 outcome = await asyncio.to_thread(
@@ -190,6 +193,7 @@ class ParameterServerServicer:
                     head.minibatch,
                     head.incarnation,
                     state=decoded.state,
+                    embeddings=decoded.embeddings,
                 )
             except UninitializedError as err:
                 self._metrics.pushed("uninitialized")
@@ -209,6 +213,25 @@ class ParameterServerServicer:
         except receiving.Refused as refused:
             self._metrics.pushed("uninitialized" if refused.code is grpc.StatusCode.FAILED_PRECONDITION else "invalid")
             raise
+
+    async def PullEmbeddings(self, request: pb.EmbeddingRequest, context: Context) -> AsyncIterator[bytes]:
+        """The rows of the ids asked, per table: a head with the version they are of, then the rows
+        (read and encoded in the work pool)."""
+        try:
+            encoded = await asyncio.to_thread(self._embedding_frames, request)
+        except UninitializedError as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except (GradientError, EmbeddingError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"PullEmbeddings: {err}")
+        for message in encoded:
+            self._metrics.bytes_sent.inc(len(message))
+            yield message
+
+    def _embedding_frames(self, request: pb.EmbeddingRequest) -> list[bytes]:
+        incarnation, version, rows = self._store.pull_embeddings(ids_of(request))
+        head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
+        parts = {table: {ROWS: values} for table, values in rows.items()}
+        return list(frames.encode(head, {}, self._chunk_bytes, embeddings=parts))
 
     def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:
         try:
@@ -262,6 +285,9 @@ def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> Non
         ),
         "RestoreShard": edges.unary_unary(
             servicer.RestoreShard, "RestoreShard", pb.RestoreRequest.FromString, pb.ShardState.SerializeToString
+        ),
+        "PullEmbeddings": edges.unary_stream(
+            servicer.PullEmbeddings, "PullEmbeddings", pb.EmbeddingRequest.FromString, None
         ),
     }
     declared = set(frames.PS_SERVICE.methods_by_name)

@@ -14,6 +14,9 @@ chosen once from ``settings.mode``:
 * the model's non-trainable state (BatchNorm statistics) comes with the initial model and with every
   push, beside the gradients, as the state table's update (``state_table.py`` has the rule); pulls
   read it with the variables (:meth:`ParameterStore.reading_model`);
+* embedding tables (``embeddings.py``) come with the initial model as specs, their rows made as
+  pulls ask for them (:meth:`ParameterStore.pull_embeddings`, under the rule's guard as dense
+  pulls); each push may carry row gradients for them, one more table of the update;
 * every new version is offered to the checkpoint schedule (``checkpointing.py``), which also
   restores the newest good checkpoint at start-up.
 """
@@ -31,9 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elasticps.api.embedding import PART_GRADIENT as GRADIENT
+from elasticps.api.embedding import PART_IDS as IDS
+from elasticps.api.embedding import EmbeddingError, TableSpec, as_ids
 from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.checkpointing import Checkpointing, capture
+from elasticps.ps.embeddings import EmbeddingTable, RowGradient, table_key
 from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
 from elasticps.ps.layout import Layout
 from elasticps.ps.model import Model
@@ -58,6 +65,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NOTHING: Mapping[str, np.ndarray] = {}
+_NO_ROWS: Mapping[str, Mapping[str, np.ndarray]] = {}
+
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,15 @@ def _check_head(version: int, learning_rate: float, worker: str, minibatch: str)
         raise GradientError(f"PushHead.worker is {len(worker)} characters long, at most {MAX_NAME}")
     if len(minibatch) > MAX_NAME:
         raise GradientError(f"PushHead.minibatch is {len(minibatch)} characters long, at most {MAX_NAME}")
+
+
+def _row_gradient(table: str, parts: Mapping[str, np.ndarray]) -> RowGradient:
+    if set(parts) != {IDS, GRADIENT}:
+        raise GradientError(f"embedding table {table!r}: a push sends {IDS!r} and {GRADIENT!r}, got {sorted(parts)}")
+    try:
+        return RowGradient(as_ids(parts[IDS], f"embedding table {table!r}: ids"), parts[GRADIENT])
+    except EmbeddingError as err:
+        raise GradientError(str(err)) from None
 
 
 class ParameterStore:
@@ -146,6 +164,8 @@ class ParameterStore:
         version: int = 0,
         incarnation: int = 0,
         state: Mapping[str, np.ndarray] = _NOTHING,
+        tables: Sequence[TableSpec] = (),
+        shards: int = 1,
     ) -> bool:
         """Takes the first model pushed to this shard; later returns False and changes nothing when
         the same model (names, shapes, dtypes) is pushed again (a worker restarts, a shard is
@@ -154,29 +174,39 @@ class ParameterStore:
         ``version``: the model's version, 0 for a new job; a worker that repairs a shard which lost
         its model (restarted without a checkpoint) pushes its copy at the version the others hold.
         ``state``: the model's non-trainable state tensors that this shard holds (finite floats).
+        ``tables``: the model's embedding tables, of which this shard holds the ids ``id mod
+        shards == shard`` (``shards``: the job's PS count).
         An *empty* model (no variable, no state: the placement put none of the model here) is held
         until a non-empty one is pushed, which replaces it at the shard's version and incarnation:
         an empty push can never take the place of a model's variables."""
         if version < 0:
             raise GradientError(f"a model's version must be >= 0, got {version}")
         _disjoint(tensors, state)
+        if len({spec.name for spec in tables}) != len(tables):
+            raise GradientError("the pushed model names an embedding table twice")
         dense = DenseTable.create(tensors, self.settings.shard)
         held_state = StateTable.create(state, self.settings.shard)
         built = make_optimizer(self._rule.optimizer(optimizer))
+        try:
+            rows = {table_key(spec.name): EmbeddingTable(spec, built, np.float32, self.settings.shard, shards)
+                    for spec in tables}
+        except EmbeddingError as err:
+            raise GradientError(str(err)) from None
         with self._installing:
             held = self._model
-            if held is not None and not (held.empty and (tensors or state)):
-                difference = held.difference(tensors, state)
+            if held is not None and not (held.empty and (tensors or state or tables)):
+                difference = held.difference(tensors, state, tables)
                 if difference:
                     raise ModelMismatch(f"PS shard {self.settings.shard} holds another model: {difference}")
                 return False
             if held is not None:
                 version, incarnation = self._version.value, self.incarnation
-            self._install(Model(dense, built, state=held_state), version, incarnation)
+            self._install(Model(dense, built, rows, state=held_state), version, incarnation)
         log.info(
-            "shard %d initialised at version %d: %d variables, %d state tensors, %d parameter bytes, %s",
+            "shard %d initialised at version %d: %d variables, %d state tensors, %d parameter bytes, "
+            "%d embedding tables, %s",
             self.settings.shard, version, len(tensors), len(state),
-            sum(value.nbytes for value in tensors.values()), built.config.name,
+            sum(value.nbytes for value in tensors.values()), len(tables), built.config.name,
         )
         return True
 
@@ -223,6 +253,33 @@ class ParameterStore:
             else:
                 yield Reading(self.incarnation, self._version.value, model.dense.variables, model.state.values)
 
+    def pull_embeddings(self, ids: Mapping[str, np.ndarray]) -> tuple[int, int, dict[str, np.ndarray]]:
+        """The incarnation, version and the rows of ``ids`` per table (rows not held yet are made),
+        read under the rule's guard (sync: the rows of that version). GradientError names a table
+        this shard does not hold or ids it cannot serve."""
+        model = self._require_model()
+        with self._rule.guard():
+            rows = {}
+            for name, wanted in ids.items():
+                table = model.embeddings.get(name)
+                if table is None:
+                    raise GradientError(f"PS shard {self.settings.shard} holds no embedding table {name!r}")
+                try:
+                    rows[name] = table.pull(wanted)
+                except EmbeddingError as err:
+                    raise GradientError(str(err)) from None
+            return self.incarnation, self._version.value, rows
+
+    def rows_held(self) -> dict[str, int]:
+        """Each embedding table's rows on this shard now (none without a model)."""
+        model = self._model
+        return {} if model is None else {name: table.rows_held for name, table in model.embeddings.items()}
+
+    def embedding_bytes(self) -> int:
+        """The memory of this shard's embedding tables (their arrays' capacity and indexes)."""
+        model = self._model
+        return 0 if model is None else sum(table.nbytes() for table in model.embeddings.values())
+
     # ---- updates -----------------------------------------------------------------------------
     def push(
         self,
@@ -233,9 +290,11 @@ class ParameterStore:
         minibatch: str = "",
         incarnation: int = 0,
         state: Mapping[str, np.ndarray] = _NOTHING,
+        embeddings: Mapping[str, Mapping[str, np.ndarray]] = _NO_ROWS,
     ) -> PushOutcome:
         """One worker's dense gradients, computed on ``version``, handed to the rule once checked,
-        with the worker's current values of (some of) the state tensors (``state_table.py``).
+        with the worker's current values of (some of) the state tensors (``state_table.py``) and
+        its row gradients per embedding table (``{"ids": ..., "gradient": ...}`` each).
 
         Gradients of another incarnation (computed before a rollback) are refused, changing nothing."""
         model = self._require_model()
@@ -243,7 +302,9 @@ class ParameterStore:
         if incarnation != self.incarnation:
             return PushOutcome(False, self._version.value, 0, 0.0)
         _disjoint(gradients, state)
-        update = {DENSE: gradients, STATE: state} if state else {DENSE: gradients}
+        update: dict[str, object] = {DENSE: gradients, STATE: state} if state else {DENSE: gradients}
+        for name, parts in embeddings.items():
+            update[table_key(name)] = _row_gradient(name, parts)
         model.check(update)
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
         return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch))

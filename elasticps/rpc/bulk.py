@@ -25,7 +25,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,9 +217,10 @@ class BulkConnection:
     def _deadline(self, what: str) -> Deadline:
         return Deadline.within(self._timeout_s, self._timeout_s, what)
 
-    def push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray]) -> pb.PushReply:
+    def push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray],
+             embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> pb.PushReply:
         """Sends one push stream; its reply, or BulkError with the status the server answered."""
-        first, views = frames.describe(head, tensors, state)
+        first, views = frames.describe(head, tensors, state, embeddings)
         head_bytes = first.SerializeToString()
         total = sum(len(v) for v in views)
         parts: list[bytes | memoryview] = [REQUEST.pack(MAGIC, PUSH_GRADIENTS), LENGTH.pack(len(head_bytes)), head_bytes]

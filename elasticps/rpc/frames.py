@@ -12,6 +12,8 @@ refused there) and feeds the others to an :class:`Assembly`; :func:`decode` does
 Model *state* (non-trainable variables such as BatchNorm's moving statistics) travels in the same
 stream, after the other tensors, its metadata marked ``state`` (see ``TensorMeta`` in the .proto);
 :class:`Decoded` hands it back apart from the variables or gradients. A name is unique across both.
+Embedding tables' parts (ids, row gradients, pulled rows) come last, their metadata marked with
+their ``table``; a part's name is unique within its table.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ class Decoded:
     first: pb.Frame
     tensors: dict[str, np.ndarray]
     state: dict[str, np.ndarray] = field(default_factory=dict)
+    embeddings: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # table -> part -> array
+
+
+def tensor_bytes(decoded: Decoded) -> int:
+    """The bytes of every tensor a stream carried."""
+    parts = [*decoded.tensors.values(), *decoded.state.values()]
+    parts += [array for table in decoded.embeddings.values() for array in table.values()]
+    return sum(int(array.nbytes) for array in parts)
 
 
 def encode(
@@ -60,6 +70,7 @@ def encode(
     tensors: Mapping[str, np.ndarray],
     chunk_bytes: int = CHUNK_BYTES,
     state: Mapping[str, np.ndarray] | None = None,
+    embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> Iterator[bytes]:
     """The serialized ``Frame`` messages of one stream, produced lazily, so the first chunk is on
     the wire while the next is being cut. ``head`` (a Frame with only its head set) becomes the
@@ -74,12 +85,15 @@ def encode(
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    first, views = describe(head, tensors, state)
+    first, views = describe(head, tensors, state, embeddings)
     return _frames(first.SerializeToString(), views, chunk_bytes)
 
 
 def describe(
-    head: pb.Frame, tensors: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None = None
+    head: pb.Frame,
+    tensors: Mapping[str, np.ndarray],
+    state: Mapping[str, np.ndarray] | None = None,
+    embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[pb.Frame, list[memoryview]]:
     """The first frame of a stream (``head`` with every tensor's metadata, no payload) and the
     tensors' bytes in metadata order, as views of the arrays (a copy only of a non-contiguous or
@@ -88,14 +102,15 @@ def describe(
     first = pb.Frame()
     first.CopyFrom(head)
     views: list[memoryview] = []
-    marked = [(tensors, False), (state or {}, True)]
-    for group, is_state in marked:
+    marked = [(tensors, False, ""), (state or {}, True, "")]
+    marked += [(parts, False, table) for table, parts in (embeddings or {}).items()]
+    for group, is_state, table in marked:
         for name, array in group.items():
             dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
             wire = _TO_WIRE.get(np.dtype(dtype))
             if wire is None:
                 raise FrameError(f"tensor {name!r}: dtype {array.dtype} cannot travel")
-            first.tensors.add(name=name, dtype=wire, shape=array.shape, state=is_state)
+            first.tensors.add(name=name, dtype=wire, shape=array.shape, state=is_state, table=table)
             contiguous = np.ascontiguousarray(array, dtype=dtype)
             views.append(contiguous.reshape(-1).view(np.uint8).data)
     return first, views
@@ -191,6 +206,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     nbytes: int
     state: bool
+    table: str = ""  # an embedding table's part (see TensorMeta.table)
 
 
 @dataclass(frozen=True)
@@ -255,18 +271,22 @@ class Assembly:
             raise FrameError(f"stream carried {self._filled} bytes, the tensors need {total}")
         tensors: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
+        embeddings: dict[str, dict[str, np.ndarray]] = {}
         offset = 0
         for spec in self.head.tensors:
             try:
                 value = self._buffer[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
             except ValueError:  # an empty tensor with absurd other dimensions
                 raise FrameError(f"tensor {spec.name!r}: shape {spec.shape} cannot be held") from None
-            (state if spec.state else tensors)[spec.name] = value
+            if spec.table:
+                embeddings.setdefault(spec.table, {})[spec.name] = value
+            else:
+                (state if spec.state else tensors)[spec.name] = value
             offset += spec.nbytes
         head = pb.Frame()
         head.CopyFrom(self.head.first)
         head.ClearField("payload")
-        return Decoded(head, tensors, state)
+        return Decoded(head, tensors, state, embeddings)
 
 
 def decode(messages: Iterable[bytes]) -> Decoded:
@@ -285,13 +305,16 @@ def decode(messages: Iterable[bytes]) -> Decoded:
 
 def _layout(metas: Iterable[pb.TensorMeta]) -> tuple[TensorSpec, ...]:
     layout = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for meta in metas:
         if not meta.name:
             raise FrameError("a tensor without a name")
-        if meta.name in seen:
-            raise FrameError(f"tensor {meta.name!r} appears twice")
-        seen.add(meta.name)
+        if (meta.table, meta.name) in seen:
+            where = f" of embedding table {meta.table!r}" if meta.table else ""
+            raise FrameError(f"tensor {meta.name!r}{where} appears twice")
+        if meta.table and meta.state:
+            raise FrameError(f"tensor {meta.name!r} of embedding table {meta.table!r} is marked state")
+        seen.add((meta.table, meta.name))
         dtype = _FROM_WIRE.get(meta.dtype)
         if dtype is None:
             raise FrameError(f"tensor {meta.name!r}: unknown dtype {meta.dtype}")
@@ -299,7 +322,7 @@ def _layout(metas: Iterable[pb.TensorMeta]) -> tuple[TensorSpec, ...]:
         if any(d < 0 for d in shape):
             raise FrameError(f"tensor {meta.name!r}: negative dimension in shape {shape}")
         nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a huge claimed shape cannot wrap
-        layout.append(TensorSpec(meta.name, dtype, shape, nbytes, meta.state))
+        layout.append(TensorSpec(meta.name, dtype, shape, nbytes, meta.state, meta.table))
     return tuple(layout)
 
 

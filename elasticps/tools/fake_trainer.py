@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.client import RowGrads
 from elasticps.ps.sharding import TensorInfo, place
 
 FEATURES = 4  # columns of the records :func:`records` writes
@@ -151,6 +152,9 @@ class NumpyTrainer:
             else:
                 gradients[name] = np.full(value.shape, GRADIENT_SCALE * (signal - 0.5), np.float32)
         return signal, gradients
+
+    def row_gradients(self) -> dict[str, RowGrads]:
+        return {}  # no embedding tables
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
         for name, value in gradients.items():

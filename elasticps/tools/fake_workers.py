@@ -47,7 +47,7 @@ from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.data.readers import ReaderOptions, open_reader
 from elasticps.files import write_atomically
-from elasticps.ps.client import PSClient, Pushed
+from elasticps.ps.client import PSClient, Pushed, RowGrads
 from elasticps.tools.fake_trainer import NumpyTrainer
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.training import Worker
@@ -129,11 +129,12 @@ class TimedPSClient(PSClient):
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, RowGrads] | None = None,
     ) -> Pushed:
         started = time.monotonic()
         if self._push_delay_s > 0:
             time.sleep(self._push_delay_s)
-        pushed = super().push_gradients(gradients, versions, learning_rate, minibatch, incarnations, state)
+        pushed = super().push_gradients(gradients, versions, learning_rate, minibatch, incarnations, state, embeddings)
         self._pushes.add(time.monotonic() - started, pushed)
         return pushed
 

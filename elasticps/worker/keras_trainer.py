@@ -15,6 +15,13 @@ reads them for each push and :meth:`KerasTrainer.assign_state` takes the PS's af
 worker evaluates with the statistics the PS holds (``ps/state_table.py`` has the PS's rule). Integer
 state is not synchronised: Keras 3's ``SeedGenerator`` states (Dropout's random stream) stay each
 worker's own, and so do the local optimizer's variables (they are not the model's).
+
+With ``serve_tables``, the model's ``elasticps.layers.Embedding`` tables live on the PS: before
+every model call on a minibatch (a gradient step, an evaluation, a prediction) the rows of its ids
+are pulled into the layers (``served_tables.py``), and each gradient step leaves the rows'
+gradients for the next push (:meth:`KerasTrainer.row_gradients`). SSP's local steps
+(:meth:`KerasTrainer.apply_local`) update the dense variables only: rows are pulled fresh for
+every minibatch.
 """
 
 from __future__ import annotations
@@ -29,11 +36,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from elasticps.api.embedding import TableSpec  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
+from elasticps.layers import served  # noqa: E402
+from elasticps.ps.client import RowGrads  # noqa: E402
 from elasticps.api.output import KERAS_FILE, SAVED_MODEL_DIR  # noqa: E402
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
+from elasticps.worker.served_tables import RowSource, ServedTables  # noqa: E402
 
 
 def configure_threads(num_threads: int) -> None:
@@ -127,6 +138,16 @@ class TaskPipeline:
         return self._prepare(dataset).batch(max(1, len(records[0]))).get_single_element()
 
 
+def _rows_gradient(gradient: Any, buffer: tf.Variable) -> Any:
+    """A row buffer's gradient as one dense row per buffer row (the gather's gradient comes as
+    slices, one per occurrence of an id: summed per row here)."""
+    if gradient is None:
+        return tf.zeros_like(buffer)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(gradient.values, gradient.indices, tf.shape(buffer)[0])
+    return gradient
+
+
 class KerasTrainer:
     """One worker's Keras model. ``learning_rate`` is the job's (``spec.training.learningRate``): when
     > 0 it replaces the model optimizer's own rate for SSP's local steps, as the PS replaces it for
@@ -141,15 +162,21 @@ class KerasTrainer:
         seed: int = 0,
         learning_rate: float = 0.0,
         metadata: Metadata | None = None,
+        serve_tables: bool = False,
     ) -> None:
         self._module = module
         self._metadata = metadata or Metadata()
         self._minibatch_size = minibatch_size
         self._rng = np.random.default_rng(seed)
         try:
-            self.model = module.custom_model(**params)
+            if serve_tables:
+                with served():
+                    self.model = module.custom_model(**params)
+            else:
+                self.model = module.custom_model(**params)
         except TypeError as err:
             raise ModelError(f"{module.name}.custom_model(**{dict(params)}): {err}") from None
+        self._tables = ServedTables(self.model, module.name)
         self._local_optimizer = module.optimizer()
         if learning_rate > 0:
             # Refuses (OptimizerError) what the PS cannot run, a schedule above all, before the
@@ -157,6 +184,7 @@ class KerasTrainer:
             optimizer_config(self._local_optimizer, learning_rate)
             self._local_optimizer.learning_rate = learning_rate
         self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
+        self._set_metric_fns = module.eval_set_metrics_fn() if module.eval_set_metrics_fn else {}
         self._built = False
         self._variables: dict[str, tf.Variable] = {}
         self._state: dict[str, tf.Variable] = {}
@@ -168,6 +196,8 @@ class KerasTrainer:
         if self._built:
             return
         sample, _, _ = self._pairs(features[:1], None if labels is None else labels[:1], Mode.TRAINING)
+        if self._tables:
+            self._tables.load(sample, initial=True)
         self.model(sample, training=False)
         variables: dict[str, tf.Variable] = {}
         for variable in self.model.trainable_variables:
@@ -204,6 +234,19 @@ class KerasTrainer:
     def build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         """Creates the variables from the first record (Keras builds lazily)."""
         self._build(features, labels)
+
+    # ---- embedding tables served by the PS ---------------------------------------------------
+    def tables(self) -> list[TableSpec]:
+        """The embedding tables the PS serves to this model (none without ``serve_tables``)."""
+        return list(self._tables.specs.values())
+
+    def serve_rows(self, source: RowSource) -> None:
+        """Where the rows of a minibatch's ids come from (the PS client's ``pull_embeddings``)."""
+        self._tables.serve(source)
+
+    def row_gradients(self) -> dict[str, RowGrads]:
+        """Each table's row gradients from the last gradient step, for the push that carries it."""
+        return self._tables.gradients()
 
     def weights(self) -> dict[str, np.ndarray]:
         return {name: np.asarray(v.numpy()) for name, v in self._variables.items()}
@@ -285,16 +328,21 @@ class KerasTrainer:
             yield tf.nest.pack_sequence_as(pair, [split[index] for split in parts])
 
     # ---- steps -------------------------------------------------------------------------------
-    def _gradient_step(self, x: Any, y: Any) -> tuple[Any, list[Any]]:
+    def _gradient_step(self, x: Any, y: Any) -> tuple[Any, list[Any], list[Any]]:
+        """The loss, the dense variables' gradients and the served tables' row buffers' (dense:
+        one row per distinct id, summed over its occurrences)."""
+        buffers = self._tables.buffers
         with tf.GradientTape() as tape:
             predictions = self.model(x, training=True)
             loss = tf.reduce_mean(self._module.loss(y, predictions))
-        gradients = tape.gradient(loss, self._ordered)
-        return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self._ordered)]
+        gradients = tape.gradient(loss, self._ordered + buffers)
+        dense = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self._ordered)]
+        rows = [_rows_gradient(g, b) for g, b in zip(gradients[len(self._ordered):], buffers)]
+        return loss, dense, rows
 
-    def _flat_gradient_step(self, x: Any, y: Any) -> tuple[Any, Any]:
-        loss, gradients = self._gradient_step(x, y)
-        return loss, tf.concat([tf.reshape(g, [-1]) for g in gradients], axis=0)
+    def _flat_gradient_step(self, x: Any, y: Any) -> tuple[Any, Any, list[Any]]:
+        loss, gradients, rows = self._gradient_step(x, y)
+        return loss, tf.concat([tf.reshape(g, [-1]) for g in gradients], axis=0), rows
 
     def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         """Runs the gradient step once on these records (one minibatch), so that TensorFlow
@@ -306,15 +354,23 @@ class KerasTrainer:
         self._build(features, labels)
         x, y, _ = self._pairs(features, labels, Mode.TRAINING)
         state = self.state()
-        self.gradients(x, y)  # compiles the step for any minibatch size (``compiled``)
+        self._gradients(x, y, initial=True)  # compiles the step for any minibatch size (``compiled``)
         self.assign_state(state)
 
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
         """The mean loss and every variable's gradient: the graph concatenates them into one
-        vector, so one buffer comes out of TensorFlow, and each gradient is a view into it."""
+        vector, so one buffer comes out of TensorFlow, and each gradient is a view into it.
+        Served tables: the rows are pulled first, their gradients kept (:meth:`row_gradients`)."""
+        return self._gradients(x, y)
+
+    def _gradients(self, x: Any, y: Any, initial: bool = False) -> tuple[float, dict[str, np.ndarray]]:
+        if self._tables:
+            self._tables.load(x, initial=initial)
         if self._step is None:
             self._step = compiled(self._flat_gradient_step if self._flat else self._gradient_step, (x, y))
-        loss, gradients = self._step(x, y)
+        loss, gradients, rows = self._step(x, y)
+        if self._tables:
+            self._tables.take([r.numpy() for r in rows])
         if self._flat:
             return float(loss), dict(zip(self._names, split_flat(gradients.numpy(), self._shapes, self._sizes)))
         return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}
@@ -325,22 +381,39 @@ class KerasTrainer:
             [(tf.convert_to_tensor(gradients[name]), v) for name, v in self._variables.items()]
         )
 
-    def _eval_step(self, x: Any, y: Any) -> dict[str, Any]:
+    def _eval_step(self, x: Any, y: Any) -> tuple[dict[str, Any], Any]:
         predictions = self.model(x, training=False)
         results = {"loss": tf.reduce_mean(self._module.loss(y, predictions))}
         for name, fn in self._metric_fns.items():
             results[name] = tf.reduce_mean(tf.cast(fn(y, predictions), tf.float32))
-        return results
+        return results, predictions
 
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
-        """Sums of each metric x minibatch size over the records (the coordinator divides)."""
+        """Sums of each metric x minibatch size over the records (the coordinator divides); each
+        set metric (``eval_set_metrics_fn``) once over all the records, x their count."""
         sums: dict[str, float] = {}
+        seen: list[tuple[Any, Any]] = []
+        total = 0
         for x, y in self.batches(features, labels, Mode.EVALUATION):
             count = int(tf.shape(tf.nest.flatten(y)[0])[0])
+            if self._tables:
+                self._tables.load(x)
             if self._eval is None:
                 self._eval = compiled(self._eval_step, (x, y))
-            for name, value in self._eval(x, y).items():
+            results, predictions = self._eval(x, y)
+            for name, value in results.items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
+            if self._set_metric_fns:
+                seen.append((tf.nest.map_structure(np.asarray, y), tf.nest.map_structure(np.asarray, predictions)))
+            total += count
+        if seen:
+            y_all = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *[y for y, _ in seen])
+            out_all = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *[p for _, p in seen])
+            for name, fn in self._set_metric_fns.items():
+                value = float(fn(y_all, out_all))
+                if not np.isfinite(value):
+                    raise ModelError(f"{self._module.name}: eval_set_metrics_fn's {name!r} gave {value}")
+                sums[name] = value * total
         return sums
 
     # ---- prediction --------------------------------------------------------------------------
@@ -367,7 +440,10 @@ class KerasTrainer:
         parts = []
         for start in range(0, count, self._minibatch_size):
             index = tf.range(start, min(count, start + self._minibatch_size))
-            parts.append(self._predict(tf.nest.map_structure(lambda t: tf.gather(t, index), x)))
+            inputs = tf.nest.map_structure(lambda t: tf.gather(t, index), x)
+            if self._tables:
+                self._tables.load(inputs)
+            parts.append(self._predict(inputs))
         joined = tf.nest.map_structure(lambda *ts: tf.concat(ts, axis=0), *parts)
         return tf.nest.map_structure(lambda t: np.asarray(t.numpy()), joined)
 
@@ -394,6 +470,7 @@ class KerasTrainer:
         except (ValueError, TypeError) as err:
             raise ModelError(f"spec.prediction.model: {source} is not a Keras model this module can load: {err}") from None
         self._predict = None
+        self._tables = ServedTables(self.model, self._module.name)  # an exported model holds its tables
 
     # ---- export ------------------------------------------------------------------------------
     def export(self, directory: Path) -> None:

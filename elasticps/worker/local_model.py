@@ -262,6 +262,7 @@ class LocalModel:
                     minibatch,
                     self._incarnations,
                     state=self._trainer.state(),
+                    embeddings=self._trainer.row_gradients(),
                 )
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
@@ -275,9 +276,10 @@ class LocalModel:
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
         state = self._trainer.state()  # now: settling may pull, replacing it with the PS's
+        rows = self._trainer.row_gradients()
         self.settle()
         self._in_flight = self._ps.push_gradients_async(
-            gradients, versions, self._learning_rate, incarnations, state=state
+            gradients, versions, self._learning_rate, incarnations, state=state, embeddings=rows
         )
 
     def settle(self) -> None:

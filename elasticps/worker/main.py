@@ -37,7 +37,7 @@ from elasticps.api.flags import (
     prediction_from_args,
     training_from_args,
 )
-from elasticps.api.modes import TrainingMode
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.output import exported_job
 from elasticps.api.spec import DataSpec, DecentralizedSpec, ModelSpec, PredictionSpec, Strategy, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
@@ -239,6 +239,9 @@ def _run(config: WorkerConfig) -> int:
         to_predict = open_reader(data.reader, spec.data, options) if spec.enabled else None
         # A reader of tabular data that knows its columns names them (ElasticDL's metadata).
         columns = getattr(training if training is not None else to_predict, "column_names", None)
+        mode = TrainingMode.of(config.training)
+        # Embedding tables live on the PS in the modes that push gradients; a decentralized
+        # worker keeps them local (its model is its own), LocalSGD refuses them below.
         trainer = keras_trainer.KerasTrainer(
             module,
             config.model_params,
@@ -246,7 +249,13 @@ def _run(config: WorkerConfig) -> int:
             seed=config.worker_id * 7919,
             learning_rate=config.training.learning_rate,
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
+            serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
+        if trainer.tables() and mode.rule is UpdateRule.LOCAL_SGD:
+            raise ModelError(
+                f"{config.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
+                "LocalSGD averages whole models every few steps: drop spec.training.localSGDSteps"
+            )
         problem = TrainingMode.of(config.training).optimizer_problem(
             trainer.optimizer_config(config.training.learning_rate).name
         )
@@ -263,12 +272,15 @@ def _run(config: WorkerConfig) -> int:
     pace = pace_for(config.training.slowdown, config.worker_id)
     peer = _peer(config, trainer, metrics, pace) if config.strategy is Strategy.DECENTRALIZED else None
     ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes) if peer is None else None
+    if ps is not None and trainer.tables():
+        ps.declare_tables(trainer.tables())
+        client = ps
+        trainer.serve_rows(lambda ids: client.pull_embeddings(ids).rows)
     coordinator = CoordinatorClient(config.coordinator_addr, worker=name,
                                     iteration_fn=None if peer is None else (lambda: peer.state.iteration))
     if config.metrics_port:
         start_http_server(config.metrics_port, registry=REGISTRY)
     health_server = _serve_health(config.health_port) if config.health_port else None
-    mode = TrainingMode.of(config.training)
     prediction = (
         None
         if to_predict is None

@@ -4,7 +4,11 @@ The contract, as in ElasticDL's model zoo (``docs/model-zoo.md`` puts the two si
 module with ``custom_model(**params) -> keras.Model``, ``loss(labels, predictions) -> tensor``,
 ``optimizer() -> keras optimizer`` (called with no arguments: parameters need defaults),
 optionally ``eval_metrics_fn() -> {name: fn(labels, predictions)}`` (each fn returns a
-per-example or mean value) and at most one data function:
+per-example or mean value), optionally ``eval_set_metrics_fn() -> {name: fn(labels, outputs)}``
+(metrics of a whole set of records at once, such as the AUC: each fn takes numpy arrays of an
+evaluation task's labels and model outputs and returns one number, which the job reports averaged
+over the tasks by their records: exact when the validation data is one task) and at most one
+data function:
 
 * ``dataset_fn(dataset, mode, metadata) -> tf.data.Dataset``, ElasticDL's: ``mode`` is a
   :class:`~elasticps.model_contract.Mode`, ``metadata`` a :class:`~elasticps.model_contract.Metadata`;
@@ -46,6 +50,7 @@ class ModelModule:
     feed: Callable[[Any, str], Any] | None
     eval_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], Any]]] | None
     dataset_fn: Callable[[Any, Mode, Metadata], Any] | None = None
+    eval_set_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], float]]] | None = None
 
     def __post_init__(self) -> None:
         if self.feed is not None and self.dataset_fn is not None:
@@ -107,4 +112,5 @@ def _check(name: str, module: ModuleType) -> ModelModule:
         feed=optional("feed", "feed(dataset, mode)", 2),
         eval_metrics_fn=optional("eval_metrics_fn"),
         dataset_fn=optional("dataset_fn", "dataset_fn(dataset, mode, metadata)", 3),
+        eval_set_metrics_fn=optional("eval_set_metrics_fn"),
     )

@@ -19,7 +19,7 @@ import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Pulled, Pushed
+from elasticps.ps.client import Pulled, Pushed, RowGrads
 
 
 class PSClientLike(Protocol):
@@ -54,6 +54,7 @@ class PSClientLike(Protocol):
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, RowGrads] | None = None,
     ) -> Pushed: ...
 
     def push_gradients_async(
@@ -63,6 +64,7 @@ class PSClientLike(Protocol):
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, RowGrads] | None = None,
     ) -> Future[Pushed]: ...
 
     def push_model(
@@ -123,6 +125,8 @@ class Trainer(Protocol):
         changing neither the weights nor the state."""
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None: ...
+    def row_gradients(self) -> Mapping[str, RowGrads]:
+        """Each served embedding table's row gradients from the last :meth:`gradients` (none: ``{}``)."""
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]: ...
     def predict(self, features: np.ndarray, labels: np.ndarray | None) -> Any:
         """The model's outputs for the records in inference mode, one row per record (numpy)."""

@@ -7,8 +7,8 @@ the factorisation machine's pairwise interactions of the ``dim``-wide embeddings
 concatenated. The embeddings are ``elasticps.layers.Embedding`` tables: every id of every field
 in one table (the reader keeps fields apart in the ids themselves).
 
-Metrics: ``eval_metrics_fn`` gives the log loss and the accuracy at 0.5 per record; the AUC is
-:func:`auc` over the whole evaluation set (``bench``/tests call it on ``predict``'s outputs).
+Metrics: ``eval_metrics_fn`` gives the accuracy at 0.5 per record (the job's ``loss`` is the log
+loss); ``eval_set_metrics_fn`` the AUC (:func:`auc`) over an evaluation task's records at once.
 """
 
 from __future__ import annotations
@@ -84,6 +84,10 @@ def eval_metrics_fn() -> dict[str, Any]:
         return tf.cast(tf.equal(tf.cast(tf.reshape(logits, [-1]) > 0, tf.float32), clicked), tf.float32)
 
     return {"accuracy": accuracy}
+
+
+def eval_set_metrics_fn() -> dict[str, Any]:
+    return {"auc": auc}
 
 
 def auc(labels: Any, scores: Any) -> float:

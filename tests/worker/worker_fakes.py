@@ -223,7 +223,9 @@ class FakePS:
         minibatch: str = "",
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, Any] | None = None,
     ) -> Pushed:
+        assert not embeddings  # the fakes train no embedding tables
         self.events.append(("push", list(versions)))
         self.minibatches.append(minibatch)
         sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
@@ -236,7 +238,9 @@ class FakePS:
         learning_rate: float = 0.0,
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        embeddings: Mapping[str, Any] | None = None,
     ) -> Future[Pushed]:
+        assert not embeddings  # the fakes train no embedding tables
         self.events.append(("push_async", list(versions)))
         sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
         sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
@@ -444,6 +448,9 @@ class FakeTrainer:
         if self.events is not None:
             self.events.append(("gradients", first))
         return float(np.mean(y)), {name: np.ones(shape) for name, shape in SHAPES.items()}
+
+    def row_gradients(self) -> dict[str, Any]:
+        return {}  # no embedding tables
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
         self.applied_locally += 1

@@ -1,0 +1,54 @@
+"""Embedding tables on the wire (issue 17): table specs and id lists to and from their messages.
+
+Used by the PS servicer (a PushModel's tables, a PullEmbeddings request) and by the PS client
+(the same, the other way). Pure; refusals are :class:`~elasticps.api.embedding.EmbeddingError`
+naming the field, which the servicer answers INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from elasticps.api.embedding import PART_GRADIENT as GRADIENT
+from elasticps.api.embedding import PART_IDS as IDS
+from elasticps.api.embedding import PART_ROWS as ROWS
+from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec
+from elasticps.proto import elasticps_pb2 as pb
+
+__all__ = ["GRADIENT", "IDS", "MAX_PULL_IDS", "ROWS", "ids_of", "ids_request", "spec_message", "spec_of"]
+MAX_PULL_IDS = 1 << 20  # ids of one table in one PullEmbeddings request
+
+
+def spec_message(spec: TableSpec) -> pb.EmbeddingTable:
+    return pb.EmbeddingTable(name=spec.name, dim=spec.dim, initializer=spec.initializer, scale=spec.scale,
+                             seed=spec.seed)
+
+
+def spec_of(message: pb.EmbeddingTable) -> TableSpec:
+    """The table a message declares (EmbeddingError says what is wrong with it)."""
+    return TableSpec(message.name, int(message.dim), message.initializer, float(message.scale), int(message.seed))
+
+
+def ids_request(worker: str, ids: Mapping[str, IdArray]) -> pb.EmbeddingRequest:
+    tables = [pb.EmbeddingIds(table=name, ids=np.ascontiguousarray(values, "<i8").tobytes())
+              for name, values in ids.items()]
+    return pb.EmbeddingRequest(worker=worker, tables=tables)
+
+
+def ids_of(request: pb.EmbeddingRequest) -> dict[str, IdArray]:
+    """The ids a request asks for, per table: each table once, whole int64s, at most
+    :data:`MAX_PULL_IDS` of them."""
+    found: dict[str, IdArray] = {}
+    for entry in request.tables:
+        if entry.table in found:
+            raise EmbeddingError(f"EmbeddingRequest.tables names table {entry.table!r} twice")
+        if len(entry.ids) % 8:
+            raise EmbeddingError(f"EmbeddingRequest.tables[{entry.table!r}].ids is {len(entry.ids)} bytes, "
+                                 "not a whole number of int64s")
+        if len(entry.ids) // 8 > MAX_PULL_IDS:
+            raise EmbeddingError(f"EmbeddingRequest.tables[{entry.table!r}] asks for {len(entry.ids) // 8} ids, "
+                                 f"at most {MAX_PULL_IDS}")
+        found[entry.table] = np.frombuffer(entry.ids, "<i8").astype(np.int64)
+    return found
