@@ -259,7 +259,7 @@ def rounds_and_shards(
 def run(config: PSConfig) -> int:
     store = ParameterStore(store_settings(config))
     if store.restore():
-        log.info("PS %d resumes at version %d", config.ps_id, store.version)
+        log.info("PS %d resumes at version %d%s", config.ps_id, store.version, _rows_line(store))
     server = AsyncServer(config.rpc_threads)
     metrics = PSMetrics(REGISTRY, config.ps_id)
     metrics.model_version.set(store.version)
@@ -324,5 +324,13 @@ def run(config: PSConfig) -> int:
         bulk_server.stop()
     server.stop(grace=2).wait()
     store.flush_checkpoints()
+    if store.rows_held():
+        log.info("PS %d stops at version %d%s", config.ps_id, store.version, _rows_line(store))
     return 0
+
+
+def _rows_line(store: ParameterStore) -> str:
+    """", embedding rows held: {table: rows}, B bytes" for a shard with tables; "" otherwise."""
+    held = store.rows_held()
+    return f", embedding rows held: {held}, {store.embedding_bytes()} bytes" if held else ""
 

@@ -350,7 +350,8 @@ class ParameterStore:
         with self._installing:
             self._install(model, version, incarnation)
             self._checkpoints.rolled_back(version)
-        log.info("shard %d rolled back to version %d (incarnation %d)", self.settings.shard, version, incarnation)
+        log.info("shard %d rolled back to version %d (incarnation %d), embedding rows %s", self.settings.shard, version,
+                 incarnation, self.rows_held())
 
     def restore(self) -> bool:
         """Loads the newest good checkpoint of this shard, if any; corrupt ones are skipped."""

@@ -1,0 +1,120 @@
+"""Embedding tables on real PS processes (issue 17): DeepFM through `elasticps run` with 2 PS and
+2 workers on a small Criteo-format file the test writes, and the same job with a PS killed (-9).
+
+Counted: the rows each shard holds at the end (every distinct id of the data, each on the shard
+``id mod 2``, none twice, none else: rows are made only for the ids the job pulled), the rows a
+restarted shard took back from its checkpoint (exactly the checkpoint's), the AUC the job reports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elasticps.data.criteo import CriteoReader
+from elasticps.ps import checkpoint
+from local_jobs import elasticps, wait_for, write_job
+from test_faults import coordinator
+
+pytestmark = pytest.mark.slow
+
+RECORDS, TRAIN = 3000, 2400
+TABLES = ("deepfm_linear", "deepfm_factors")
+
+
+def write_criteo(path: Path, seed: int = 0) -> Path:
+    """Criteo's format (label, 13 counts, 26 hex categoricals); a click follows field C1: its first
+    6 values of 20 click 85% of the time, the others 10%."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(RECORDS):
+        c1 = int(rng.integers(0, 20))
+        label = int(rng.random() < (0.85 if c1 < 6 else 0.1))
+        counts = ["" if rng.random() < 0.1 else str(int(rng.integers(0, 1000))) for _ in range(13)]
+        cats = [format(c1, "08x")] + [format(int(rng.integers(0, 300)), "08x") for _ in range(25)]
+        lines.append("\t".join([str(label), *counts, *cats]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def job(tmp_path: Path, name: str, **training: object) -> Path:
+    data = write_criteo(tmp_path / "criteo.txt")
+    document = {
+        "apiVersion": "elasticps.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"modelDef": "elasticps.zoo.deepfm", "params": {"dim": 4, "hidden": [16]}},
+            "data": {"reader": "criteo", "training": f"{data}[0:{TRAIN}]", "validation": f"{data}[{TRAIN}:]"},
+            "training": {"minibatchSize": 64, "recordsPerTask": 600, "numEpochs": 2, "learningRate": 0.02,
+                         **training},
+            "ps": {"replicas": 2},
+            "worker": {"replicas": 2},
+            "runPolicy": {"backoffLimit": 3},
+        },
+    }
+    return write_job(tmp_path / "job.yaml", document)
+
+
+def distinct_ids(tmp_path: Path) -> np.ndarray:
+    reader = CriteoReader(str(tmp_path / "criteo.txt"))
+    ids, _ = reader.read(0, reader.num_records)
+    return np.unique(ids)
+
+
+def rows_at_stop(log: str) -> dict[str, int]:
+    found = re.findall(r"stops at version \d+, embedding rows held: (\{.*?\}), (\d+) bytes", log)
+    assert found, log[-3000:]
+    return dict(ast.literal_eval(found[-1][0]))
+
+
+def run(tmp_path: Path, job_file: Path) -> tuple[object, Path, Path]:
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job_file), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    return process, run_dir, result_file
+
+
+def assert_rows_are_the_datas_ids(tmp_path: Path, run_dir: Path, name: str) -> None:
+    ids = distinct_ids(tmp_path)
+    for shard in (0, 1):
+        held = rows_at_stop((run_dir / f"{name}-ps-{shard}.log").read_text())
+        mine = int(np.sum(np.mod(ids, 2) == shard))
+        assert held == {table: mine for table in TABLES}, (shard, held, mine)
+
+
+def test_deepfm_on_two_ps_holds_exactly_the_rows_of_its_ids_and_learns(tmp_path: Path) -> None:
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, "ctr"))
+    _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN, TRAIN]
+    assert result["metrics"]["auc"] > 0.8, result["metrics"]
+    assert_rows_are_the_datas_ids(tmp_path, run_dir, "ctr")
+
+
+def test_a_ps_killed_mid_job_restores_every_row_of_its_checkpoint(tmp_path: Path) -> None:
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, "ctr-kill", checkpointSteps=10, keepCheckpointMax=100))
+    client = coordinator(run_dir)
+    wait_for(lambda: client.status().model_version >= 25, 300, "a few checkpoints")
+    os.kill(int((run_dir / "ctr-kill-ps-1.pid").read_text()), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert "ctr-kill-ps-1 exited with code -9: replacing it" in stderr
+    log = (run_dir / "ctr-kill-ps-1.log").read_text()
+    resumed = re.search(r"resumes at version (\d+), embedding rows held: (\{.*?\})", log)
+    assert resumed, log[-3000:]
+    version, held = int(resumed[1]), ast.literal_eval(resumed[2])
+    saved = checkpoint.load(checkpoint.path_of(run_dir / "checkpoints" / "ps-1", version)).arrays
+    for table in TABLES:
+        assert held[table] == len(saved[f"emb/{table}/ids"]) > 0  # every row of the checkpoint, back
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN, TRAIN]
+    assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
+    assert result["metrics"]["auc"] > 0.8, result["metrics"]
+    assert_rows_are_the_datas_ids(tmp_path, run_dir, "ctr-kill")
