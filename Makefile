@@ -63,11 +63,13 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The 23M-parameter sync job (bench-large), the PS data path against its ceiling (bench/run.py), then
-# elasticps against TensorFlow's ParameterServerStrategy on one MNIST job (bench/peer.py); each
+# elasticps against TensorFlow's ParameterServerStrategy on one MNIST job (bench/peer.py), then embedding
+# pull + push against its numpy ceiling (bench/embeddings.py, docs/embeddings-bench.md); each
 # rewrites only its own section of docs/benchmarks.md (or its own page).
 bench: $(STAMP) bench-large
 	$(PY) -m bench.run
 	$(PY) -m bench.peer $(PEER_ARGS)
+	$(PY) -m bench.embeddings
 
 # Only the comparison with TensorFlow's ParameterServerStrategy: 1 PS + 2 workers, the peer, elasticps
 # sync, async and async + staleness-aware lr, interleaved, median of 3 rounds (about 10 minutes on 2

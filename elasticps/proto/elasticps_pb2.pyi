@@ -621,6 +621,8 @@ class ShardState(_message.Message):
     BULK_PORT_FIELD_NUMBER: _builtins.int
     TENSOR_BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
     TENSOR_BYTES_SENT_FIELD_NUMBER: _builtins.int
+    EMBEDDING_ROWS_FIELD_NUMBER: _builtins.int
+    EMBEDDING_BYTES_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     boot: _builtins.int
@@ -633,6 +635,10 @@ class ShardState(_message.Message):
     """tensor bytes of pushes this process received (its metric)"""
     tensor_bytes_sent: _builtins.int
     """tensor bytes of pulls it sent"""
+    embedding_rows: _builtins.int
+    """rows of embedding tables this shard holds, all tables"""
+    embedding_bytes: _builtins.int
+    """their memory: arrays (with room to grow) and id indexes"""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the versions it has checkpoints of"""
@@ -648,10 +654,12 @@ class ShardState(_message.Message):
         bulk_port: _builtins.int = ...,
         tensor_bytes_received: _builtins.int = ...,
         tensor_bytes_sent: _builtins.int = ...,
+        embedding_rows: _builtins.int = ...,
+        embedding_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "embedding_bytes", b"embedding_bytes", "embedding_rows", b"embedding_rows", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

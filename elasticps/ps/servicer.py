@@ -255,6 +255,8 @@ class ParameterServerServicer:
             bulk_port=self.bulk_port,
             tensor_bytes_received=received,
             tensor_bytes_sent=sent,
+            embedding_rows=sum(store.rows_held().values()),
+            embedding_bytes=store.embedding_bytes(),
         )
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:
