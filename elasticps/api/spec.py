@@ -144,6 +144,7 @@ class DataSpec:
     training: str = spec_field(
         "",
         help="training data: a path or an object-store URI (s3://bucket/train-*.tfrecord); see reader; "
+        "[START:END] at the end takes those records only (data.txt[0:8000]); "
         "empty only for a job that predicts with an exported model (spec.prediction.model)",
         flag="training_data",
     )
