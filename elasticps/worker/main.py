@@ -251,6 +251,11 @@ def _run(config: WorkerConfig) -> int:
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
+        if trainer.tables() and config.output and not spec.standalone:
+            raise ModelError(
+                f"{config.model_def}: the export (spec.output) does not hold embedding tables yet; "
+                "train a model with embedding tables without spec.output (docs/embeddings.md)"
+            )
         if trainer.tables() and mode.rule is UpdateRule.LOCAL_SGD:
             raise ModelError(
                 f"{config.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
