@@ -26,10 +26,13 @@ FIELDS = 39
 
 
 def custom_model(dim: int = 16, hidden: int | Sequence[int] = (200, 200), fields: int = FIELDS,
-                 local_rows: int = 1 << 18, seed: int = 0) -> keras.Model:
+                 local_rows: int = 1 << 18, seed: int = 0, id_space: int = 0) -> keras.Model:
+    """``id_space`` > 0: the ids are taken modulo it first (a table of that many possible ids, as
+    a hashed feature column with that many buckets); 0: the reader's 64-bit ids as they are."""
     ids = keras.Input(shape=(fields,), dtype="int64", name="ids")
-    linear = Embedding("deepfm_linear", 1, initializer="zeros", seed=seed, local_rows=local_rows)(ids)  # (n, f, 1)
-    factors = Embedding("deepfm_factors", dim, seed=seed, local_rows=local_rows)(ids)  # (n, f, dim)
+    keys = IdSpace(id_space, name="id_space")(ids) if id_space > 0 else ids
+    linear = Embedding("deepfm_linear", 1, initializer="zeros", seed=seed, local_rows=local_rows)(keys)  # (n, f, 1)
+    factors = Embedding("deepfm_factors", dim, seed=seed, local_rows=local_rows)(keys)  # (n, f, dim)
     first = FieldSum(name="linear_sum")(linear)  # (n, 1)
     pairs = PairwiseInteractions(name="fm")(factors)  # (n, 1)
     deep = keras.layers.Flatten()(factors)
@@ -38,6 +41,26 @@ def custom_model(dim: int = 16, hidden: int | Sequence[int] = (200, 200), fields
     deep = keras.layers.Dense(1)(deep)
     logit = keras.layers.Add(name="logit")([first, pairs, deep])
     return keras.Model(ids, logit, name="deepfm")
+
+
+@keras.saving.register_keras_serializable(package="elasticps.deepfm")
+class IdSpace(keras.layers.Layer):  # type: ignore[misc]  # Keras is untyped
+    """``ids -> ids mod size``, in [0, size)."""
+
+    def __init__(self, size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"id_space {size!r} must be an integer >= 1")
+        self.size = size
+
+    def call(self, ids: Any) -> Any:
+        return tf.math.floormod(tf.cast(ids, tf.int64), self.size)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return tuple(input_shape)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "size": self.size}
 
 
 @keras.saving.register_keras_serializable(package="elasticps.deepfm")
