@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -325,7 +326,9 @@ def run(config: PSConfig) -> int:
     server.stop(grace=2).wait()
     store.flush_checkpoints()
     if store.rows_held():
-        log.info("PS %d stops at version %d%s", config.ps_id, store.version, _rows_line(store))
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+        log.info("PS %d stops at version %d%s; peak resident memory %.0f MB", config.ps_id, store.version,
+                 _rows_line(store), peak_mb)
     return 0
 
 
