@@ -21,6 +21,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
+from elasticps.api.embedding import PART_GRADIENT, PART_IDS
 from elasticps.ps.layout import Layout
 from elasticps.rpc.frames import Head, TensorSpec
 from elasticps.rpc.receiving import Refused
@@ -42,7 +43,7 @@ def _admit_rows(tensor: TensorSpec, layout: Layout, shard: int) -> None:
     if spec is None:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                       f"PushGradients: PS shard {shard} holds no embedding table {tensor.table!r}")
-    expected = {"ids": (np.dtype(np.int64), 1), "gradient": (np.dtype(np.float32), 2)}.get(tensor.name)
+    expected = {PART_IDS: (np.dtype(np.int64), 1), PART_GRADIENT: (np.dtype(np.float32), 2)}.get(tensor.name)
     if expected is None:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                       f"PushGradients: embedding table {tensor.table!r} has no part {tensor.name!r} (ids, gradient)")
