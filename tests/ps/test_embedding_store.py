@@ -151,3 +151,17 @@ def test_a_restored_shard_has_every_row_it_had_with_its_slots_and_counts(tmp_pat
     # and the restored table keeps training lazily: one more push moves exactly its rows
     restored.push(ZERO, 4, embeddings=rows([1], np.ones((1, 3))))
     assert restored.snapshot().arrays["emb/cat/steps"].sum() == held["emb/cat/steps"].sum() + 1
+
+
+def test_staleness_aware_async_divides_a_rows_learning_rate_by_its_staleness() -> None:
+    settings = StoreSettings(shard=0, mode=TrainingMode(rule=UpdateRule.ASYNC, staleness_lr=True))
+    s = ParameterStore(settings)
+    s.initialize(DENSE, SGD, tables=[TABLE], shards=1)
+    _, _, first = s.pull_embeddings({"cat": np.array([4], np.int64)})
+    g = np.ones((1, 3), np.float32)
+    s.push(ZERO, 0, embeddings=rows([4], g))  # fresh: lr 0.5
+    s.push(ZERO, 0, embeddings=rows([4], g))  # computed on version 0, applied at 1: stale 1, lr 0.5
+    outcome = s.push(ZERO, 0, embeddings=rows([4], g))  # stale 2: lr 0.25
+    assert outcome.staleness == 2 and outcome.learning_rate == 0.25
+    _, _, after = s.pull_embeddings({"cat": np.array([4], np.int64)})
+    np.testing.assert_allclose(after["cat"][0], first["cat"][0] - (0.5 + 0.5 + 0.25), rtol=1e-6)
