@@ -565,18 +565,24 @@ class EmbeddingIds(_message.Message):
 
     TABLE_FIELD_NUMBER: _builtins.int
     IDS_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     ids: _builtins.bytes
     """little-endian int64, 8 bytes each"""
+    all: _builtins.bool
+    """Instead of `ids`: every row this shard holds, its "ids" (int64 [n], sorted) beside its "rows"
+    in the reply (an export of the model takes them).
+    """
     def __init__(
         self,
         *,
         table: _builtins.str = ...,
         ids: _builtins.bytes = ...,
+        all: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "ids", b"ids", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -41,7 +41,7 @@ import numpy as np
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.embedding import IdArray, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.embedding_wire import GRADIENT, IDS, ROWS, ids_request, spec_message
+from elasticps.ps.embedding_wire import GRADIENT, IDS, ROWS, all_request, ids_request, spec_message
 from elasticps.ps.routes import BulkRoute
 from elasticps.ps.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
 from elasticps.rpc import bulk, frames
@@ -411,6 +411,26 @@ class PSClient:
                     rows[mask] = part
             out[table] = rows
         return PulledRows(out, [r[0] for r in results], [r[1] for r in results])
+
+    def held_rows(self, tables: Sequence[str]) -> dict[str, tuple[IdArray, np.ndarray]]:
+        """Every row the shards hold of ``tables``: per table its ids (sorted) and their rows."""
+
+        def pull(shard: int) -> dict[str, dict[str, np.ndarray]]:
+            request = all_request(self.worker, list(tables))
+            decoded: frames.Decoded = self._call(
+                lambda: frames.decode(self._stubs[shard].PullEmbeddings(request, timeout=self._timeout_s)),
+                "PullEmbeddings",
+            )
+            return decoded.embeddings
+
+        parts = self._fan_out(pull)
+        out: dict[str, tuple[IdArray, np.ndarray]] = {}
+        for table in tables:
+            ids = np.concatenate([part[table][IDS] for part in parts])
+            rows = np.concatenate([part[table][ROWS] for part in parts])
+            order = np.argsort(ids, kind="stable")
+            out[table] = (ids[order], rows[order])
+        return out
 
     def push_gradients_async(
         self,

@@ -17,7 +17,8 @@ from elasticps.api.embedding import PART_ROWS as ROWS
 from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec
 from elasticps.proto import elasticps_pb2 as pb
 
-__all__ = ["GRADIENT", "IDS", "MAX_PULL_IDS", "ROWS", "ids_of", "ids_request", "spec_message", "spec_of"]
+__all__ = ["GRADIENT", "IDS", "MAX_PULL_IDS", "ROWS", "all_request", "ids_of", "ids_request", "spec_message",
+           "spec_of"]
 MAX_PULL_IDS = 1 << 20  # ids of one table in one PullEmbeddings request
 
 
@@ -31,19 +32,31 @@ def spec_of(message: pb.EmbeddingTable) -> TableSpec:
     return TableSpec(message.name, int(message.dim), message.initializer, float(message.scale), int(message.seed))
 
 
+ALL: IdArray = np.empty(0, np.int64)  # in a request's ids: every row the shard holds (EmbeddingIds.all)
+
+
+def all_request(worker: str, tables: list[str]) -> pb.EmbeddingRequest:
+    return pb.EmbeddingRequest(worker=worker, tables=[pb.EmbeddingIds(table=name, all=True) for name in tables])
+
+
 def ids_request(worker: str, ids: Mapping[str, IdArray]) -> pb.EmbeddingRequest:
     tables = [pb.EmbeddingIds(table=name, ids=np.ascontiguousarray(values, "<i8").tobytes())
               for name, values in ids.items()]
     return pb.EmbeddingRequest(worker=worker, tables=tables)
 
 
-def ids_of(request: pb.EmbeddingRequest) -> dict[str, IdArray]:
-    """The ids a request asks for, per table: each table once, whole int64s, at most
-    :data:`MAX_PULL_IDS` of them."""
-    found: dict[str, IdArray] = {}
+def ids_of(request: pb.EmbeddingRequest) -> dict[str, IdArray | None]:
+    """The ids a request asks for, per table (None: every row held): each table once, whole
+    int64s, at most :data:`MAX_PULL_IDS` of them."""
+    found: dict[str, IdArray | None] = {}
     for entry in request.tables:
         if entry.table in found:
             raise EmbeddingError(f"EmbeddingRequest.tables names table {entry.table!r} twice")
+        if entry.all:
+            if entry.ids:
+                raise EmbeddingError(f"EmbeddingRequest.tables[{entry.table!r}] asks for all rows and for ids")
+            found[entry.table] = None
+            continue
         if len(entry.ids) % 8:
             raise EmbeddingError(f"EmbeddingRequest.tables[{entry.table!r}].ids is {len(entry.ids)} bytes, "
                                  "not a whole number of int64s")

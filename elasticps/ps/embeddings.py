@@ -147,6 +147,13 @@ class EmbeddingTable:
             raise EmbeddingError(f"{err} (lower the learning rate or clip the gradients)") from None
         update.commit()
 
+    def held(self) -> tuple[IdArray, Array]:
+        """Every row held, sorted by id: the ids and the rows (copies)."""
+        with self._lock:
+            n = len(self._index)
+            order = np.argsort(self._ids[:n], kind="stable")
+            return self._ids[:n][order], self._rows[:n][order]
+
     def _check_ids(self, ids: IdArray) -> None:
         if self.shards > 1 and ids.size and (np.mod(ids, self.shards) != self.shard).any():
             wrong = int(ids[np.mod(ids, self.shards) != self.shard][0])

@@ -45,7 +45,7 @@ from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
-from elasticps.ps.embedding_wire import ROWS, ids_of, spec_of
+from elasticps.ps.embedding_wire import ids_of, spec_of
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import edges, frames, receiving
 from elasticps.rpc.limits import ServerLimits, Slots
@@ -228,9 +228,8 @@ class ParameterServerServicer:
             yield message
 
     def _embedding_frames(self, request: pb.EmbeddingRequest) -> list[bytes]:
-        incarnation, version, rows = self._store.pull_embeddings(ids_of(request))
+        incarnation, version, parts = self._store.pull_embeddings(ids_of(request))
         head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
-        parts = {table: {ROWS: values} for table, values in rows.items()}
         return list(frames.encode(head, {}, self._chunk_bytes, embeddings=parts))
 
     def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:

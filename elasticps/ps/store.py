@@ -36,6 +36,7 @@ import numpy as np
 
 from elasticps.api.embedding import PART_GRADIENT as GRADIENT
 from elasticps.api.embedding import PART_IDS as IDS
+from elasticps.api.embedding import PART_ROWS as ROWS
 from elasticps.api.embedding import EmbeddingError, TableSpec, as_ids
 from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
@@ -253,19 +254,26 @@ class ParameterStore:
             else:
                 yield Reading(self.incarnation, self._version.value, model.dense.variables, model.state.values)
 
-    def pull_embeddings(self, ids: Mapping[str, np.ndarray]) -> tuple[int, int, dict[str, np.ndarray]]:
-        """The incarnation, version and the rows of ``ids`` per table (rows not held yet are made),
-        read under the rule's guard (sync: the rows of that version). GradientError names a table
-        this shard does not hold or ids it cannot serve."""
+    def pull_embeddings(
+        self, ids: Mapping[str, np.ndarray | None]
+    ) -> tuple[int, int, dict[str, dict[str, np.ndarray]]]:
+        """The incarnation, version and, per table, the rows of ``ids`` (``{"rows": ...}``; rows
+        not held yet are made) or, for ids None, every row held (``{"ids": ..., "rows": ...}``),
+        read under the rule's guard (sync: the rows of that version). GradientError names a
+        table this shard does not hold or ids it cannot serve."""
         model = self._require_model()
         with self._rule.guard():
-            rows = {}
+            rows: dict[str, dict[str, np.ndarray]] = {}
             for name, wanted in ids.items():
                 table = model.embeddings.get(name)
                 if table is None:
                     raise GradientError(f"PS shard {self.settings.shard} holds no embedding table {name!r}")
+                if wanted is None:
+                    held_ids, held_rows = table.held()
+                    rows[name] = {IDS: held_ids, ROWS: held_rows}
+                    continue
                 try:
-                    rows[name] = table.pull(wanted)
+                    rows[name] = {ROWS: table.pull(wanted)}
                 except EmbeddingError as err:
                     raise GradientError(str(err)) from None
             return self.incarnation, self._version.value, rows

@@ -44,7 +44,7 @@ from elasticps.api.output import KERAS_FILE, SAVED_MODEL_DIR  # noqa: E402
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.worker.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.worker.optimizer_spec import optimizer_config  # noqa: E402
-from elasticps.worker.served_tables import RowSource, ServedTables  # noqa: E402
+from elasticps.worker.served_tables import HeldRows, RowSource, ServedTables  # noqa: E402
 
 
 def configure_threads(num_threads: int) -> None:
@@ -240,9 +240,10 @@ class KerasTrainer:
         """The embedding tables the PS serves to this model (none without ``serve_tables``)."""
         return list(self._tables.specs.values())
 
-    def serve_rows(self, source: RowSource) -> None:
-        """Where the rows of a minibatch's ids come from (the PS client's ``pull_embeddings``)."""
-        self._tables.serve(source)
+    def serve_rows(self, source: RowSource, held: HeldRows) -> None:
+        """Where the rows of a minibatch's ids come from (the PS client's ``pull_embeddings``), and
+        every row the PS holds (``held_rows``, for an export)."""
+        self._tables.serve(source, held)
 
     def row_gradients(self) -> dict[str, RowGrads]:
         """Each table's row gradients from the last gradient step, for the push that carries it."""
@@ -478,5 +479,6 @@ class KerasTrainer:
         and ``saved_model/`` (a TensorFlow SavedModel whose ``serve`` signature runs the model in
         inference mode: ``tf.saved_model.load``, TensorFlow Serving). Inputs are what ``feed``
         makes of a record; the files hold no optimizer (the PS kept it)."""
-        self.model.save(directory / KERAS_FILE)
-        self.model.export(str(directory / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+        model = self._tables.exported() if self._tables else self.model  # served tables: the PS's rows in it
+        model.save(directory / KERAS_FILE)
+        model.export(str(directory / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)

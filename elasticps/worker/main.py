@@ -251,11 +251,6 @@ def _run(config: WorkerConfig) -> int:
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
-        if trainer.tables() and config.output and not spec.standalone:
-            raise ModelError(
-                f"{config.model_def}: the export (spec.output) does not hold embedding tables yet; "
-                "train a model with embedding tables without spec.output (docs/embeddings.md)"
-            )
         if trainer.tables() and mode.rule is UpdateRule.LOCAL_SGD:
             raise ModelError(
                 f"{config.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
@@ -280,7 +275,7 @@ def _run(config: WorkerConfig) -> int:
     if ps is not None and trainer.tables():
         ps.declare_tables(trainer.tables())
         client = ps
-        trainer.serve_rows(lambda ids: client.pull_embeddings(ids).rows)
+        trainer.serve_rows(lambda ids: client.pull_embeddings(ids).rows, client.held_rows)
     coordinator = CoordinatorClient(config.coordinator_addr, worker=name,
                                     iteration_fn=None if peer is None else (lambda: peer.state.iteration))
     if config.metrics_port:

@@ -14,6 +14,10 @@ buffers (``layers.py``). Before a minibatch runs, :meth:`ServedTables.load`:
 After a gradient step, :meth:`ServedTables.take` turns the buffers' gradients into one
 :class:`~elasticps.ps.client.RowGrads` per table (each distinct id's gradient summed over the
 minibatch and over the layers sharing the table), which the next push carries.
+
+For an export, :meth:`ServedTables.exported` copies the model with every served layer replaced by
+one holding the rows the PS holds (``Embedding(..., held=n)``: ids and rows as weights), the
+other layers' weights copied: a model that serves without a PS.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from elasticps.worker.model_loading import ModelError
 
 # The rows of distinct ids, per table, in the order asked.
 RowSource = Callable[[Mapping[str, IdArray]], Mapping[str, np.ndarray]]
+# Every row held of the named tables: per table its ids (sorted) and their rows.
+HeldRows = Callable[[list[str]], Mapping[str, tuple[IdArray, np.ndarray]]]
 
 
 def _served_layers(model: keras.Model) -> list[Embedding]:
@@ -52,14 +58,16 @@ class ServedTables:
         self._module = module
         self._probe: Any = None
         self._source: RowSource | None = None
+        self._held: HeldRows | None = None
         self._gradients: dict[str, RowGrads] = {}
 
     def __bool__(self) -> bool:
         return bool(self.layers)
 
-    def serve(self, source: RowSource) -> None:
-        """Where rows come from from now on (the PS, once it holds the model)."""
-        self._source = source
+    def serve(self, source: RowSource, held: HeldRows) -> None:
+        """Where rows come from from now on (the PS, once it holds the model), and every row held
+        (for an export)."""
+        self._source, self._held = source, held
 
     @property
     def buffers(self) -> list[tf.Variable]:
@@ -108,6 +116,29 @@ class ServedTables:
                 ids, grads = summed_by_id(np.concatenate([i for i, _ in found]), np.concatenate([g for _, g in found]))
             out[name] = RowGrads(ids, grads)
         self._gradients = out
+
+    def exported(self) -> keras.Model:
+        """A copy of the model holding the rows the PS holds now, needing no PS (see the module)."""
+        if self._held is None:
+            raise ModelError(f"{self._module}: an export of served tables needs the PS's rows (serve_rows)")
+        held = self._held(list(self.specs))
+
+        def clone(layer: Any) -> Any:
+            if isinstance(layer, Embedding) and layer.served:
+                return Embedding.from_config({**layer.get_config(), "held": max(1, held[layer.spec.name][0].size)})
+            return layer.__class__.from_config(layer.get_config())
+
+        copy = keras.models.clone_model(self._model, clone_function=clone)
+        for original, twin in zip(self._model.layers, copy.layers):
+            if isinstance(original, Embedding) and original.served:
+                ids, rows = held[original.spec.name]
+                if not ids.size:  # a table no minibatch touched: one row of zeros, for no id at all
+                    ids, rows = np.zeros(1, np.int64), np.zeros((1, original.spec.dim), np.float32)
+                twin.held_ids.assign(ids)
+                twin.table.assign(rows)
+            else:
+                twin.set_weights(original.get_weights())
+        return copy
 
     def gradients(self) -> dict[str, RowGrads]:
         """The row gradients of the last gradient step (none before one)."""

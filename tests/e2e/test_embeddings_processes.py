@@ -43,9 +43,9 @@ def write_criteo(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def job(tmp_path: Path, name: str, **training: object) -> Path:
+def job(tmp_path: Path, name: str, output: str = "", **training: object) -> Path:
     data = write_criteo(tmp_path / "criteo.txt")
-    document = {
+    document: dict[str, object] = {
         "apiVersion": "elasticps.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name},
@@ -59,6 +59,8 @@ def job(tmp_path: Path, name: str, **training: object) -> Path:
             "runPolicy": {"backoffLimit": 3},
         },
     }
+    if output:
+        document["spec"]["output"] = output  # type: ignore[index]
     return write_job(tmp_path / "job.yaml", document)
 
 
@@ -88,14 +90,27 @@ def assert_rows_are_the_datas_ids(tmp_path: Path, run_dir: Path, name: str) -> N
         assert held == {table: mine for table in TABLES}, (shard, held, mine)
 
 
-def test_deepfm_on_two_ps_holds_exactly_the_rows_of_its_ids_and_learns(tmp_path: Path) -> None:
-    process, run_dir, result_file = run(tmp_path, job(tmp_path, "ctr"))
+def test_deepfm_on_two_ps_holds_exactly_the_rows_of_its_ids_learns_and_exports_them(tmp_path: Path) -> None:
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, "ctr", output=str(tmp_path / "model")))
     _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
     assert process.returncode == 0, stderr  # type: ignore[attr-defined]
     result = json.loads(result_file.read_text())
     assert result["epoch_records"] == [TRAIN, TRAIN]
     assert result["metrics"]["auc"] > 0.8, result["metrics"]
     assert_rows_are_the_datas_ids(tmp_path, run_dir, "ctr")
+    # The export holds every row the shards held, and predicts as the job's last evaluation did.
+    import keras
+
+    from elasticps.layers import Embedding
+    from elasticps.zoo import deepfm
+
+    model = keras.models.load_model(tmp_path / "model" / "model.keras")
+    held = {layer.spec.name: layer.held for layer in model.layers if isinstance(layer, Embedding)}
+    assert held == {table: distinct_ids(tmp_path).size for table in TABLES}
+    reader = CriteoReader(str(tmp_path / "criteo.txt"))
+    x, y = reader.read(TRAIN, RECORDS)
+    auc = deepfm.auc(y, model.predict(x, verbose=0))
+    assert abs(auc - result["metrics"]["auc"]) < 1e-4, (auc, result["metrics"])
 
 
 def test_a_ps_killed_mid_job_restores_every_row_of_its_checkpoint(tmp_path: Path) -> None:

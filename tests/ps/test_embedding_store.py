@@ -42,7 +42,7 @@ def test_rows_are_made_on_first_pull_only_for_the_ids_asked() -> None:
     assert s.rows_held() == {"cat": 0}
     _, version, pulled = s.pull_embeddings({"cat": np.array([9, 1, 10**12 + 1], np.int64)})
     assert version == 0
-    np.testing.assert_array_equal(pulled["cat"], initial_rows(TABLE, np.array([9, 1, 10**12 + 1])))
+    np.testing.assert_array_equal(pulled["cat"]["rows"], initial_rows(TABLE, np.array([9, 1, 10**12 + 1])))
     assert s.rows_held() == {"cat": 3}
     s.pull_embeddings({"cat": np.array([1, 3], np.int64)})
     assert s.rows_held() == {"cat": 4}  # 1 was held already
@@ -61,14 +61,14 @@ def test_a_sync_round_averages_each_ids_gradient_over_the_members_and_touches_no
     assert s.push(ZERO, 0, worker="a", embeddings=rows([1, 2], g_a)).accepted
     assert s.push(ZERO, 0, worker="b", embeddings=rows([2], g_b)).accepted
     _, _, staged = s.pull_embeddings({"cat": ids})
-    np.testing.assert_array_equal(staged["cat"], before["cat"])  # staged only
+    np.testing.assert_array_equal(staged["cat"]["rows"], before["cat"]["rows"])  # staged only
     s.commit(0, ["a", "b"])
     _, version, after = s.pull_embeddings({"cat": ids})
     assert version == 1
     lr = np.float32(0.5)
-    np.testing.assert_allclose(after["cat"][0], before["cat"][0] - lr * g_a[0] / 2, rtol=1e-6)
-    np.testing.assert_allclose(after["cat"][1], before["cat"][1] - lr * (g_a[1] + g_b[0]) / 2, rtol=1e-6)
-    np.testing.assert_array_equal(after["cat"][2], before["cat"][2])  # id 3: in no push
+    np.testing.assert_allclose(after["cat"]["rows"][0], before["cat"]["rows"][0] - lr * g_a[0] / 2, rtol=1e-6)
+    np.testing.assert_allclose(after["cat"]["rows"][1], before["cat"]["rows"][1] - lr * (g_a[1] + g_b[0]) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(after["cat"]["rows"][2], before["cat"]["rows"][2])  # id 3: in no push
 
 
 def test_a_round_whose_row_update_overflows_is_refused_on_its_dry_run() -> None:
@@ -90,13 +90,13 @@ def test_async_pushes_apply_at_once_with_lazy_adam_per_row() -> None:
     assert version == 2
     # Row 5 took two Adam steps (its own count 1, 2); row 6 none.
     m = v = np.zeros(3)
-    w = first["cat"][0].astype(np.float64)
+    w = first["cat"]["rows"][0].astype(np.float64)
     for t in (1, 2):
         m = 0.9 * m + 0.1 * g[0]
         v = 0.999 * v + 0.001 * g[0] ** 2
         w = w - 0.1 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t) * m / (np.sqrt(v) + 1e-7)
-    np.testing.assert_allclose(after["cat"][0], w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(after["cat"][1], first["cat"][1])
+    np.testing.assert_allclose(after["cat"]["rows"][0], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(after["cat"]["rows"][1], first["cat"]["rows"][1])
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_a_bad_row_gradient_is_refused_and_changes_nothing(parts: dict[str, dict
         s.push({"w": np.full((2,), 1.0, np.float32)}, 0, embeddings=parts)
     _, version, after = s.pull_embeddings({"cat": np.array([1], np.int64)})
     assert version == 0 and s.rows_held() == {"cat": 1}
-    np.testing.assert_array_equal(after["cat"], before["cat"])
+    np.testing.assert_array_equal(after["cat"]["rows"], before["cat"]["rows"])
     with s.reading() as (_, _, variables):
         np.testing.assert_array_equal(variables["w"], DENSE["w"])  # the dense part was not applied either
 
@@ -164,4 +164,4 @@ def test_staleness_aware_async_divides_a_rows_learning_rate_by_its_staleness() -
     outcome = s.push(ZERO, 0, embeddings=rows([4], g))  # stale 2: lr 0.25
     assert outcome.staleness == 2 and outcome.learning_rate == 0.25
     _, _, after = s.pull_embeddings({"cat": np.array([4], np.int64)})
-    np.testing.assert_allclose(after["cat"][0], first["cat"][0] - (0.5 + 0.5 + 0.25), rtol=1e-6)
+    np.testing.assert_allclose(after["cat"]["rows"][0], first["cat"]["rows"][0] - (0.5 + 0.5 + 0.25), rtol=1e-6)

@@ -45,7 +45,18 @@ class Source:
 
     def __call__(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.asked.append({t: v.copy() for t, v in ids.items()})
-        return {t: np.repeat(v.astype(np.float32)[:, None], self.dims[t], axis=1) for t, v in ids.items()}
+        return {t: self.rows(t, v) for t, v in ids.items()}
+
+    def rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        return np.repeat(ids.astype(np.float32)[:, None], self.dims[table], axis=1)
+
+    def held(self, tables: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every id asked so far, as the PS would hold it."""
+        out = {}
+        for table in tables:
+            ids = np.unique(np.concatenate([a[table] for a in self.asked if table in a] or [np.empty(0, np.int64)]))
+            out[table] = (ids, self.rows(table, ids))
+        return out
 
 
 def test_one_pull_per_table_and_each_ids_gradient_summed_over_occurrences_and_layers() -> None:
@@ -53,7 +64,7 @@ def test_one_pull_per_table_and_each_ids_gradient_summed_over_occurrences_and_la
     assert [t.name for t in trainer.tables()] == ["t"]
     assert [v.path for v in trainer.model.trainable_variables] == ["dense/kernel"]  # no table among them
     source = Source({"t": 2})
-    trainer.serve_rows(source)
+    trainer.serve_rows(source, source.held)
     x = np.array([[5, 7, 9], [7, 7, 1], [5, 3, 9], [1, 1, 1]], np.int64)
     trainer.build(x, np.zeros(4, np.int64))
     source.asked.clear()  # building takes the rows' first values, not the source's
@@ -74,7 +85,7 @@ def test_deepfm_hashes_ids_into_its_id_space_before_the_tables() -> None:
     trainer = KerasTrainer(module(lambda: deepfm.custom_model(dim=2, hidden=4, fields=3, id_space=10)), {},
                            minibatch_size=4, serve_tables=True)
     source = Source({"deepfm_factors": 2, "deepfm_linear": 1})
-    trainer.serve_rows(source)
+    trainer.serve_rows(source, source.held)
     x = np.array([[123, -4, 10**15 + 7]], np.int64)
     trainer.build(x, np.zeros(1, np.int64))
     source.asked.clear()
@@ -97,3 +108,24 @@ def test_a_subclassed_model_with_a_served_table_is_refused_with_the_reason() -> 
     trainer = KerasTrainer(module(Bag), {}, minibatch_size=2, serve_tables=True)
     with pytest.raises(ModelError, match="functional or sequential"):
         trainer.build(np.array([[1, 2]], np.int64), np.zeros(1, np.int64))
+
+
+def test_the_export_holds_the_rows_the_ps_holds_and_loads_and_predicts_without_a_ps(tmp_path: Any) -> None:
+    trainer = KerasTrainer(module(lambda: deepfm.custom_model(dim=2, hidden=4, fields=3)), {},
+                           minibatch_size=4, serve_tables=True)
+    source = Source({"deepfm_factors": 2, "deepfm_linear": 1})
+    trainer.serve_rows(source, source.held)
+    x = np.array([[5, 7, 9], [7, 1, 3]], np.int64)
+    trainer.build(x, np.zeros(2, np.int64))
+    trainer.gradients(tf.constant(x), tf.zeros(2, tf.int64))  # the "PS" now holds ids 1, 3, 5, 7, 9
+    served = trainer.predict(x, np.zeros(2, np.int64))
+    trainer.export(tmp_path)
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    tables = {layer.spec.name: layer for layer in loaded.layers if isinstance(layer, Embedding)}
+    assert {name: layer.held for name, layer in tables.items()} == {"deepfm_factors": 5, "deepfm_linear": 5}
+    np.testing.assert_array_equal(tables["deepfm_factors"].held_ids.numpy(), [1, 3, 5, 7, 9])
+    np.testing.assert_allclose(np.asarray(loaded.predict(x, verbose=0)), served, rtol=1e-6)
+    # An id no minibatch touched looks up zeros: the linear term adds nothing for it.
+    unseen = np.array([[5, 7, 1234]], np.int64)
+    assert np.isfinite(np.asarray(loaded.predict(unseen, verbose=0))).all()
+    np.testing.assert_array_equal(tables["deepfm_factors"](np.array([[1234]]))[0, 0], [0.0, 0.0])
