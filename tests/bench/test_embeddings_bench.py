@@ -1,0 +1,30 @@
+"""bench.embeddings on a few minibatches against 2 real PS processes: its minibatches are distinct
+sorted ids of the 10-million space, and the shards hold exactly the ids it pulled (the run checks
+that itself and raises otherwise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.embeddings import IDS, minibatches, run_ceiling, run_ps
+
+
+def test_minibatches_are_distinct_sorted_ids_with_a_hot_head() -> None:
+    batches = minibatches(20)
+    for ids in batches:
+        assert ids.dtype == np.int64 and 0 < ids.size < IDS
+        assert np.all(np.diff(ids) > 0)
+    counts = np.unique(np.concatenate(batches), return_counts=True)[1]
+    assert counts.max() == 20  # the hottest ids are in every minibatch (Zipf)
+
+
+@pytest.mark.slow
+def test_two_ps_processes_hold_exactly_the_rows_pulled(tmp_path: Path) -> None:
+    batches = minibatches(3)
+    result = run_ps(4, batches, tmp_path)
+    assert result["rows_held"] == np.unique(np.concatenate(batches)).size
+    assert result["rows_per_s"] > 0 and result["table_bytes"] > 0
+    assert run_ceiling(4, batches)["rows_per_s"] > 0
