@@ -7,10 +7,10 @@ its own update count (lazy semantics, as TensorFlow's lazy Adam): a push updates
 it names, with the job's optimizer formulas (:meth:`Optimizer.update_rows`).
 
 Storage: the rows, each slot and the counts are arrays grown by doubling, row ``i`` of each at
-position ``i``; a dict maps an id to its position. Memory per row:
-``(1 + len(slots)) * dim * itemsize + 8`` (the count) ``+ 8`` (the id) bytes in the arrays, plus the
-dict's entry (about 100 bytes in CPython) and up to 2x of growth room (:meth:`EmbeddingTable.nbytes`
-counts the arrays' capacity and the dict).
+position ``i``; an :class:`IdIndex` maps ids to positions, a whole minibatch's ids at once (sorted
+arrays and binary search: no Python object per id). Memory per row:
+``(1 + len(slots)) * dim * itemsize + 8`` (the count) ``+ 8`` (the id) bytes in the arrays, 16 in
+the index, and up to 2x of growth room (:meth:`EmbeddingTable.nbytes` counts the capacity).
 
 A push is checked before it changes anything: ids unique (the worker sums a minibatch's gradients
 per id) and of this shard, the gradient (n, dim) and finite, the updated rows and slots finite (the
@@ -31,7 +31,6 @@ are then, so no update is lost. Checkpoint keys: ``emb/<name>/ids``, ``.../rows`
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -98,6 +97,51 @@ class RowSum:
         self._parts = []
 
 
+class IdIndex:
+    """Positions of int64 ids, found for a whole array of ids at once.
+
+    Two sorted levels: the main arrays (ids and their positions) and a small pending pair that new
+    ids join (a merge of a few thousand entries); the pending pair is merged into the main one once
+    it holds more than an eighth of it, so each id is copied a bounded number of times on average
+    and a lookup is two binary searches."""
+
+    def __init__(self) -> None:
+        self._keys: IdArray = np.empty(0, np.int64)
+        self._values: npt.NDArray[np.intp] = np.empty(0, np.intp)
+        self._new_keys: IdArray = np.empty(0, np.int64)
+        self._new_values: npt.NDArray[np.intp] = np.empty(0, np.intp)
+
+    def __len__(self) -> int:
+        return int(self._keys.size + self._new_keys.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._keys.nbytes + self._values.nbytes + self._new_keys.nbytes + self._new_values.nbytes)
+
+    def find(self, ids: IdArray) -> npt.NDArray[np.intp]:
+        """Each id's position, -1 for an id not held."""
+        out = np.full(ids.size, -1, np.intp)
+        for keys, values in ((self._keys, self._values), (self._new_keys, self._new_values)):
+            if keys.size:
+                at = np.minimum(np.searchsorted(keys, ids), keys.size - 1)
+                hit = keys[at] == ids
+                out[hit] = values[at[hit]]
+        return out
+
+    def add(self, ids: IdArray, positions: npt.NDArray[np.intp]) -> None:
+        """New ids (distinct, none held) at these positions."""
+        keys = np.concatenate([self._new_keys, ids])
+        values = np.concatenate([self._new_values, positions])
+        if keys.size > max(4096, self._keys.size // 8):
+            keys, values = np.concatenate([self._keys, keys]), np.concatenate([self._values, values])
+            order = np.argsort(keys, kind="stable")
+            self._keys, self._values = keys[order], values[order]
+            self._new_keys, self._new_values = np.empty(0, np.int64), np.empty(0, np.intp)
+        else:
+            order = np.argsort(keys, kind="stable")
+            self._new_keys, self._new_values = keys[order], values[order]
+
+
 class EmbeddingTable:
     def __init__(self, spec: TableSpec, optimizer: Optimizer, dtype: npt.DTypeLike = np.float32,
                  shard: int = 0, shards: int = 1) -> None:
@@ -109,7 +153,7 @@ class EmbeddingTable:
         self._optimizer = optimizer
         self._slot_values = optimizer.row_slots()
         self._lock = threading.Lock()
-        self._index: dict[int, int] = {}
+        self._index = IdIndex()
         self._ids: IdArray
         self._rows: Array
         self._slots: dict[str, Array]
@@ -123,7 +167,7 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         """The table's memory: its arrays' capacity and the id -> position dict."""
         arrays = self._ids.nbytes + self._rows.nbytes + self._steps.nbytes + sum(a.nbytes for a in self._slots.values())
-        return arrays + sys.getsizeof(self._index) + 2 * 28 * len(self._index)  # two int objects per entry
+        return arrays + self._index.nbytes
 
     def pull(self, ids: Any) -> Array:
         """The rows of ``ids`` (len(ids), dim), in their order (an id twice: its row twice); rows
@@ -176,10 +220,10 @@ class EmbeddingTable:
     def _positions(self, ids: IdArray) -> npt.NDArray[np.intp]:
         """Each id's position, making the rows of ids not held (caller holds the lock)."""
         index = self._index
-        at = np.fromiter((index.get(i, -1) for i in ids.tolist()), dtype=np.intp, count=ids.size)
+        at = index.find(ids)
         missing = at < 0
         if missing.any():
-            new = np.unique(ids[missing])
+            new, slot = np.unique(ids[missing], return_inverse=True)
             start = len(index)
             if start + new.size > self._ids.size:
                 self._grow(max(2 * self._ids.size, start + new.size))
@@ -189,8 +233,8 @@ class EmbeddingTable:
             for s, value in self._slot_values.items():
                 self._slots[s][start:end] = value
             self._steps[start:end] = 0
-            index.update(zip(new.tolist(), range(start, end)))
-            at[missing] = np.fromiter((index[i] for i in ids[missing].tolist()), dtype=np.intp, count=int(missing.sum()))
+            index.add(new, np.arange(start, end, dtype=np.intp))
+            at[missing] = start + slot.reshape(-1)
         return at
 
     def _allocate(self, capacity: int) -> None:
@@ -244,7 +288,8 @@ class EmbeddingTable:
             self._steps[:n] = steps
             for s in self._slot_values:
                 self._slots[s][:n] = state[SLOT + s]
-            self._index = dict(zip(ids.tolist(), range(n)))
+            self._index = IdIndex()
+            self._index.add(ids, np.arange(n, dtype=np.intp))
 
     # -- the shard's Table interface (tables.py) -----------------------------------------------------
 

@@ -253,3 +253,19 @@ def test_table_specs_and_ids_are_checked_at_the_edge() -> None:
     assert hash_ids(["68fd1e64", b"68fd1e64"]).tolist() == [hash_ids(["68fd1e64"])[0]] * 2
     assert hash_ids(["a"]).tolist() == [3405396810240292928]  # stable across processes and versions
     assert shard_of(np.array([-3, -1, 0, 4, 2**62], np.int64), 3).tolist() == [0, 2, 0, 1, 1]
+
+
+def test_the_id_index_agrees_with_a_dict_across_merges() -> None:
+    from elasticps.ps.embeddings import IdIndex
+
+    rng = np.random.default_rng(5)
+    index, reference = IdIndex(), {}
+    for _ in range(60):  # batches of new ids, so the pending level is merged into the main one several times
+        fresh = np.setdiff1d(np.unique(rng.integers(-(2**62), 2**62, 700)), np.array(list(reference), np.int64))
+        positions = np.arange(len(reference), len(reference) + fresh.size, dtype=np.intp)
+        index.add(fresh, positions)
+        reference.update(zip(fresh.tolist(), positions.tolist()))
+        probe = np.concatenate([rng.choice(np.array(list(reference), np.int64), 300), rng.integers(0, 2**40, 50)])
+        expected = [reference.get(i, -1) for i in probe.tolist()]
+        np.testing.assert_array_equal(index.find(probe), expected)
+    assert len(index) == len(reference) > 4096
