@@ -64,7 +64,7 @@ typecheck: $(STAMP)
 
 # The 23M-parameter sync job (bench-large), the PS data path against its ceiling (bench/run.py), then
 # elasticps against TensorFlow's ParameterServerStrategy on one MNIST job (bench/peer.py), then embedding
-# pull + push against its numpy ceiling (bench/embeddings.py, docs/embeddings-bench.md); each
+# pull + push against its numpy ceiling (bench/embeddings.py); each
 # rewrites only its own section of docs/benchmarks.md (or its own page).
 bench: $(STAMP) bench-large
 	$(PY) -m bench.run

@@ -13,8 +13,8 @@ together. Reported: distinct rows moved per second (pulled and pushed), MB/s of 
 state): what no PS can beat. Memory: the rows the shards hold (DescribeShard's
 ``embedding_rows``, which must equal the distinct ids pulled: the PS makes no other row), their
 tables' bytes, and the PS processes' resident memory over their resident memory before the first
-row, per million rows. Writes ``bench/results/embeddings.json`` and ``docs/embeddings-bench.md``
-with a plot (``docs/embeddings-bench.png``).
+row, per million rows. Writes ``bench/results/embeddings.json`` and the section ``embeddings`` of
+``docs/benchmarks.md``, with a plot (``docs/embeddings-bench.png``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.doc_regions import replace_region
 from bench.ps_processes import PSProcesses
 from elasticps.api.embedding import TableSpec, mix_ids
 from elasticps.api.optimizer import OptimizerConfig
@@ -37,7 +38,7 @@ from elasticps.ps.client import PSClient, RowGrads
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "embeddings.json"
-DOC = ROOT / "docs" / "embeddings-bench.md"
+DOC = ROOT / "docs" / "benchmarks.md"
 PLOT = ROOT / "docs" / "embeddings-bench.png"
 IDS, SPACE, ZIPF = 4096, 10_000_000, 1.1
 ADAM = OptimizerConfig("adam", {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7})
@@ -140,7 +141,7 @@ def write_doc(result: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
     lines = [
-        "# Embedding tables: pull + push throughput and PS memory",
+        "## Embedding tables: pull + push throughput and PS memory",
         "",
         f"Written by `python -m bench.embeddings` on {result['when']} ({result['minibatches']} minibatches per dim; "
         "part of `make bench`). What is measured and how: the module's docstring.",
@@ -165,7 +166,7 @@ def write_doc(result: dict[str, Any]) -> None:
         "hold only those. Tables use Adam (two slots per row).",
         "",
     ]
-    DOC.write_text("\n".join(lines))
+    DOC.write_text(replace_region(DOC.read_text(), "embeddings", "\n".join(lines)))
 
 
 def main() -> None:

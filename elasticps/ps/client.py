@@ -39,9 +39,9 @@ import grpc
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.api.embedding import IdArray, TableSpec
+from elasticps.api.embedding import PART_GRADIENT, PART_IDS, PART_ROWS, IdArray, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.embedding_wire import GRADIENT, IDS, ROWS, all_request, ids_request, spec_message
+from elasticps.ps.embedding_wire import all_request, ids_request, spec_message
 from elasticps.ps.routes import BulkRoute
 from elasticps.ps.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
 from elasticps.rpc import bulk, frames
@@ -370,7 +370,7 @@ class PSClient:
             for shard in range(self.num_shards):
                 mine = owners == shard
                 if mine.any():
-                    out[shard][table] = {IDS: part.ids[mine], GRADIENT: part.grads[mine]}
+                    out[shard][table] = {PART_IDS: part.ids[mine], PART_GRADIENT: part.grads[mine]}
         return out
 
     def pull_embeddings(self, ids: Mapping[str, IdArray]) -> PulledRows:
@@ -391,7 +391,7 @@ class PSClient:
             head = decoded.first.model
             if not head.initialized:
                 raise ShardsUninitialized([shard])
-            rows = {table: parts[ROWS] for table, parts in decoded.embeddings.items() if ROWS in parts}
+            rows = {table: parts[PART_ROWS] for table, parts in decoded.embeddings.items() if PART_ROWS in parts}
             for table, values in mine.items():
                 found = rows.get(table)
                 if found is None or found.shape[0] != values.size:
@@ -426,8 +426,8 @@ class PSClient:
         parts = self._fan_out(pull)
         out: dict[str, tuple[IdArray, np.ndarray]] = {}
         for table in tables:
-            ids = np.concatenate([part[table][IDS] for part in parts])
-            rows = np.concatenate([part[table][ROWS] for part in parts])
+            ids = np.concatenate([part[table][PART_IDS] for part in parts])
+            rows = np.concatenate([part[table][PART_ROWS] for part in parts])
             order = np.argsort(ids, kind="stable")
             out[table] = (ids[order], rows[order])
         return out

@@ -11,14 +11,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from elasticps.api.embedding import PART_GRADIENT as GRADIENT
-from elasticps.api.embedding import PART_IDS as IDS
-from elasticps.api.embedding import PART_ROWS as ROWS
 from elasticps.api.embedding import EmbeddingError, IdArray, TableSpec
 from elasticps.proto import elasticps_pb2 as pb
 
-__all__ = ["GRADIENT", "IDS", "MAX_PULL_IDS", "ROWS", "all_request", "ids_of", "ids_request", "spec_message",
-           "spec_of"]
+__all__ = ["MAX_PULL_IDS", "all_request", "ids_of", "ids_request", "spec_message", "spec_of"]
 MAX_PULL_IDS = 1 << 20  # ids of one table in one PullEmbeddings request
 
 

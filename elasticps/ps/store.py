@@ -34,10 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticps.api.embedding import PART_GRADIENT as GRADIENT
-from elasticps.api.embedding import PART_IDS as IDS
-from elasticps.api.embedding import PART_ROWS as ROWS
-from elasticps.api.embedding import EmbeddingError, TableSpec, as_ids
+from elasticps.api.embedding import PART_GRADIENT, PART_IDS, PART_ROWS, EmbeddingError, TableSpec, as_ids
 from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.checkpointing import Checkpointing, capture
@@ -108,10 +105,10 @@ def _check_head(version: int, learning_rate: float, worker: str, minibatch: str)
 
 
 def _row_gradient(table: str, parts: Mapping[str, np.ndarray]) -> RowGradient:
-    if set(parts) != {IDS, GRADIENT}:
-        raise GradientError(f"embedding table {table!r}: a push sends {IDS!r} and {GRADIENT!r}, got {sorted(parts)}")
+    if set(parts) != {PART_IDS, PART_GRADIENT}:
+        raise GradientError(f"embedding table {table!r}: a push sends {PART_IDS!r} and {PART_GRADIENT!r}, got {sorted(parts)}")
     try:
-        return RowGradient(as_ids(parts[IDS], f"embedding table {table!r}: ids"), parts[GRADIENT])
+        return RowGradient(as_ids(parts[PART_IDS], f"embedding table {table!r}: ids"), parts[PART_GRADIENT])
     except EmbeddingError as err:
         raise GradientError(str(err)) from None
 
@@ -270,10 +267,10 @@ class ParameterStore:
                     raise GradientError(f"PS shard {self.settings.shard} holds no embedding table {name!r}")
                 if wanted is None:
                     held_ids, held_rows = table.held()
-                    rows[name] = {IDS: held_ids, ROWS: held_rows}
+                    rows[name] = {PART_IDS: held_ids, PART_ROWS: held_rows}
                     continue
                 try:
-                    rows[name] = {ROWS: table.pull(wanted)}
+                    rows[name] = {PART_ROWS: table.pull(wanted)}
                 except EmbeddingError as err:
                     raise GradientError(str(err)) from None
             return self.incarnation, self._version.value, rows

@@ -60,6 +60,7 @@ class ServedTables:
         self._source: RowSource | None = None
         self._held: HeldRows | None = None
         self._gradients: dict[str, RowGrads] = {}
+        self._loaded: list[IdArray] = []  # each layer's ids in its buffer (what load put there)
 
     def __bool__(self) -> bool:
         return bool(self.layers)
@@ -101,12 +102,12 @@ class ServedTables:
         for layer, ids in zip(self.layers, per_layer):
             table_ids, table_rows = wanted[layer.spec.name], rows[layer.spec.name]
             layer.load(ids, table_rows if table_ids.size == ids.size else table_rows[np.searchsorted(table_ids, ids)])
+        self._loaded = per_layer
 
     def take(self, gradients: list[Any]) -> None:
         """The buffers' gradients (dense, one per layer, as :attr:`buffers`) as each table's row gradients."""
         parts: dict[str, list[tuple[IdArray, np.ndarray]]] = {}
-        for layer, grad in zip(self.layers, gradients):
-            ids = np.asarray(layer.ids_buffer.numpy())
+        for layer, ids, grad in zip(self.layers, self._loaded, gradients):
             parts.setdefault(layer.spec.name, []).append((ids, np.asarray(grad)))
         out: dict[str, RowGrads] = {}
         for name, found in parts.items():
