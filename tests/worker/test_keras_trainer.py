@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -10,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from elasticps.api.optimizer import OptimizerError
-from elasticps.worker.keras_trainer import KerasTrainer, minibatch_sizes, split_flat
+from elasticps.worker.keras_trainer import KerasTrainer, fused_assign, minibatch_sizes, split_flat
 from elasticps.worker.model_loading import ModelError, ModelModule
 
 
@@ -185,6 +186,39 @@ def test_one_assign_takes_all_pulled_variables_or_those_of_the_shards_that_moved
     assert all(np.all(value == 3.0) for value in trainer.weights().values())
     with pytest.raises(ModelError, match="variable 'other'"):
         trainer.assign({"other": np.zeros(1, np.float32)})
+
+
+def test_a_fused_assign_of_one_dtype_puts_each_value_in_its_own_variable_and_keeps_none_of_them() -> None:
+    shapes = [(1024, 1024), (3, 5), (1,), (7,)]  # a large variable: TensorFlow may share aligned numpy memory
+    variables = [tf.Variable(np.zeros(shape, np.float32)) for shape in shapes]
+    assign = fused_assign(variables)
+    for round_ in range(2):
+        values = [np.random.default_rng(round_ * 10 + i).random(shape, np.float32) for i, shape in enumerate(shapes)]
+        assign(values)
+        for variable, value in zip(variables, values):
+            np.testing.assert_array_equal(variable.numpy(), value)
+    held = [variable.numpy().copy() for variable in variables]
+
+    def breaks_after_the_first() -> Iterator[np.ndarray]:
+        yield np.full(shapes[0], 9.0, np.float32)  # written into the assign's buffer
+        raise RuntimeError("the pull broke")
+
+    with pytest.raises(RuntimeError):
+        assign(breaks_after_the_first())
+    for value in values:
+        value[...] = -1.0  # nor are the caller's arrays any variable's memory
+    for variable, value in zip(variables, held):  # the buffer is no variable's memory
+        np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_a_fused_assign_of_mixed_dtypes_assigns_each_variable_in_its_own_dtype() -> None:
+    variables = [tf.Variable(np.zeros((2, 3), np.float32)), tf.Variable(np.zeros(4, np.float64))]
+    assign = fused_assign(variables)
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4, dtype=np.float64) / 3]
+    assign(values)
+    for variable, value in zip(variables, values):
+        assert variable.dtype.as_numpy_dtype == value.dtype
+        np.testing.assert_array_equal(variable.numpy(), value)
 
 
 def test_a_model_without_state_has_an_empty_one() -> None:
