@@ -14,6 +14,7 @@ PID 1 and the kernel would otherwise ignore SIGTERM until the kubelet's SIGKILL.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -53,6 +54,9 @@ EXIT_STOPPED = 128 + signal.SIGTERM
 # After SIGTERM: time to hand the task back and close the channels; then the process exits
 # regardless (a PS that is gone too, as when a whole job is deleted, would keep the report retrying).
 STOP_GRACE_S = 5.0
+# After the worker is done: the longest the interpreter's own exit may take (it joins every thread
+# a pool started) before the process ends with the worker's exit code anyway.
+EXIT_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,17 @@ def run(config: WorkerConfig) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     arm_stop_watchdog()
+    code = 1  # a traceback on its way out
+    try:
+        code = _run_until_stopped(config, stopping)
+        return code
+    finally:
+        arm_exit_watchdog(code)
+
+
+def _run_until_stopped(config: WorkerConfig, stopping: threading.Event) -> int:
+    from elasticps.worker.training import Stopped
+
     try:
         return _run(config)
     except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
@@ -211,6 +226,25 @@ def arm_stop_watchdog() -> None:
         os._exit(EXIT_STOPPED)
 
     threading.Thread(target=watch, args=(writer,), name="stop-watchdog", daemon=True).start()
+
+
+def arm_exit_watchdog(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """Ends the process with ``code`` if the interpreter's exit has not ended it ``grace_s`` from now.
+
+    The worker's work is done by now (its tasks reported, its model exported). The exit still
+    joins every thread a pool started, and one of them inside a call that does not return (a
+    neighbour's send being retried, a server's handler) would keep a finished worker alive, its
+    pod Running. Every thread's stack goes to stderr first, to say which one it was."""
+
+    def watch() -> None:
+        time.sleep(grace_s)
+        print(f"worker: the process had not exited {grace_s:.0f} s after the worker finished; "
+              f"its threads (ending it with exit code {code}):", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
 
 
 def _run(config: WorkerConfig) -> int:
