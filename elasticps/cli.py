@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from elasticps import allocator  # ctypes and argparse only
+
+    arenas = allocator.arenas_of(sys.argv[1:] if argv is None else argv)
+    if arenas is not None and arenas > 0:  # `elasticps ps`: before the parser's imports start threads (numpy's, gRPC's)
+        allocator.limit_malloc_arenas(arenas)
     args = _parser().parse_args(argv)
     level = args.log_level or ("WARNING" if args.command == "run" else "INFO")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

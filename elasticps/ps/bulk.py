@@ -247,6 +247,9 @@ class BulkServer:
             held = self._snapshot
             if held is not None and held.key == (store.incarnation, store.version):
                 return held
+            # The old version's copy goes before the new one is made: both at once would be two
+            # copies of the shard (pulls still sending it keep it until they are done).
+            self._snapshot = held = None
             with store.reading_model() as found:
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
                 first, views = frames.describe(head, found.variables, found.state)

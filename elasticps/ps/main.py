@@ -21,6 +21,7 @@ from types import FrameType
 
 from prometheus_client import REGISTRY, start_http_server
 
+from elasticps import allocator
 from elasticps.api.flags import (
     add_data_flags,
     add_prediction_flags,
@@ -100,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bulk_port", type=int, default=0,
         help="port of the raw-TCP tensor channel for pushes and pulls (0: any free port, -1: off; ps/bulk.py)",
     )  # fmt: skip
+    allocator.add_flag(parser)
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
         "--output",
@@ -167,6 +169,8 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
         raise SystemExit(f"error: --chunk_bytes must be >= 1, got {args.chunk_bytes}")
     if args.rpc_threads < 1:
         raise SystemExit(f"error: --rpc_threads must be >= 1, got {args.rpc_threads}")
+    if args.malloc_arenas < 0:  # applied already, before the imports (cli.main)
+        raise SystemExit(f"error: --malloc_arenas must be >= 0, got {args.malloc_arenas}")
     return PSConfig(
         ps_id=args.ps_id,
         num_ps=args.num_ps,
