@@ -292,7 +292,24 @@ NOTES = [
     "The PS holding both kernels had peaked at 871-887 MiB (10.0x), so the bytes moved but the ratio per "
     "shard did not fall: each shard still stages one gradient per worker, the sum and the pull frames of "
     "its half. `MALLOC_MMAP_THRESHOLD_` at 1 MiB (large buffers mapped and unmapped, not kept by glibc) "
-    "gave 475 and 504 MiB: the memory is held by the PS, not by the allocator.",
+    "gave 475 and 504 MiB: the memory is held by the PS, not by the allocator (wrong: see the next "
+    "paragraph).",
+    "",
+    "**One malloc arena (2026-11-25).** The test above was void: the local runner gives its replicas "
+    "their own `MALLOC_MMAP_THRESHOLD_` (`local/processes.py`), which overrode the one the benchmark was "
+    "given. Most of the memory was glibc's. tracemalloc inside a PS (20-minibatch run) traced 134 MiB "
+    "live and a 223 MiB peak (5P: the variables, two staged gradients, the sum, the pull copy) while the "
+    "process was resident at 555 MiB; it had reached 389-495 MiB at version 0, before the first round, "
+    "as the model and the first pulls went through many threads' arenas, each keeping what it had freed. "
+    "`MALLOC_ARENA_MAX=1` gave 307 MiB, `2` 280-371 MiB. The PS now caps its arenas at one "
+    "(`--malloc_arenas`, `elasticps/allocator.py`), set by the command line before numpy's and gRPC's "
+    "threads start: 312-313 MiB in the 20-minibatch job (7.0x). The data path benchmark ran as fast, "
+    "two runs alternating (`bench.run`, PS / ceiling at 1, 16, 64 MB): one arena 0.52, 0.88, 1.19 and "
+    "0.49, 0.91, 1.05; glibc's arenas 0.46, 0.85, 0.98 and 0.45, 0.89, 0.97. An idle PS also fell by "
+    "about 30 MiB (Parquet's pyarrow is imported only for Parquet data). What is left is the sync "
+    "protocol's 5P above idle: a staged gradient per worker until the coordinator names the round's "
+    "members, the sum, and the pull copy. Under 4x needs the sum made on arrival, which needs the "
+    "members known before the gradients come (or a way to take a gradient back out of the sum).",
     "",
 ]
 
