@@ -12,6 +12,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from elasticps.data.criteo import CriteoReader
 from elasticps.ps import checkpoint
 from local_jobs import elasticps, wait_for, write_job
 from test_faults import coordinator
+from test_local_changes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +136,46 @@ def test_a_ps_killed_mid_job_restores_every_row_of_its_checkpoint(tmp_path: Path
     assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
     assert result["metrics"]["auc"] > 0.8, result["metrics"]
     assert_rows_are_the_datas_ids(tmp_path, run_dir, "ctr-kill")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_tables_keep_every_row_once_while_a_worker_joins_and_another_is_killed(tmp_path: Path, mode: str) -> None:
+    """Workers change mid-job: a third joins (`elasticps scale`), declares the tables and trains;
+    then worker 1 is killed (-9) mid-minibatch and replaced. Every record is trained once per
+    epoch, the shards end at one version (sync), and each shard holds exactly its ids of the data:
+    a worker that died after pulling rows, or joined late, made no row the data does not name."""
+    # Async makes a version per minibatch, sync one per round of both workers: enough epochs that
+    # the job is still training once the joining worker has started TensorFlow.
+    epochs, then = (12, 20) if mode == "sync" else (40, 150)
+    training: dict[str, object] = {"numEpochs": epochs}
+    if mode == "async":
+        training["useAsync"] = True
+    name = f"ctr-{mode}-change"
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, name, **training))
+    try:
+        client = coordinator(run_dir)
+        wait_for(lambda: client.status().model_version >= 10 or process.poll() is not None, 300, "training to start")  # type: ignore[attr-defined]
+        done = subprocess.run([sys.executable, "-m", "elasticps", "scale", str(run_dir), "--workers", "3"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        joined = run_dir / f"{name}-worker-2.log"
+        wait_for(lambda: alive(run_dir, f"{name}-worker-2") or process.poll() is not None, 60, "worker 2")  # type: ignore[attr-defined]
+        at = client.status().model_version  # worker 2 starts TensorFlow, then trains beside the others
+        wait_for(lambda: client.status().model_version >= at + then or process.poll() is not None, 120, "more versions")  # type: ignore[attr-defined]
+        assert process.poll() is None, "the job ended before the kill"  # type: ignore[attr-defined]
+        os.kill(int((run_dir / f"{name}-worker-1.pid").read_text()), signal.SIGKILL)
+        _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    finally:
+        if process.poll() is None:  # type: ignore[attr-defined]
+            process.terminate()  # type: ignore[attr-defined]
+            process.communicate(timeout=30)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert "workers: 2 -> 3" in stderr and f"{name}-worker-1 exited with code -9: replacing it" in stderr
+    steps = re.search(r"worker-2 done: Counters\(steps=(\d+)", joined.read_text())
+    assert steps and int(steps[1]) > 0, joined.read_text()[-3000:]
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN] * epochs  # every record once per epoch, the killed worker's task again
+    if mode == "sync":
+        assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
+    assert result["metrics"]["auc"] > 0.7, result["metrics"]  # learned (chance: 0.5; 40 epochs of 2,400 records overfit)
+    assert_rows_are_the_datas_ids(tmp_path, run_dir, name)
