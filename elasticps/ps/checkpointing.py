@@ -132,13 +132,24 @@ class Checkpointing:
             self._lock.wait_for(lambda: self._waiting is None and not self._busy)
 
     def restore(self) -> tuple[Model, int] | None:
-        """The model and version of the newest good checkpoint, if any; corrupt ones are skipped."""
+        """The model and version of the newest good checkpoint, if any. Corrupt files are skipped,
+        and so is a file that verifies but whose contents do not make a model (tables or optimizer
+        state that do not fit together: another program's, or edited), each with a warning naming
+        it and why, for the next older one."""
         if self.directory is None:
             return None
-        found = checkpoint.load_latest(self.directory)
-        if found is None:
-            return None
-        return rebuild(found, self.shard), found.version
+        paths = checkpoint.list_checkpoints(self.directory)
+        for path in paths:
+            try:
+                found = checkpoint.load(path)
+                return rebuild(found, self.shard), found.version
+            except checkpoint.CheckpointError as err:
+                log.warning("shard %d: skipping checkpoint %s: %s", self.shard, path, err.reason)
+            except (ValueError, TypeError, KeyError) as err:  # OptimizerError is a ValueError
+                log.warning("shard %d: skipping checkpoint %s: its model cannot be rebuilt: %s", self.shard, path, err)
+        if paths:
+            log.warning("shard %d: none of the %d checkpoints in %s can be restored", self.shard, len(paths), self.directory)
+        return None
 
     def rolled_back(self, version: int) -> None:
         """The shard went back to ``version`` (a new incarnation): the snapshot waiting for the writer

@@ -14,6 +14,7 @@ import pytest
 from elasticps.api.embedding import TableSpec, initial_rows
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps import checkpoint
 from elasticps.ps.errors import GradientError, ModelMismatch
 from elasticps.ps.store import ParameterStore, RoundError, StoreSettings
 
@@ -165,3 +166,28 @@ def test_staleness_aware_async_divides_a_rows_learning_rate_by_its_staleness() -
     assert outcome.staleness == 2 and outcome.learning_rate == 0.25
     _, _, after = s.pull_embeddings({"cat": np.array([4], np.int64)})
     np.testing.assert_allclose(after["cat"]["rows"][0], first["cat"]["rows"][0] - (0.5 + 0.5 + 0.25), rtol=1e-6)
+
+
+def test_a_checkpoint_whose_tables_do_not_fit_is_skipped_for_the_older_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file that verifies (its checksum is right) but whose table rows repeat an id, or whose
+    optimizer is unknown: the shard restores the next older checkpoint, with a warning naming the
+    file, instead of failing to start."""
+    s = store(UpdateRule.ASYNC, shard=0, shards=1, optimizer=ADAM, checkpoint_dir=tmp_path, every=2)
+    s.pull_embeddings({"cat": np.arange(10, dtype=np.int64)})
+    for version in range(2):
+        s.push(ZERO, version, embeddings=rows([1, 2], np.ones((2, 3))))
+    s.flush_checkpoints()
+    good = checkpoint.load_latest(tmp_path / "ps-0")
+    assert good is not None and good.version == 2
+    repeated = {**good.arrays, "emb/cat/ids": np.zeros_like(good.arrays["emb/cat/ids"])}
+    checkpoint.save(tmp_path / "ps-0", checkpoint.Checkpoint(4, repeated, good.meta), keep=10)
+    unknown = {**good.meta, "optimizer": {"name": "no-such-optimizer", "params": {}}}
+    checkpoint.save(tmp_path / "ps-0", checkpoint.Checkpoint(6, good.arrays, unknown), keep=10)
+    restored = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=UpdateRule.ASYNC),
+                                            checkpoint_dir=tmp_path, checkpoint_steps=2))
+    with caplog.at_level("WARNING"):
+        assert restored.restore() and restored.version == 2
+    assert restored.rows_held() == {"cat": 10}
+    skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert len(skipped) == 2 and "000000000006" in skipped[0] and "000000000004" in skipped[1], skipped
+    assert "repeat" in skipped[1]
