@@ -40,7 +40,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from elasticps.files import atomic_writer
 
-__all__ = ["Checkpoint", "CheckpointError", "list_checkpoints", "load", "load_latest", "save"]
+__all__ = ["Checkpoint", "CheckpointError", "list_checkpoints", "load", "load_latest", "save", "verified"]
 
 logger = logging.getLogger(__name__)
 
@@ -440,19 +440,28 @@ def _load(f: io.BufferedReader, path: Path) -> Checkpoint:
     return Checkpoint(version=version, arrays=arrays, meta=meta)
 
 
+def verified(directory: Path) -> Iterator[Checkpoint]:
+    """The checkpoints in ``directory`` that load and verify, newest first (none for a missing
+    directory). Each corrupt one is reported with ``logging.warning`` (file and reason) and skipped."""
+    for path in list_checkpoints(Path(directory)):
+        try:
+            found = load(path)
+        except CheckpointError as e:
+            logger.warning("skipping corrupt checkpoint %s: %s", path, e.reason)
+            continue
+        yield found
+
+
 def load_latest(directory: Path) -> Checkpoint | None:
     """The newest checkpoint in ``directory`` that loads and verifies, or ``None``.
 
     ``None`` when the directory is missing, holds no checkpoints, or all of them are corrupt.
     Each corrupt checkpoint is reported with ``logging.warning`` (file and reason) and skipped
-    in favour of the next older one.
+    in favour of the next older one (:func:`verified`).
     """
-    paths = list_checkpoints(Path(directory))
-    for path in paths:
-        try:
-            return load(path)
-        except CheckpointError as e:
-            logger.warning("skipping corrupt checkpoint %s: %s", path, e.reason)
-    if paths:
-        logger.warning("no good checkpoint in %s (%d corrupt)", directory, len(paths))
-    return None
+    latest = next(verified(directory), None)
+    if latest is None:
+        paths = list_checkpoints(Path(directory))
+        if paths:
+            logger.warning("no good checkpoint in %s (%d corrupt)", directory, len(paths))
+    return latest

@@ -138,17 +138,16 @@ class Checkpointing:
         it and why, for the next older one."""
         if self.directory is None:
             return None
-        paths = checkpoint.list_checkpoints(self.directory)
-        for path in paths:
+        unusable = 0
+        for found in checkpoint.verified(self.directory):  # corrupt files skipped there
             try:
-                found = checkpoint.load(path)
                 return rebuild(found, self.shard), found.version
-            except checkpoint.CheckpointError as err:
-                log.warning("shard %d: skipping checkpoint %s: %s", self.shard, path, err.reason)
-            except (ValueError, TypeError, KeyError) as err:  # OptimizerError is a ValueError
+            except (checkpoint.CheckpointError, ValueError, TypeError, KeyError) as err:  # OptimizerError is a ValueError
+                unusable += 1
+                path = checkpoint.path_of(self.directory, found.version)
                 log.warning("shard %d: skipping checkpoint %s: its model cannot be rebuilt: %s", self.shard, path, err)
-        if paths:
-            log.warning("shard %d: none of the %d checkpoints in %s can be restored", self.shard, len(paths), self.directory)
+        if unusable:
+            log.warning("shard %d: no checkpoint in %s can be restored", self.shard, self.directory)
         return None
 
     def rolled_back(self, version: int) -> None:
