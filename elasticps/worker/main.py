@@ -193,7 +193,7 @@ def _run_until_stopped(config: WorkerConfig, stopping: threading.Event) -> int:
     from elasticps.worker.training import Stopped
 
     try:
-        return _run(config)
+        return _run(config, stopping)
     except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
         log.info("worker-%d: stopped by signal SIGTERM", config.worker_id)
         return EXIT_STOPPED
@@ -247,7 +247,7 @@ def arm_exit_watchdog(code: int, grace_s: float = EXIT_GRACE_S) -> None:
     threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
 
 
-def _run(config: WorkerConfig) -> int:
+def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
@@ -333,6 +333,7 @@ def _run(config: WorkerConfig) -> int:
         prediction=prediction,
         pace=pace,
         peer=None if peer is None else (peer.model, peer.step),
+        stopping=stopping,
     )
     try:
         worker.run()

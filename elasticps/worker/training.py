@@ -105,9 +105,11 @@ class Worker:
         prediction: Prediction | None = None,
         pace: Pace | None = None,
         peer: tuple[PeerModel, HopStep] | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         """``peer``: a decentralized job's model and step (``peer_model.py``), which stand in for
-        the PS's (``ps`` is then not used)."""
+        the PS's (``ps`` is then not used). ``stopping``: set by the SIGTERM handler
+        (``worker/main.py``); checked between minibatches and tasks (:meth:`_stop_if_asked`)."""
         if training_data is None and (prediction is None or not prediction.standalone):
             raise ValueError("a worker without training data only predicts, with an exported model")
         self._trainer = trainer
@@ -118,6 +120,7 @@ class Worker:
         self._exporter = exporter
         self._prediction = prediction
         self._stop = threading.Event()
+        self._stopping = stopping or threading.Event()
         self.counters = Counters()
         self.first_task_cpu_s: float | None = None  # this process's CPU when its first training task began
         self._metrics = metrics or WorkerMetrics(CollectorRegistry(), ps.worker if ps is not None else "worker")
@@ -154,6 +157,7 @@ class Worker:
                 self._trainer.warm_up(*self._training_data.read(0, size))
                 self._model.initialise()
             while True:
+                self._stop_if_asked()
                 task = self._coordinator.get_task()
                 if task.type == pb.TASK_TYPE_FINISHED:
                     log.info("job finished: %s", self.counters)
@@ -173,6 +177,15 @@ class Worker:
                 self._coordinator.leave()
             except Exception as err:
                 log.debug("could not say goodbye to the coordinator: %s", err)
+
+    def _stop_if_asked(self) -> None:
+        """Raises :class:`Stopped` once a stop was asked for. The signal handler raises it too,
+        wherever the main thread is, but Python prints and drops an exception raised inside a
+        finaliser (a ``__del__``, a weakref callback: TensorFlow runs many), and the handler runs
+        once: training would go on until the stop watchdog ends the process, the task not handed
+        back. Checked here, between minibatches and tasks, the stop is not lost."""
+        if self._stopping.is_set():
+            raise Stopped("stopped by signal SIGTERM")
 
     def _beat(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
@@ -220,6 +233,7 @@ class Worker:
         rejected_before = self.counters.rejected
         self._step.start_task()
         for x, y in self._trainer.batches(features, labels, Mode.TRAINING):
+            self._stop_if_asked()
             count = records_in(y)
             loss_sum += self._step.train(x, y) * count
             self.counters.steps += 1

@@ -85,7 +85,7 @@ def test_sigterm_stops_a_training_worker_and_requeues_its_task(tmp_path: Path) -
         assert code == 143, job.worker_log()
         assert took < 10
         # Handed back at once, not after the 600 s task timeout.
-        assert job.status.status().tasks_requeued == 1
+        assert job.status.status().tasks_requeued == 1, job.worker_log()
     finally:
         job.close()
 

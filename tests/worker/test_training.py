@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,6 +89,53 @@ def test_a_failing_task_is_reported_failed_then_raised() -> None:
     (report,) = rig.coordinator.reports
     assert (report.task_id, report.success, report.error) == (1, False, "RuntimeError: boom")
     assert rig.coordinator.handed == 1  # the worker stops at the failure
+
+
+class StopAskedTrainer(FakeTrainer):
+    """Sets the stop event after its second minibatch, without raising: as when the SIGTERM
+    handler's raise lands inside a finaliser, where Python prints it and drops it."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        super().__init__()
+        self.stopping = stopping
+        self.yielded = 0
+
+    def batches(self, features: np.ndarray, labels: np.ndarray, mode: str) -> Iterator[tuple[Any, Any]]:
+        for batch in super().batches(features, labels, mode):
+            yield batch
+            self.yielded += 1
+            if self.yielded == 2:
+                self.stopping.set()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stop_whose_raise_was_dropped_stops_at_the_next_minibatch(mode: TrainingMode) -> None:
+    stopping = threading.Event()
+    trainer = StopAskedTrainer(stopping)
+    rig = make_worker(mode, [training_task(1, 0, 16), training_task(2, 16, 32)], trainer=trainer, stopping=stopping)
+    with pytest.raises(training.Stopped):
+        rig.worker.run()
+    assert rig.worker.counters.steps == 2  # not one minibatch more
+    (report,) = rig.coordinator.reports  # the task is handed back now, not after a timeout
+    assert (report.task_id, report.success) == (1, False)
+    assert report.error.startswith("Stopped")
+    assert (rig.coordinator.handed, rig.coordinator.left) == (1, 1)
+
+
+def test_a_stop_asked_between_tasks_asks_for_no_other_task() -> None:
+    stopping = threading.Event()
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 8), training_task(2, 8, 16)], stopping=stopping)
+    original = rig.coordinator.report
+
+    def report(result: pb.TaskResult) -> None:
+        original(result)
+        stopping.set()  # asked while the first task's success was being reported
+
+    rig.coordinator.report = report  # type: ignore[method-assign]
+    with pytest.raises(training.Stopped):
+        rig.worker.run()
+    assert [(r.task_id, r.success) for r in rig.coordinator.reports] == [(1, True)]
+    assert rig.coordinator.handed == 1
 
 
 def test_a_failure_that_cannot_be_reported_is_still_raised() -> None:

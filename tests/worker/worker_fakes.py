@@ -17,6 +17,8 @@ step, as a training forward pass moves BatchNorm's statistics.
 
 from __future__ import annotations
 
+import threading
+
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -524,6 +526,7 @@ def make_worker(
     exporter: Exporter | None = None,
     prediction: Prediction | None = None,
     training: bool = True,
+    stopping: threading.Event | None = None,
 ) -> Rig:
     ps = ps or FakePS(mode.rule)
     trainer = trainer or FakeTrainer()
@@ -543,6 +546,7 @@ def make_worker(
         metrics=WorkerMetrics(registry, WORKER),
         exporter=exporter,
         prediction=prediction,
+        stopping=stopping,
     )
     return Rig(ps, coordinator, trainer, registry, worker)
 
