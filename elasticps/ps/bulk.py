@@ -12,7 +12,9 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   call by ``stream_deadline_s`` (DEADLINE_EXCEEDED, then the connection is closed), a connection
   idle between calls for ``stream_deadline_s`` closed;
 * a pull reads under the store's guard: async, the live arrays are sent as they are (a torn read,
-  as on gRPC); sync, the version is copied once into a snapshot that every puller of it is sent;
+  as on gRPC); sync, the version is copied once into a snapshot that every puller of it is sent,
+  held only by the pulls sending it (the shard keeps a weak reference: a version's pulls come
+  together, woken by one commit, and the copy is not kept through the next round's pushes);
   ``wait_ms`` long-polls in the connection's thread, at most ``servicer.MAX_WAIT_MS``;
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).
@@ -25,6 +27,8 @@ import socket
 import sys
 import threading
 import time
+import weakref
+
 import grpc
 import numpy as np
 
@@ -60,8 +64,9 @@ class BulkServer:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: weakref.ref[_Snapshot] | None = None  # alive while a pull sends it
         self._snapshot_lock = threading.Lock()
+        self.snapshots_made = 0  # copies of sync versions made for pulls (tests count them)
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="bulk-accept", daemon=True)
 
@@ -81,6 +86,10 @@ class BulkServer:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def held_snapshot(self) -> bool:
+        """Whether a sync version's copy is alive (a pull is sending it)."""
+        return self._snapshot is not None and self._snapshot() is not None
 
     def connections(self) -> int:
         with self._lock:
@@ -244,7 +253,7 @@ class BulkServer:
     def _shared(self) -> _Snapshot:
         store = self._store
         with self._snapshot_lock:
-            held = self._snapshot
+            held = None if self._snapshot is None else self._snapshot()
             if held is not None and held.key == (store.incarnation, store.version):
                 return held
             # The old version's copy goes before the new one is made: both at once would be two
@@ -259,6 +268,7 @@ class BulkServer:
                     data[offset : offset + len(view)] = np.frombuffer(view, dtype=np.uint8)
                     offset += len(view)
                 snapshot = _Snapshot((found.incarnation, found.version), first.SerializeToString(), data)
-            self._snapshot = snapshot
+            self._snapshot = weakref.ref(snapshot)
+            self.snapshots_made += 1
             return snapshot
 

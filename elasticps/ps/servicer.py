@@ -22,7 +22,9 @@ service's methods, by their names in the .proto, with an identity deserializer):
 
 When the store's rule keeps a version fixed while it is read (``consistent_reads``: sync), every
 worker pulls the same version, so the encoded frames of the latest version are kept and served to
-every puller (encoded once per version, not once per pull); otherwise (async) each pull encodes the
+every puller (encoded once per version, not once per pull), held by the pulls sending them and only
+weakly by the servicer (woken by one commit, a version's pulls come together; the frames are not
+kept through the next round's pushes); otherwise (async) each pull encodes the
 live arrays as it streams them, a few MiB at a time. The servicer itself has no notion of the training mode.
 """
 
@@ -32,6 +34,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Generator
 from typing import Any
 
@@ -64,6 +67,14 @@ _ENCODER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encoder"
 Context = aio.ServicerContext[Any, Any]
 
 
+class _Encoded:
+    """A sync version's frames, encoded once for every puller of it."""
+
+    def __init__(self, key: tuple[int, int], encoded: list[bytes]) -> None:
+        self.key = key  # (incarnation, version)
+        self.frames = encoded
+
+
 class ParameterServerServicer:
     def __init__(
         self,
@@ -81,7 +92,7 @@ class ParameterServerServicer:
         self._versions = Changes()
         store.on_version_change(self._versions.notify)
         self._cache_lock = threading.Lock()
-        self._cached: tuple[tuple[int, int], list[bytes]] | None = None  # (incarnation, version) -> frames
+        self._cached: weakref.ref[_Encoded] | None = None  # alive while a pull sends it
         self.bulk_port = 0  # the shard's bulk channel (ps/bulk.py), told to clients by DescribeShard; 0: none
 
     def in_flight(self) -> tuple[int, int]:
@@ -131,7 +142,7 @@ class ParameterServerServicer:
         # puller) or live (then encode it for this pull, while reading).
         if store.consistent_reads:
             encoded = await asyncio.get_running_loop().run_in_executor(_ENCODER, self._shared_frames)
-            for message in encoded:
+            for message in encoded.frames:
                 self._metrics.bytes_sent.inc(len(message))
                 yield message
         else:
@@ -160,19 +171,19 @@ class ParameterServerServicer:
             head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
             yield from frames.encode(head, found.variables, self._chunk_bytes, found.state)
 
-    def _shared_frames(self) -> list[bytes]:
+    def _shared_frames(self) -> _Encoded:
         with self._cache_lock:
-            cached = self._cached
-            if cached is not None and cached[0] == (self._store.incarnation, self._store.version):
-                return cached[1]
+            cached = None if self._cached is None else self._cached()
+            if cached is not None and cached.key == (self._store.incarnation, self._store.version):
+                return cached
             # The old version's frames go before the new ones are encoded: a shard of P bytes holds
             # one encoding (P), not two, while it encodes (pulls still sending them keep their own).
             self._cached = cached = None
             with self._store.reading_model() as found:
                 incarnation, version = found.incarnation, found.version
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
-                encoded = list(frames.encode(head, found.variables, self._chunk_bytes, found.state))
-            self._cached = ((incarnation, version), encoded)
+                encoded = _Encoded((incarnation, version), list(frames.encode(head, found.variables, self._chunk_bytes, found.state)))
+            self._cached = weakref.ref(encoded)
             return encoded
 
     async def PushGradients(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.PushReply:

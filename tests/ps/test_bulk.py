@@ -393,3 +393,47 @@ def test_a_port_that_does_not_connect_is_tried_again_later_and_later() -> None:
         blocked.close()
     gaps = [later - earlier for earlier, later in zip(asked, asked[1:])]
     assert gaps == [30.0, 60.0, 120.0]  # twice as long after each failure
+
+
+def test_a_sync_version_is_copied_once_for_the_pulls_sending_it_and_not_kept_after() -> None:
+    """The copy every puller of a sync version is sent lives while a pull sends it: a pull stalled
+    mid-send and one beside it share one copy; once both are sent, the shard holds none (it would
+    otherwise stay through the next round's pushes, one more shard's bytes at the PS's peak)."""
+    big = {"w": np.linspace(-1, 1, 4 << 20, dtype=np.float32)}  # 16 MiB: more than the sockets buffer
+    store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=UpdateRule.SYNC)))
+    store.initialize(big, OptimizerConfig("sgd", {"learning_rate": 0.5}))
+    server = BulkServer(store, PSMetrics(CollectorRegistry(), 0), ServerLimits(), "127.0.0.1", 0)
+    server.start()
+    request = pb.PullRequest(version=-1).SerializeToString()
+    try:
+        stalled = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # asks, reads nothing yet
+        bulk.send(stalled, [bulk.REQUEST.pack(bulk.MAGIC, malformed.BULK_METHODS["PullDense"]),
+                            bulk.LENGTH.pack(len(request)), request], bulk.Deadline.within(10, 10, "pull"))
+        deadline = time.monotonic() + 10
+        while server.snapshots_made == 0:  # its copy is made and being sent
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        connection = bulk.BulkConnection("127.0.0.1", server.port, 5.0, 10.0)
+        try:
+            pulled = connection.pull(pb.PullRequest(version=-1))
+            np.testing.assert_array_equal(pulled.tensors["w"], big["w"])
+            assert server.snapshots_made == 1  # the stalled pull's copy, shared
+            code, message = bulk.read_reply(stalled, bulk.Deadline.within(10, 10, "pull"))
+            assert code is grpc.StatusCode.OK
+            assembly = frames.Assembly(frames.read_head(message))
+            size = assembly.head.total - assembly.received
+            bulk.recv_into(stalled, assembly.space(size), bulk.Deadline.within(10, 10, "pull"))
+            assembly.advance(size)
+            np.testing.assert_array_equal(assembly.finish().tensors["w"], big["w"])
+            stalled.close()
+            deadline = time.monotonic() + 10
+            while server.held_snapshot():  # the server's thread lets go once its send returns
+                assert time.monotonic() < deadline, "the copy was kept after its pulls were sent"
+                time.sleep(0.01)
+            again = connection.pull(pb.PullRequest(version=-1))  # a later pull of it: copied again
+            np.testing.assert_array_equal(again.tensors["w"], big["w"])
+            assert server.snapshots_made == 2
+        finally:
+            connection.close()
+    finally:
+        server.stop()
