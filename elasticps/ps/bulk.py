@@ -187,7 +187,7 @@ class BulkServer:
         try:
             outcome = store.push(
                 decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch,
-                head.incarnation, state=decoded.state, embeddings=decoded.embeddings,
+                head.incarnation, state=decoded.state, embeddings=decoded.embeddings, received=True,
             )  # fmt: skip
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")

@@ -79,9 +79,10 @@ class RowSum:
         self._dim, self._dtype = dim, dtype
         self._parts: list[RowGradient] = []
 
-    def add(self, gradient: RowGradient) -> None:
+    def add(self, gradient: RowGradient, take: bool = False) -> bool:
         if gradient.ids.size:
             self._parts.append(gradient)
+        return False
 
     def averaged(self, count: int) -> RowGradient:
         if not self._parts:

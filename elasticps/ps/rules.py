@@ -73,6 +73,7 @@ class Gradient:
     base_lr: float
     worker: str = ""
     minibatch: str = ""  # the worker's name for the minibatch (audit log; see CommitOutcome)
+    received: bool = False  # its arrays are the PS's own (received into its buffers): a round may sum into them
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,21 @@ class _Prepared:
     round: int
     members: list[Gradient]
     staged: list[Staged]
+    spent: list[Gradient]  # members whose memory holds the sum: their pushed values are gone
 
-    def computes(self, round_: int, members: list[Gradient]) -> bool:
-        """Whether this is the update of exactly these gradients (not a member's newer one)."""
-        return self.round == round_ and len(members) == len(self.members) and all(
-            a is b for a, b in zip(members, self.members)
-        )
+    def applies(self, round_: int, workers: Sequence[str], staged: Mapping[str, Gradient], dry_run: bool) -> bool:
+        """Whether this computation is the one for round ``round_`` of ``workers``: the same round
+        and members, each member's staged gradient the one summed or a push of the same minibatch
+        again (a retried push; the minibatch trained again after the round was aborted). The
+        commit that follows a dry run takes it in any case: once every shard's dry run passed, it
+        must not fail, and one gradient per member is counted either way."""
+        if self.round != round_ or [g.worker for g in self.members] != list(workers):
+            return False
+        return not dry_run or all(_same_minibatch(staged.get(g.worker), g) for g in self.members)
+
+
+def _same_minibatch(now: Gradient | None, then: Gradient) -> bool:
+    return now is then or (now is not None and bool(then.minibatch) and now.minibatch == then.minibatch)
 
 
 class RoundError(Exception):
@@ -154,15 +164,23 @@ class RoundAveraging(Rule):
     def _finish(self, prepared: _Prepared, *, commit: bool) -> None:
         """Commits or discards a prepared update, then clears the sums: an update proven finite
         by bounds is applied in place at the commit, from the averaged sums, which must be kept
-        until then."""
+        until then. Discarded, the gradients it summed into are dropped: they hold the sum now,
+        and a round that names their workers again is refused (RoundError: the round is aborted
+        on every shard and its members train again)."""
         try:
             if commit:
                 Model.commit(prepared.staged)
             else:
                 Model.discard(prepared.staged)
+                self._drop_spent(prepared.spent)
         finally:
             for summed in self._sums.values():
                 summed.clear()
+
+    def _drop_spent(self, spent: list[Gradient]) -> None:
+        for gradient in spent:
+            if self._staged.get(gradient.worker) is gradient:
+                del self._staged[gradient.worker]
 
     def guard(self) -> AbstractContextManager[object]:
         return self._lock
@@ -189,36 +207,43 @@ class RoundAveraging(Rule):
                 raise RoundError(f"round {round_} is ahead of this shard's version {version.value}")
             if not workers:
                 raise RoundError(f"round {round_} names no gradient")
-            members = self._members(round_, workers)
             prepared, self._prepared = self._prepared, None
-            if prepared is not None and not prepared.computes(round_, members):
+            # Computed again otherwise, from the newest gradients: one the old computation summed
+            # into is gone, and a round that names it is refused (RoundError: aborted on every
+            # shard before any applied it, and its members train again).
+            if prepared is not None and not prepared.applies(round_, workers, self._staged, dry_run):
                 self._finish(prepared, commit=False)
                 prepared = None
             if prepared is None:
-                prepared = _Prepared(round_, members, self._stage(model, round_, members))
+                prepared = self._prepare(model, round_, self._members(round_, workers))
             if dry_run:
                 self._prepared = prepared  # the commit that follows copies it in
                 return CommitOutcome(version.value, ())
             self._finish(prepared, commit=True)
             for worker in workers:
-                del self._staged[worker]
+                self._staged.pop(worker, None)  # with a newer gradient pushed since the dry run
             self._forget_older_than(round_ + 1)
             version.advance()  # under the lock: a checkpoint it starts copies this version
-            return CommitOutcome(version.value, tuple(g.minibatch for g in members))
+            return CommitOutcome(version.value, tuple(g.minibatch for g in prepared.members))
 
-    def _stage(self, model: Model, round_: int, members: list[Gradient]) -> list[Staged]:
+    def _prepare(self, model: Model, round_: int, members: list[Gradient]) -> _Prepared:
         """The round's update: the members' gradients averaged per table, computed aside and
         checked (RoundError when any new value would be NaN or infinite). The sums stay as they
-        are until the prepared update is finished (:meth:`_finish`), cleared at once on error."""
+        are until the prepared update is finished (:meth:`_finish`), cleared at once on error.
+        The first member's gradient, when it is the PS's own, holds the sum (``DenseSum``)."""
+        spent: list[Gradient] = []
         try:
-            for gradient in members:
-                for name, part in gradient.update.items():
-                    self._sums[name].add(part)
+            for k, gradient in enumerate(members):
+                took = [self._sums[name].add(part, take=k == 0 and gradient.received)
+                        for name, part in gradient.update.items()]  # fmt: skip
+                if any(took):
+                    spent.append(gradient)
             averaged = {name: summed.averaged(len(members)) for name, summed in self._sums.items()}
-            return model.stage(averaged, self._learning_rate(members))
+            return _Prepared(round_, members, model.stage(averaged, self._learning_rate(members)), spent)
         except BaseException as err:
             for summed in self._sums.values():
                 summed.clear()
+            self._drop_spent(spent)
             if isinstance(err, GradientError):
                 raise RoundError(f"round {round_}: {err}") from err
             raise

@@ -205,6 +205,7 @@ class ParameterServerServicer:
                     head.incarnation,
                     state=decoded.state,
                     embeddings=decoded.embeddings,
+                    received=True,
                 )
             except UninitializedError as err:
                 self._metrics.pushed("uninitialized")

@@ -64,7 +64,7 @@ class StateMean:
         self._counts: dict[str, int] = {}
         self._dtypes: dict[str, np.dtype[Any]] = {}
 
-    def add(self, values: Mapping[str, Array]) -> None:
+    def add(self, values: Mapping[str, Array], take: bool = False) -> bool:
         for name, value in values.items():
             total = self._sums.get(name)
             if total is None:
@@ -76,6 +76,7 @@ class StateMean:
                 self._counts[name] += 1
             # else: an adopting table's new tensor, sent in two shapes by two members of one round
             # (checked against nothing held yet): the first member's is kept.
+        return False  # float64 sums of its own: the values are small
 
     def averaged(self, count: int) -> dict[str, Array]:
         return {

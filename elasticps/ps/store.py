@@ -296,10 +296,13 @@ class ParameterStore:
         incarnation: int = 0,
         state: Mapping[str, np.ndarray] = _NOTHING,
         embeddings: Mapping[str, Mapping[str, np.ndarray]] = _NO_ROWS,
+        received: bool = False,
     ) -> PushOutcome:
         """One worker's dense gradients, computed on ``version``, handed to the rule once checked,
         with the worker's current values of (some of) the state tensors (``state_table.py``) and
         its row gradients per embedding table (``{"ids": ..., "gradient": ...}`` each).
+        ``received``: the arrays were received into this PS's own buffers, which nothing else
+        reads; a sync round may make its sum in them (``tables.DenseSum``).
 
         Gradients of another incarnation (computed before a rollback) are refused, changing nothing."""
         model = self._require_model()
@@ -312,7 +315,7 @@ class ParameterStore:
             update[table_key(name)] = _row_gradient(name, parts)
         model.check(update)
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
-        return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch))
+        return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch, received))
 
     def commit(self, round_: int, workers: Sequence[str], dry_run: bool = False) -> CommitOutcome:
         """Applies sync round ``round_`` with the staged gradients of ``workers`` (RoundError if it

@@ -66,7 +66,11 @@ class Staged(Protocol):
 class Accumulator(Protocol[G]):
     """Sums a sync round's gradients for one table."""
 
-    def add(self, gradient: G) -> None: ...
+    def add(self, gradient: G, take: bool = False) -> bool:
+        """Adds ``gradient`` to the sum. ``take``: the sum may be made in the gradient's own memory
+        (it is the PS's, and the round drops it after); True when it was, and the gradient no
+        longer holds what was pushed."""
+        ...
 
     def averaged(self, count: int) -> G:
         """The mean of the ``count`` gradients added (may reuse the sums' memory)."""
@@ -104,30 +108,50 @@ class Table(Protocol[G]):
 
 
 class DenseSum:
-    """A sync round's sum of dense gradients, one array per variable, allocated once with the model
-    and kept between rounds: every pass writes into it (``out=``), nothing is allocated per round.
+    """A sync round's sum of dense gradients, one array per variable.
 
-    A sum that holds nothing yet (after :meth:`clear`) takes its first gradient by copy, not by
-    adding it to zeros, so clearing costs no pass over the arrays; a round of one gradient is not
-    scaled (by 1)."""
+    The sum is made in the memory of the round's first gradient when the rule lets it (``take``: a
+    push received into the PS's own buffers, which the round drops once it commits): the round then
+    holds no sum array of its own, one shard's bytes less at the PS's peak. Otherwise it is made in
+    arrays of its own, allocated the first time one is needed and kept between rounds (every pass
+    writes into them, ``out=``). A sum that holds nothing yet takes its first gradient (or copies
+    it), not adding it to zeros, so clearing costs no pass over the arrays; a round of one gradient
+    is not scaled (by 1)."""
 
     def __init__(self, variables: Mapping[str, Array]) -> None:
-        self._sums = {name: np.empty_like(value) for name, value in variables.items()}
-        self._empty = set(self._sums)  # the sums that hold no gradient since the last clear
+        self._variables = variables  # their shapes and dtypes, for the arrays of its own
+        self._own: dict[str, Array] = {}
+        self._sums: dict[str, Array] = {}  # this round's, by name: its own arrays or a gradient's
 
-    def add(self, gradient: Mapping[str, Array]) -> None:
+    def add(self, gradient: Mapping[str, Array], take: bool = False) -> bool:
+        """Adds ``gradient``; True when the sum was made in its memory (``take`` and writable
+        arrays): it no longer holds the pushed values."""
+        took = False
         for name, value in gradient.items():
-            total = self._sums[name]
-            if name in self._empty:
-                np.copyto(total, value)
-                self._empty.discard(name)
+            total = self._sums.get(name)
+            if total is not None:
+                with np.errstate(over="ignore"):  # an overflowing sum is refused by the stage's check
+                    np.add(total, value, out=total)
+            elif take and value.flags.writeable:
+                # A view, another object: the bound a check measured for ``value`` (``_bound``,
+                # by identity) is not the sum's.
+                self._sums[name] = value.view()
+                took = True
             else:
-                np.add(total, value, out=total)
+                self._sums[name] = total = self._own_array(name)
+                np.copyto(total, value)
+        return took
+
+    def _own_array(self, name: str) -> Array:
+        own = self._own.get(name)
+        if own is None:
+            own = self._own[name] = np.empty_like(self._variables[name])
+        return own
 
     def averaged(self, count: int) -> Mapping[str, Array]:
-        for name in self._empty:
-            self._sums[name].fill(0)
-        self._empty.clear()
+        for name in self._variables.keys() - self._sums.keys():
+            self._sums[name] = zero = self._own_array(name)
+            zero.fill(0)
         if count != 1:
             scale = 1.0 / count
             for total in self._sums.values():
@@ -135,7 +159,7 @@ class DenseSum:
         return self._sums
 
     def clear(self) -> None:
-        self._empty = set(self._sums)
+        self._sums = {}  # a gradient's memory it was made in goes with the gradient
 
 
 class DenseTable:
@@ -210,7 +234,8 @@ class DenseTable:
 
     def _bound(self, name: str, value: Array) -> float | None:
         """The bound of ``|value|`` measured by this thread's last :meth:`check`, if of ``value``
-        (gradients are never written to: pushed arrays, read-only)."""
+        (a pushed gradient is read-only, but for a sync round's sum made in it, staged as another
+        object: ``DenseSum``)."""
         ref, bound = self._checked.__dict__.get("bounds", {}).get(name, (None, None))
         return bound if ref is not None and ref() is value else None
 

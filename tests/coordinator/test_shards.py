@@ -80,7 +80,11 @@ def test_a_shard_missing_a_members_gradient_aborts_the_round_and_no_shard_applie
     assert [s.version for s in job.stores] == [0, 0]
     for name, value in job.params().items():
         np.testing.assert_array_equal(value, MODEL[name], err_msg=name)
-    # Nothing staged was consumed: a round of a alone still commits everywhere.
+    # Its members train again: a's gradient, received by shard 0 and summed into by its dry run, is
+    # gone there, and a round naming a is refused until a pushes again; then it commits everywhere.
+    with pytest.raises(RoundAborted, match="shard 0.*no staged gradient of \\['a'\\]"):
+        job.shards.commit(0, ["a"])
+    job.client("a").push_gradients(ones(1.0), [0, 0])
     assert job.shards.commit(0, ["a"]) == [1, 1]
     for name, value in job.params().items():
         np.testing.assert_array_equal(value, MODEL[name] - np.float32(0.5), err_msg=name)

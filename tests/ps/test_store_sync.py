@@ -421,3 +421,109 @@ def test_scalar_variable_updates_like_a_one_element_vector(config: OptimizerConf
         if key.endswith("/scalar"):
             assert value.shape == ()
             np.testing.assert_array_equal(value.reshape(-1), state[key.removesuffix("scalar") + "vector"].reshape(-1), err_msg=key)
+
+
+# ---- a round's sum made in a received gradient ---------------------------------------------------
+
+
+def test_a_round_sums_into_its_first_received_gradient_and_applies_the_mean() -> None:
+    """Gradients received into the PS's own buffers (``received``): the round's sum is made in the
+    first member's arrays, not in arrays of its own (one shard's bytes less at the peak)."""
+    store = make_store()
+    pushed = {worker: grads(scale) for worker, scale in (("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 6.0))}
+    kept = {worker: {n: v.copy() for n, v in g.items()} for worker, g in pushed.items()}
+    for worker, gradient in pushed.items():
+        assert store.push(gradient, version=0, worker=worker, received=True).accepted
+    store.commit(0, ["a", "b", "c", "d"])
+    assert_params(store, sgd_step(initial(), grads(3.0), LR))
+    for name, value in pushed["a"].items():  # the first member's arrays held the sum, then the mean
+        np.testing.assert_array_equal(value, grads(3.0)[name], err_msg=name)
+    for worker in "bcd":
+        for name, value in pushed[worker].items():
+            np.testing.assert_array_equal(value, kept[worker][name], err_msg=name)
+    assert staged(store) == 0
+
+
+def test_a_gradient_not_received_is_never_written() -> None:
+    store = make_store()
+    pushed = {worker: grads(scale) for worker, scale in (("a", 1.0), ("b", 2.0))}
+    for worker, gradient in pushed.items():
+        store.push(gradient, version=0, worker=worker)
+    store.commit(0, ["a", "b"])
+    assert_params(store, sgd_step(initial(), grads(1.5), LR))
+    for name, value in pushed["a"].items():
+        np.testing.assert_array_equal(value, grads(1.0)[name], err_msg=name)
+
+
+def test_a_dry_run_of_other_members_refuses_a_gradient_an_earlier_dry_run_summed_into() -> None:
+    """A round aborted after this shard's dry run (another shard refused it): its members train
+    again. The gradient the dry run summed into is gone; a round naming its worker before it
+    pushes again is refused, not computed from the sum."""
+    store = make_store()
+    for worker, scale in (("a", 1.0), ("b", 2.0)):
+        store.push(grads(scale), version=0, worker=worker, received=True)
+    store.commit(0, ["a", "b"], dry_run=True)
+    with pytest.raises(RoundError, match=r"no staged gradient of \['a'\]"):
+        store.commit(0, ["a"], dry_run=True)
+    assert_params(store, initial())
+    assert store.push(grads(4.0), version=0, worker="a", received=True).accepted  # a trains again
+    store.commit(0, ["a", "b"], dry_run=True)
+    store.commit(0, ["a", "b"])
+    assert_params(store, sgd_step(initial(), grads(3.0), LR))
+
+
+def test_a_commit_applies_its_dry_run_when_a_member_pushed_again_in_between() -> None:
+    """Every shard's dry run passed: the commit must not fail. A member's push retried between the
+    two (the same minibatch) changes nothing; the dry run's computation is applied."""
+    store = make_store()
+    for worker, scale in (("a", 1.0), ("b", 2.0)):
+        store.push(grads(scale), version=0, worker=worker, received=True)
+    store.commit(0, ["a", "b"], dry_run=True)
+    for worker, scale in (("a", 1.0), ("b", 2.0)):  # both retried: a's memory holds the sum
+        assert store.push(grads(scale), version=0, worker=worker, received=True).accepted
+    outcome = store.commit(0, ["a", "b"])
+    assert outcome.version == 1
+    assert_params(store, sgd_step(initial(), grads(1.5), LR))
+    assert staged(store) == 0
+
+
+def test_a_sum_that_overflows_is_refused_though_its_first_gradient_was_checked_small() -> None:
+    """The bound a push's check measured is kept per thread for that very array; the sum made in
+    the first member's memory must not be taken for it (it would prove an infinite update finite)."""
+    store = ParameterStore(StoreSettings())
+    store.initialize({"w": np.zeros(4, np.float32)}, SGD)
+    huge = np.float32(3e38)
+    store.push({"w": np.full(4, huge)}, version=0, worker="c", received=True)
+    store.push({"w": np.full(4, huge)}, version=0, worker="b", received=True)
+    store.push({"w": np.ones(4, np.float32)}, version=0, worker="a", received=True)  # this thread's last check
+    with pytest.raises(RoundError, match="NaN or infinite|not finite|infinit"):
+        store.commit(0, ["a", "b", "c"])
+    with store.reading() as (_, _, variables):
+        np.testing.assert_array_equal(variables["w"], np.zeros(4, np.float32))
+
+
+def test_a_round_aborted_elsewhere_is_applied_here_when_its_minibatches_come_again() -> None:
+    """This shard's dry run passed, another's did not: the members train the same minibatches
+    again (same names) and the round comes again. This shard applies what it computed, from the
+    gradients it summed into; a member's minibatch that is new is computed anew, and the gradient
+    summed into, gone, refuses the round until its worker pushes again."""
+    store = make_store()
+    for worker, scale in (("a", 1.0), ("b", 2.0)):
+        store.push(grads(scale), version=0, worker=worker, minibatch=f"{worker}/1", received=True)
+    store.commit(0, ["a", "b"], dry_run=True)  # aborted: shard 1 refused
+    for worker, scale in (("a", 1.0), ("b", 2.0)):  # trained again, the same minibatches
+        store.push(grads(scale), version=0, worker=worker, minibatch=f"{worker}/1", received=True)
+    store.commit(0, ["a", "b"], dry_run=True)
+    assert store.commit(0, ["a", "b"]).applied == ("a/1", "b/1")
+    assert_params(store, sgd_step(initial(), grads(1.5), LR))
+
+    for worker, scale in (("a", 1.0), ("b", 2.0)):
+        store.push(grads(scale), version=1, worker=worker, minibatch=f"{worker}/2", received=True)
+    store.commit(1, ["a", "b"], dry_run=True)  # aborted elsewhere again
+    store.push(grads(4.0), version=1, worker="b", minibatch="b/3", received=True)  # b moved on
+    with pytest.raises(RoundError, match=r"no staged gradient of \['a'\]"):
+        store.commit(1, ["a", "b"], dry_run=True)
+    store.push(grads(2.0), version=1, worker="a", minibatch="a/2", received=True)
+    store.commit(1, ["a", "b"], dry_run=True)
+    assert store.commit(1, ["a", "b"]).applied == ("a/2", "b/3")
+    assert_params(store, sgd_step(sgd_step(initial(), grads(1.5), LR), grads(3.0), LR))
