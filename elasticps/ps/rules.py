@@ -15,9 +15,13 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   finite gradients can overflow); a non-finite one is refused there (RoundError), so the round is
   aborted on every shard before any applied it, and its members train again. The commit that
   follows applies it: in place from the averaged sums, kept until then, when bounds proved it
-  finite (the common case), else by copying the computed update in (it recomputes only if a
-  member's gradient was replaced in between). Updates and reads hold one lock, so a pull never
-  sees half an update.
+  finite (the common case), else by copying the computed update in; it is the update the dry run
+  checked even if a member pushed again in between (once every shard's dry run passed, the commit
+  must not fail). The sum is made in the first member's gradient when the PS received it into its
+  own buffers (``Gradient.received``): no sum of its own. A dry run whose round is not committed
+  leaves that gradient spent: a later round of the same minibatches reuses the computation, one
+  that names the worker with another is refused until the worker pushes again. Updates and reads
+  hold one lock, so a pull never sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
   versions. A push whose update would leave a variable or slot NaN or infinite is refused whole

@@ -81,3 +81,11 @@ def test_a_ps_started_by_the_command_line_has_one_arena_before_any_import_starts
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sum(1 for line in done.stderr.splitlines() if line.startswith("Arena ")) == 1
+
+
+def test_a_negative_arena_count_is_a_clear_error_not_a_traceback() -> None:
+    done = subprocess.run([sys.executable, "-m", "elasticps", "ps", "--malloc_arenas=-1"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == "error: --malloc_arenas must be >= 0, got -1"
+    assert "Traceback" not in done.stderr

@@ -191,3 +191,38 @@ def test_a_checkpoint_whose_tables_do_not_fit_is_skipped_for_the_older_one(tmp_p
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert len(skipped) == 2 and "000000000006" in skipped[0] and "000000000004" in skipped[1], skipped
     assert "repeat" in skipped[1]
+
+
+def test_a_round_one_shard_refuses_for_its_rows_is_applied_by_no_shard() -> None:
+    """Two shards, one round: the rows the members sent shard 1 overflow when summed, shard 0's are
+    fine. The coordinator's dry run on every shard aborts the round before any shard applied it:
+    both stay at version 0 with their variables and rows as they were; the members' next
+    gradients commit on both."""
+    from elasticps.coordinator.shards import RoundAborted, Shards
+    from elasticps.ps.main import LocalShard
+
+    stores = [store(shard=i, shards=2) for i in range(2)]
+    shards = Shards([LocalShard(s) for s in stores])
+    own = {0: np.array([2], np.int64), 1: np.array([1], np.int64)}  # an id of each shard
+    before = [s.pull_embeddings({"cat": own[i]})[2]["cat"]["rows"].copy() for i, s in enumerate(stores)]
+    try:
+        for worker in ("a", "b"):
+            assert stores[0].push(ZERO, 0, worker=worker, embeddings=rows([2], np.full((1, 3), 1.0))).accepted
+            assert stores[1].push(ZERO, 0, worker=worker, embeddings=rows([1], np.full((1, 3), 3e38))).accepted
+        with pytest.raises(RoundAborted, match="NaN or infinite"):
+            shards.commit(0, ["a", "b"])
+        assert [s.version for s in stores] == [0, 0]
+        for i, s in enumerate(stores):
+            np.testing.assert_array_equal(s.pull_embeddings({"cat": own[i]})[2]["cat"]["rows"], before[i])
+            with s.reading() as (_, _, variables):
+                np.testing.assert_array_equal(variables["w"], DENSE["w"])
+        for worker in ("a", "b"):  # trained again: finite this time
+            stores[0].push(ZERO, 0, worker=worker, embeddings=rows([2], np.full((1, 3), 1.0)))
+            stores[1].push(ZERO, 0, worker=worker, embeddings=rows([1], np.full((1, 3), 2.0)))
+        assert shards.commit(0, ["a", "b"]) == [1, 1]
+        lr = np.float32(0.5)
+        for i, (s, grad) in enumerate(zip(stores, (1.0, 2.0))):
+            after = s.pull_embeddings({"cat": own[i]})[2]["cat"]["rows"]
+            np.testing.assert_allclose(after, before[i] - lr * np.float32(grad), rtol=1e-6)
+    finally:
+        shards.close()
