@@ -311,6 +311,24 @@ NOTES = [
     "members, the sum, and the pull copy. Under 4x needs the sum made on arrival, which needs the "
     "members known before the gradients come (or a way to take a gradient back out of the sum).",
     "",
+    "**The pull copy and the sum (2026-11-25).** Two of the 5P went. A sync version's copy for pulls "
+    "(`ps/bulk.py`'s snapshot, the gRPC path's frames) is held only by the pulls sending it: woken by one "
+    "commit, a version's pulls come together and share it, and it no longer stays through the next "
+    "round's pushes. The round's sum is made in its first member's gradient when the PS received that "
+    "gradient into its own buffers (`tables.DenseSum`, `Gradient.received`), not in arrays of its own. "
+    "A gradient summed into is spent: the commit after a dry run applies what the dry run computed "
+    "(it must not fail once every shard's passed), a round that comes again after an abort with the "
+    "same minibatches reuses it, and one that names its worker with another minibatch is refused until "
+    "the worker pushes again (`tests/ps/test_store_sync.py`). The full job's PS peaks, three runs: "
+    "222-299 MiB (5.0-6.7x), from 313-372 MiB (7.1-8.4x); one run in three stayed at 3P above idle "
+    "(the variables and two staged gradients), the others reached about 4.4P, likely a pull's copy "
+    "made again for a worker that pulled after the other had finished, while the first pushed. What is "
+    "left is structural: two workers' gradients arrive at once and each is held whole until the round "
+    "names its members, so a shard holds at least 3P above an idle process of 80-101 MiB, about 5x in "
+    "all. Under 4x needs either gradients summed as they stream in (which cannot refuse a bad push "
+    "whole: its first chunks would be in the sum already) or fewer bytes per gradient on the wire "
+    "(float16), both changes of behaviour, not of memory management.",
+    "",
 ]
 
 
