@@ -182,7 +182,8 @@ class ParameterServerServicer:
             with self._store.reading_model() as found:
                 incarnation, version = found.incarnation, found.version
                 head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
-                encoded = _Encoded((incarnation, version), list(frames.encode(head, found.variables, self._chunk_bytes, found.state)))
+                pieces = list(frames.encode(head, found.variables, self._chunk_bytes, found.state))
+            encoded = _Encoded((incarnation, version), pieces)
             self._cached = weakref.ref(encoded)
             return encoded
 
