@@ -11,11 +11,12 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   answered RESOURCE_EXHAUSTED and closed), each read and write bounded by ``stream_idle_s`` and each
   call by ``stream_deadline_s`` (DEADLINE_EXCEEDED, then the connection is closed), a connection
   idle between calls for ``stream_deadline_s`` closed;
-* a pull reads under the store's guard: async, the live arrays are sent as they are (a torn read,
-  as on gRPC); sync, the version is copied once into a snapshot that every puller of it is sent,
-  held only by the pulls sending it (the shard keeps a weak reference: a version's pulls come
-  together, woken by one commit, and the copy is not kept through the next round's pushes);
-  ``wait_ms`` long-polls in the connection's thread, at most ``servicer.MAX_WAIT_MS``;
+* a pull sends the variables' own memory, no copy, and holds no lock while it sends (a slow puller
+  holds no commit back): async, the live arrays as they are (a torn read, as on gRPC); sync, the
+  version it read under the store's guard, and after the bytes the intact byte: whether that
+  version is still the shard's (a commit that ran meanwhile changed the arrays under the send:
+  the client pulls again, ``rpc.bulk.Torn``); ``wait_ms`` long-polls in the connection's thread,
+  at most ``servicer.MAX_WAIT_MS``;
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).
 """
@@ -27,7 +28,6 @@ import socket
 import sys
 import threading
 import time
-import weakref
 
 import grpc
 import numpy as np
@@ -44,15 +44,6 @@ from elasticps.rpc.receiving import Refused
 log = logging.getLogger(__name__)
 
 
-class _Snapshot:
-    """A sync version's tensors copied once, sent to every puller of it."""
-
-    def __init__(self, key: tuple[int, int], head: bytes, data: np.ndarray) -> None:
-        self.key = key
-        self.head = head
-        self.data = data
-
-
 class BulkServer:
     def __init__(
         self, store: ParameterStore, metrics: PSMetrics, limits: ServerLimits, host: str, port: int
@@ -64,9 +55,6 @@ class BulkServer:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
-        self._snapshot: weakref.ref[_Snapshot] | None = None  # alive while a pull sends it
-        self._snapshot_lock = threading.Lock()
-        self.snapshots_made = 0  # copies of sync versions made for pulls (tests count them)
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="bulk-accept", daemon=True)
 
@@ -86,10 +74,6 @@ class BulkServer:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def held_snapshot(self) -> bool:
-        """Whether a sync version's copy is alive (a pull is sending it)."""
-        return self._snapshot is not None and self._snapshot() is not None
 
     def connections(self) -> int:
         with self._lock:
@@ -235,40 +219,21 @@ class BulkServer:
             self._send_head(conn, pb.Frame(model=head), deadline)
             return
         self._metrics.pulled("full")
-        if store.consistent_reads:
-            snapshot = self._shared()
-            bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, snapshot.head), snapshot.data.data], deadline)
-            self._metrics.bytes_sent.inc(len(snapshot.head) + len(snapshot.data))
-            return
         with store.reading_model() as found:
+            read = (found.incarnation, found.version)
             live = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
             first, views = frames.describe(live, found.variables, found.state)
-            head_bytes = first.SerializeToString()
-            bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views], deadline)
-            self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
+        head_bytes = first.SerializeToString()
+        bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views], deadline)
+        intact = True
+        if store.consistent_reads:  # sync: read the same version again, after any commit running now
+            with store.reading_model() as after:
+                intact = (after.incarnation, after.version) == read
+            if not intact:
+                self._metrics.pulled("torn")
+        bulk.send(conn, [bulk.INTACT.pack(intact)], deadline)
+        self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
 
     def _send_head(self, conn: socket.socket, head: pb.Frame, deadline: bulk.Deadline) -> None:
-        bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, head.SerializeToString()), deadline)
-
-    def _shared(self) -> _Snapshot:
-        store = self._store
-        with self._snapshot_lock:
-            held = None if self._snapshot is None else self._snapshot()
-            if held is not None and held.key == (store.incarnation, store.version):
-                return held
-            # The old version's copy goes before the new one is made: both at once would be two
-            # copies of the shard (pulls still sending it keep it until they are done).
-            self._snapshot = held = None
-            with store.reading_model() as found:
-                head = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
-                first, views = frames.describe(head, found.variables, found.state)
-                data = np.empty(sum(len(v) for v in views), dtype=np.uint8)
-                offset = 0
-                for view in views:
-                    data[offset : offset + len(view)] = np.frombuffer(view, dtype=np.uint8)
-                    offset += len(view)
-                snapshot = _Snapshot((found.incarnation, found.version), first.SerializeToString(), data)
-            self._snapshot = weakref.ref(snapshot)
-            self.snapshots_made += 1
-            return snapshot
-
+        """A pull's reply without tensors (no model, or nothing newer)."""
+        bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head.SerializeToString()), bulk.INTACT.pack(True)], deadline)

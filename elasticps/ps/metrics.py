@@ -50,7 +50,8 @@ class PSMetrics:
         self.pushes.labels(shard=self._shard, outcome=outcome).inc()
 
     def pulled(self, kind: str) -> None:
-        """kind: full | current (nothing newer) | uninitialized."""
+        """kind: full | current (nothing newer) | uninitialized | torn (sync, over the bulk
+        channel: a commit ran while it was sent; also counted as full)."""
         self.pulls.labels(shard=self._shard, kind=kind).inc()
 
     def traffic(self) -> tuple[int, int]:

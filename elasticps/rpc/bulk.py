@@ -10,7 +10,9 @@ whenever the channel cannot be used, stays on gRPC. The bytes are those of the g
   a zero length; a pull is one serialized ``PullRequest``;
 * reply: the status (a ``grpc.StatusCode`` value, 0 OK) and ``u64 length`` + bytes: the reply
   message (``PushReply``), an error's message, or a pull's head frame (its tensors' metadata), then
-  (pull, OK) the tensors' bytes, as many as the head declares.
+  (pull, OK) the tensors' bytes, as many as the head declares, and one byte: 1 when the model did
+  not change while its bytes were sent, 0 when it did (a sync shard sends its variables as they
+  are, and a commit may have run meanwhile: :class:`Torn`, the client pulls again).
 
 A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`), has it admitted (sizes and
 names against the model, before any buffer: ``ps/intake.py``), then receives a payload-only frame
@@ -35,7 +37,7 @@ import numpy as np
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import frames
 
-MAGIC = b"EPB1"
+MAGIC = b"EPB2"  # 2: a pull's reply ends with the intact byte
 PUSH_GRADIENTS = 1
 PULL_DENSE = 2
 METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense"}
@@ -43,6 +45,7 @@ METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense"}
 REQUEST = struct.Struct("<4sB")  # magic, method
 LENGTH = struct.Struct("<Q")
 REPLY = struct.Struct("<BQ")  # status code value, message bytes
+INTACT = struct.Struct("<?")  # after a pull's tensors: whether the model stayed as it was while sent
 MAX_HEAD_BYTES = 16 << 20  # a stream's head frame (metadata, and whatever payload it carries)
 MAX_MESSAGE_BYTES = 1 << 20  # a PullRequest, a reply message, an error's message
 _MAX_PREFIX = 11  # a payload frame's tag and varint
@@ -109,6 +112,14 @@ class BulkError(grpc.RpcError, grpc.Call):
 
     def add_callback(self, callback: Any) -> bool:
         return False
+
+
+class Torn(BulkError):
+    """A pull whose model changed while it was sent (a commit ran meanwhile): UNAVAILABLE, which the
+    client's retry asks again; the connection is fine."""
+
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, "PullDense: the model changed while it was sent")
 
 
 # ---- reading and writing, bounded ----------------------------------------------------------------
@@ -246,10 +257,14 @@ class BulkConnection:
             size = head.total - assembly.received
             recv_into(self._sock, assembly.space(size), deadline)
             assembly.advance(size)
-            return assembly.finish()
+            (intact,) = INTACT.unpack(recv_bytes(self._sock, INTACT.size, deadline))
+            decoded = assembly.finish()
         except BaseException:
             self.broken = True
             raise
+        if not intact:
+            raise Torn()
+        return decoded
 
     def _exchange(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
         try:

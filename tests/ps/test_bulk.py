@@ -8,6 +8,7 @@ is unchanged after it."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -395,45 +396,70 @@ def test_a_port_that_does_not_connect_is_tried_again_later_and_later() -> None:
     assert gaps == [30.0, 60.0, 120.0]  # twice as long after each failure
 
 
-def test_a_sync_version_is_copied_once_for_the_pulls_sending_it_and_not_kept_after() -> None:
-    """The copy every puller of a sync version is sent lives while a pull sends it: a pull stalled
-    mid-send and one beside it share one copy; once both are sent, the shard holds none (it would
-    otherwise stay through the next round's pushes, one more shard's bytes at the PS's peak)."""
+def test_a_sync_pull_sends_the_variables_holds_no_commit_back_and_says_when_one_ran() -> None:
+    """A sync pull is sent from the variables' own memory, no copy, without the store's lock: a
+    puller that stalls mid-send does not hold the round back. The commit that ran while it was sent
+    changed the bytes under it: the reply's last byte says so, and the client pulls again."""
     big = {"w": np.linspace(-1, 1, 4 << 20, dtype=np.float32)}  # 16 MiB: more than the sockets buffer
     store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=UpdateRule.SYNC)))
     store.initialize(big, OptimizerConfig("sgd", {"learning_rate": 0.5}))
     server = BulkServer(store, PSMetrics(CollectorRegistry(), 0), ServerLimits(), "127.0.0.1", 0)
     server.start()
     request = pb.PullRequest(version=-1).SerializeToString()
+    deadline = bulk.Deadline.within(10, 10, "pull")
     try:
         stalled = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # asks, reads nothing yet
-        bulk.send(stalled, [bulk.REQUEST.pack(bulk.MAGIC, malformed.BULK_METHODS["PullDense"]),
-                            bulk.LENGTH.pack(len(request)), request], bulk.Deadline.within(10, 10, "pull"))
-        deadline = time.monotonic() + 10
-        while server.snapshots_made == 0:  # its copy is made and being sent
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        bulk.send(stalled, [bulk.REQUEST.pack(bulk.MAGIC, bulk.PULL_DENSE), bulk.LENGTH.pack(len(request)), request],
+                  deadline)  # fmt: skip
+        code, message = bulk.read_reply(stalled, deadline)  # the head: version 0 read, its bytes on their way
+        assert code is grpc.StatusCode.OK
+        head = frames.read_head(message)
+        assert head.first.model.version == 0
+        assert store.push({"w": np.ones_like(big["w"])}, version=0, worker="a").accepted
+        assert store.commit(0, ["a"]).version == 1  # not held back by the pull, stalled on the full socket
+        assembly = frames.Assembly(head)
+        size = head.total - assembly.received
+        bulk.recv_into(stalled, assembly.space(size), deadline)
+        assert bulk.INTACT.unpack(bulk.recv_bytes(stalled, 1, deadline)) == (False,)  # version 0 changed under it
+        stalled.close()
         connection = bulk.BulkConnection("127.0.0.1", server.port, 5.0, 10.0)
         try:
-            pulled = connection.pull(pb.PullRequest(version=-1))
-            np.testing.assert_array_equal(pulled.tensors["w"], big["w"])
-            assert server.snapshots_made == 1  # the stalled pull's copy, shared
-            code, message = bulk.read_reply(stalled, bulk.Deadline.within(10, 10, "pull"))
-            assert code is grpc.StatusCode.OK
-            assembly = frames.Assembly(frames.read_head(message))
-            size = assembly.head.total - assembly.received
-            bulk.recv_into(stalled, assembly.space(size), bulk.Deadline.within(10, 10, "pull"))
-            assembly.advance(size)
-            np.testing.assert_array_equal(assembly.finish().tensors["w"], big["w"])
-            stalled.close()
-            deadline = time.monotonic() + 10
-            while server.held_snapshot():  # the server's thread lets go once its send returns
-                assert time.monotonic() < deadline, "the copy was kept after its pulls were sent"
-                time.sleep(0.01)
-            again = connection.pull(pb.PullRequest(version=-1))  # a later pull of it: copied again
-            np.testing.assert_array_equal(again.tensors["w"], big["w"])
-            assert server.snapshots_made == 2
+            pulled = connection.pull(pb.PullRequest(version=-1))  # nothing runs now: intact
+            assert pulled.first.model.version == 1
+            np.testing.assert_array_equal(pulled.tensors["w"], big["w"] - np.float32(0.5))
         finally:
             connection.close()
     finally:
         server.stop()
+
+
+def test_a_pull_whose_model_changed_while_sent_raises_torn_and_keeps_the_connection() -> None:
+    """The client's side of the intact byte: 0 after the tensors raises Torn (UNAVAILABLE, retried
+    by the client), the stream read to its end, so the connection serves the next call."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    tensors = {"w": np.arange(6, dtype=np.float32)}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for intact in (False, True):
+                bulk.REQUEST.unpack(bulk.recv_bytes(conn, bulk.REQUEST.size, deadline))
+                bulk.recv_bytes(conn, bulk.recv_length(conn, deadline), deadline)
+                first, views = frames.describe(pb.Frame(model=pb.ModelHead(initialized=True, version=3)), tensors, {})
+                bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, first.SerializeToString()), *views,
+                                 bulk.INTACT.pack(intact)], deadline)  # fmt: skip
+
+    deadline = bulk.Deadline.within(10, 10, "fake server")
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    connection = bulk.BulkConnection("127.0.0.1", listener.getsockname()[1], 5.0, 10.0)
+    try:
+        with pytest.raises(bulk.Torn) as torn:
+            connection.pull(pb.PullRequest(version=-1))
+        assert torn.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert not connection.broken
+        np.testing.assert_array_equal(connection.pull(pb.PullRequest(version=-1)).tensors["w"], tensors["w"])
+    finally:
+        connection.close()
+        listener.close()
+        thread.join(timeout=10)
