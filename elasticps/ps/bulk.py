@@ -224,14 +224,16 @@ class BulkServer:
             live = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
             first, views = frames.describe(live, found.variables, found.state)
         head_bytes = first.SerializeToString()
-        bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views], deadline)
-        intact = True
-        if store.consistent_reads:  # sync: read the same version again, after any commit running now
-            with store.reading_model() as after:
+        reply = [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views]
+        if not store.consistent_reads:  # async: live arrays, torn reads taken as they come
+            bulk.send(conn, [*reply, bulk.INTACT.pack(True)], deadline)
+        else:
+            bulk.send(conn, reply, deadline)
+            with store.reading_model() as after:  # after any commit running now
                 intact = (after.incarnation, after.version) == read
             if not intact:
                 self._metrics.pulled("torn")
-        bulk.send(conn, [bulk.INTACT.pack(intact)], deadline)
+            bulk.send(conn, [bulk.INTACT.pack(intact)], deadline)
         self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
 
     def _send_head(self, conn: socket.socket, head: pb.Frame, deadline: bulk.Deadline) -> None:
