@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import math
 import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -95,26 +96,56 @@ class IdxReader:
 
 
 class NpzReader:
+    """An .npz archive's arrays ``x`` (features) and ``y`` (labels). Opening it reads their headers
+    only: the record count is all the coordinator and ``elasticps run`` ask for, and a PS should not
+    hold the data (it stayed resident in its heap); the arrays are loaded at the first read."""
+
     def __init__(self, path: str, options: ReaderOptions = ReaderOptions()) -> None:
+        self._path = path
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         try:
-            loaded = np.load(path, allow_pickle=False)
-            if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
-                raise DataError(f"{path}: not an .npz archive (arrays 'x' and 'y')")
-            with loaded as data:
-                if "x" not in data or "y" not in data:
-                    raise DataError(f"{path}: needs arrays 'x' and 'y', has {sorted(data.files)}")
-                self._x = data["x"]
-                self._y = data["y"]
+            with zipfile.ZipFile(path) as archive:
+                names = sorted(name[: -len(".npy")] for name in archive.namelist() if name.endswith(".npy"))
+                if "x" not in names or "y" not in names:
+                    raise DataError(f"{path}: needs arrays 'x' and 'y', has {names}")
+                self._count, labels = (_leading_dimension(archive, name) for name in ("x", "y"))
+        except zipfile.BadZipFile:
+            raise DataError(f"{path}: cannot read: not an .npz archive (arrays 'x' and 'y')") from None
         except (OSError, ValueError) as err:
-            if isinstance(err, DataError):
-                raise
             raise DataError(f"{path}: cannot read: {err}") from None
-        if len(self._x) != len(self._y):
-            raise DataError(f"{path}: {len(self._x)} features but {len(self._y)} labels")
+        if self._count != labels:
+            raise DataError(f"{path}: {self._count} features but {labels} labels")
 
     @property
     def num_records(self) -> int:
-        return len(self._x)
+        return self._count
+
+    def _load(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            try:
+                with np.load(self._path, allow_pickle=False) as data:
+                    x, y = data["x"], data["y"]
+            except (OSError, ValueError, zipfile.BadZipFile) as err:
+                raise DataError(f"{self._path}: cannot read: {err}") from None
+            if len(x) != self._count or len(y) != self._count:
+                raise DataError(f"{self._path}: changed since it was opened ({len(x)}, {len(y)} records, not {self._count})")
+            self._arrays = x, y
+        return self._arrays
 
     def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._x[start:end], self._y[start:end]
+        x, y = self._load()
+        return x[start:end], y[start:end]
+
+
+def _leading_dimension(archive: zipfile.ZipFile, name: str) -> int:
+    """The first dimension of array ``name`` of an .npz archive, from its header alone (ValueError
+    for a scalar, or objects that only unpickling would load)."""
+    with archive.open(f"{name}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+    if dtype.hasobject:
+        raise ValueError(f"array {name!r} holds Python objects (pickled): not loaded")
+    if not shape:
+        raise ValueError(f"array {name!r} has no records (a scalar)")
+    return int(shape[0])

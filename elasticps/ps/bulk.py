@@ -224,7 +224,7 @@ class BulkServer:
             live = pb.Frame(model=pb.ModelHead(initialized=True, version=found.version, incarnation=found.incarnation))
             first, views = frames.describe(live, found.variables, found.state)
         head_bytes = first.SerializeToString()
-        reply = [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views]
+        reply: list[bytes | memoryview] = [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views]
         if not store.consistent_reads:  # async: live arrays, torn reads taken as they come
             bulk.send(conn, [*reply, bulk.INTACT.pack(True)], deadline)
         else:

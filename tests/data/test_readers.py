@@ -229,3 +229,20 @@ def test_npz_with_pickled_objects_is_refused(tmp_path: Path) -> None:
     np.savez(path, x=np.array([{"a": 1}, None], dtype=object), y=np.zeros(2))
     with pytest.raises(DataError, match="cannot read"):
         NpzReader(str(path))
+
+
+def test_npz_counts_from_headers_and_a_corrupt_body_is_a_data_error_at_the_first_read(tmp_path: Path) -> None:
+    """Opening reads the arrays' headers only (the count the coordinator needs, no data held); the
+    arrays are loaded at the first read, where bytes that do not match the archive's checksum are a
+    DataError, not a traceback."""
+    path = tmp_path / "train.npz"
+    x = np.arange(4000, dtype=np.float32).reshape(1000, 4)
+    np.savez(path, x=x, y=np.zeros(1000))
+    raw = bytearray(path.read_bytes())
+    body = raw.find(x.tobytes()[:64])
+    raw[body + 100 : body + 108] = b"\xff" * 8  # inside x's data, past its header
+    path.write_bytes(bytes(raw))
+    reader = NpzReader(str(path))
+    assert reader.num_records == 1000
+    with pytest.raises(DataError, match="cannot read"):
+        reader.read(0, 10)
