@@ -311,23 +311,24 @@ NOTES = [
     "members, the sum, and the pull copy. Under 4x needs the sum made on arrival, which needs the "
     "members known before the gradients come (or a way to take a gradient back out of the sum).",
     "",
-    "**The pull copy and the sum (2026-11-25).** Two of the 5P went. A sync version's copy for pulls "
-    "(`ps/bulk.py`'s snapshot, the gRPC path's frames) is held only by the pulls sending it: woken by one "
-    "commit, a version's pulls come together and share it, and it no longer stays through the next "
-    "round's pushes. The round's sum is made in its first member's gradient when the PS received that "
-    "gradient into its own buffers (`tables.DenseSum`, `Gradient.received`), not in arrays of its own. "
-    "A gradient summed into is spent: the commit after a dry run applies what the dry run computed "
-    "(it must not fail once every shard's passed), a round that comes again after an abort with the "
-    "same minibatches reuses it, and one that names its worker with another minibatch is refused until "
-    "the worker pushes again (`tests/ps/test_store_sync.py`). The full job's PS peaks, three runs: "
-    "222-299 MiB (5.0-6.7x), from 313-372 MiB (7.1-8.4x); one run in three stayed at 3P above idle "
-    "(the variables and two staged gradients), the others reached about 4.4P, likely a pull's copy "
-    "made again for a worker that pulled after the other had finished, while the first pushed. What is "
-    "left is structural: two workers' gradients arrive at once and each is held whole until the round "
-    "names its members, so a shard holds at least 3P above an idle process of 80-101 MiB, about 5x in "
-    "all. Under 4x needs either gradients summed as they stream in (which cannot refuse a bad push "
-    "whole: its first chunks would be in the sum already) or fewer bytes per gradient on the wire "
-    "(float16), both changes of behaviour, not of memory management.",
+    "**The pull copy, the sum and the data (2026-11-25).** Three of the 5P went, and the idle process "
+    "shrank. A sync pull over the bulk channel sends the variables' own memory, no copy, holding no lock "
+    "while it sends; a byte after the tensors says whether the version it read is still the shard's "
+    "(a commit that ran meanwhile changed the bytes under it: the client pulls again, `bulk.Torn`). The "
+    "round's sum is made in its first member's gradient when the PS received that gradient into its own "
+    "buffers (`tables.DenseSum`, `Gradient.received`), not in arrays of its own; a gradient summed into "
+    "is spent: the commit after a dry run applies what the dry run computed (it must not fail once "
+    "every shard's passed), a round that comes again after an abort with the same minibatches reuses "
+    "it, and one that names its worker with another minibatch is refused until the worker pushes again "
+    "(`tests/ps/test_store_sync.py`). PS 0 no longer loads the npz data it only counts (the reader reads "
+    "the arrays' headers): idle 80-81 MiB, from 100-101. Left at the peak: the variables and one staged "
+    "gradient per worker, 3P above an idle process of about 80 MiB, 4.8x in all for these 44.3 MiB "
+    "shards; some runs show one P more, not traced. Under 4x needs the second worker's gradient added "
+    "to the first as its chunks arrive, never held whole: then a push whose later chunk is bad cannot "
+    "be refused whole (its first chunks are in the sum, so the round must be aborted and its members "
+    "train again), and a round whose members are not the gradients summed (a worker lost mid-round, "
+    "backup workers with gradsToWait below the workers) must be aborted too. That trades the refusal of "
+    "one bad push for the abort of a round: a decision about behaviour, left open here.",
     "",
 ]
 
