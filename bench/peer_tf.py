@@ -93,17 +93,6 @@ def peer_job(path: Path, epochs: int | None) -> PeerJob:
     )
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def cluster_spec(ports: list[int]) -> dict[str, list[str]]:
     return {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
 
@@ -325,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         job = peer_job(args.job, args.epochs)
     except SpecError as err:
         parser.error(str(err))
+    from elasticps.local.ports import free_ports  # nothing else of elasticps
+
     cluster = cluster_spec(free_ports(1 + WORKERS))
     servers = start_servers(cluster)
     code = 1

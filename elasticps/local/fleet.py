@@ -30,7 +30,6 @@ binds: that entry is then ``127.0.0.1:0``, a placeholder; every later start name
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 from elasticps.api.replicas import Replica, Role, coordinator_replica, peer_worker_replica, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.local import processes
+from elasticps.local.ports import free_ports
 from elasticps.local.processes import Process
 from elasticps.planning.observed import ObservedPod, PodPhase
 from elasticps.planning.roles import coordinating, desired
@@ -217,7 +217,7 @@ class Fleet:
             return None
         workers = desired(job, Role.WORKER)
         if any(i not in self.peer_ports for i in range(workers)):
-            self.peer_ports.update(zip((i for i in range(workers) if i not in self.peer_ports), _free_ports(workers)))
+            self.peer_ports.update(zip((i for i in range(workers) if i not in self.peer_ports), free_ports(workers)))
         threads = worker_threads(len(os.sched_getaffinity(0)), workers)
         peers = [f"{HOST}:{self.peer_ports[i]}" for i in range(workers)]
         return peer_worker_replica(job, index, f"{HOST}:{self.coordinator_port}", peers, extra=[f"--num_threads={threads}"])
@@ -241,15 +241,3 @@ def _port_in(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` ports free now on the loopback (held open together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((HOST, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()

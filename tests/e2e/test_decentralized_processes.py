@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +19,13 @@ from pathlib import Path
 import pytest
 
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.ports import free_ports
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 
 RECORDS = 6000
 WORKERS = 4
 
 pytestmark = pytest.mark.slow
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _common(train: Path, validation: Path) -> list[str]:
@@ -58,7 +47,7 @@ def run_job(tmp_path: Path, hop: list[str], slowdown: str = "", kill_at: int = 0
     try:
         wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 60, "the coordinator's port")
         address = f"127.0.0.1:{port_file.read_text().strip()}"
-        peers = ",".join(f"127.0.0.1:{p}" for p in _free_ports(WORKERS))
+        peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(WORKERS))
 
         def start(i: int) -> subprocess.Popen[str]:
             return elasticps(
