@@ -37,12 +37,11 @@ from pathlib import Path
 from elasticps.api.replicas import Replica, Role, coordinator_replica, peer_worker_replica, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.local import processes
-from elasticps.local.ports import free_ports
+from elasticps.local.ports import HOST, free_ports
 from elasticps.local.processes import Process
 from elasticps.planning.observed import ObservedPod, PodPhase
 from elasticps.planning.roles import coordinating, desired
 
-HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0
 
 
