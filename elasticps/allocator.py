@@ -62,3 +62,17 @@ def limit_malloc_arenas(count: int) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_ARENA_MAX, count))
+
+
+def give_back_free_memory() -> bool:
+    """Returns the free pages of malloc's heap to the system (glibc's ``malloc_trim(0)``): after a
+    burst that will not come again (a model received whole at install, with the transport's
+    buffers), which the replicas' allocator settings would otherwise keep resident for good. False
+    where the C library has no ``malloc_trim`` or nothing was given back."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))

@@ -15,6 +15,7 @@ job, checkpoint or model (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import signal
@@ -44,12 +45,28 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
-def _parser() -> argparse.ArgumentParser:
-    from elasticps.coordinator import main as coordinator_main
-    from elasticps.operator import main as operator_main
-    from elasticps.ps import main as ps_main
-    from elasticps.worker import main as worker_main
+# The roles' commands: help, and the module whose ``add_arguments`` adds their flags. A process
+# imports only its own command's module (the PS does not load the operator's Kubernetes client,
+# about 20 MiB resident that it would keep for nothing).
+_ROLES = {
+    "ps": ("serve one parameter-server shard (PS 0 also coordinates)", "elasticps.ps.main"),
+    "worker": ("train as one worker", "elasticps.worker.main"),
+    "coordinator": ("coordinate a decentralized job (tasks, progress; no PS)", "elasticps.coordinator.main"),
+    "operator": ("run the Kubernetes operator (kopf) for TrainingJob resources", "elasticps.operator.main"),
+}
 
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command an ``elasticps`` command line names, read before the full parser exists."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--log_level")
+    early.add_argument("command", nargs="?")
+    known, _ = early.parse_known_args(argv)
+    return known.command if isinstance(known.command, str) else None
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser, with the flags of ``command``'s role (None: of every role)."""
     parser = argparse.ArgumentParser(prog="elasticps", description="Elastic training with parameter servers.")
     parser.add_argument("--log_level", default="", help="DEBUG, INFO, WARNING (default: INFO for ps/worker)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -71,14 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--job", type=Path, required=True, help="the TrainingJob YAML (its model module and data)")
     export.add_argument("--out", required=True, help="the folder (or object-store URI) to write the model into")
     export.add_argument("--version", type=int, default=None, help="this checkpointed version (default: the newest all shards have)")
-    ps_main.add_arguments(commands.add_parser("ps", help="serve one parameter-server shard (PS 0 also coordinates)"))
-    worker_main.add_arguments(commands.add_parser("worker", help="train as one worker"))
-    coordinator_main.add_arguments(
-        commands.add_parser("coordinator", help="coordinate a decentralized job (tasks, progress; no PS)")
-    )
-    operator_main.add_arguments(
-        commands.add_parser("operator", help="run the Kubernetes operator (kopf) for TrainingJob resources")
-    )
+    for name, (help_text, module) in _ROLES.items():
+        role = commands.add_parser(name, help=help_text)
+        if command is None or command == name:
+            importlib.import_module(module).add_arguments(role)
     return parser
 
 
@@ -88,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arenas = allocator.arenas_of(sys.argv[1:] if argv is None else argv)
     if arenas is not None and arenas > 0:  # `elasticps ps`: before the parser's imports start threads (numpy's, gRPC's)
         allocator.limit_malloc_arenas(arenas)
-    args = _parser().parse_args(argv)
+    args = _parser(command_of(sys.argv[1:] if argv is None else argv)).parse_args(argv)
     level = args.log_level or ("WARNING" if args.command == "run" else "INFO")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "run":

@@ -7,6 +7,10 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   not fit are refused (INVALID_ARGUMENT) and the store's checks decide the rest, so a refused or cut
   off push changes nothing; the payload is received straight into a buffer that the connection
   keeps and reuses while nothing else holds it (a sync round's staged gradient does);
+* a sync push of the dense variables is not buffered whole: the store opens a stream for it
+  (``ParameterStore.open_stream``) and its pieces (``frames.Chunked``, the connection's buffer
+  holds one) are checked and added to the round's sum as they arrive (``arrivals.py``: a push
+  refused or cut off after part of it was summed makes its round abort on every shard);
 * ``ServerLimits``: at most ``max_push_streams`` connections at once (one thread each; the next is
   answered RESOURCE_EXHAUSTED and closed), each read and write bounded by ``stream_idle_s`` and each
   call by ``stream_deadline_s`` (DEADLINE_EXCEEDED, then the connection is closed), a connection
@@ -23,11 +27,13 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -36,7 +42,7 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import MAX_WAIT_MS
-from elasticps.ps.store import GradientError, ParameterStore, UninitializedError
+from elasticps.ps.store import GradientError, ParameterStore, PushOutcome, UninitializedError
 from elasticps.rpc import bulk, frames
 from elasticps.rpc.limits import ServerLimits
 from elasticps.rpc.receiving import Refused
@@ -112,7 +118,7 @@ class BulkServer:
         return bulk.Deadline.within(self._limits.stream_idle_s, self._limits.stream_deadline_s, what)
 
     def _serve(self, conn: socket.socket) -> None:
-        buffer = np.empty(0, dtype=np.uint8)
+        buffer = [np.empty(0, dtype=np.uint8)]  # the connection's receive buffer, reused while free
         try:
             while True:
                 between = bulk.Deadline.within(self._limits.stream_deadline_s, self._limits.stream_deadline_s, "bulk")
@@ -127,7 +133,7 @@ class BulkServer:
                 deadline = self._deadline(what)
                 try:
                     if method == bulk.PUSH_GRADIENTS:
-                        buffer = self._push(conn, deadline, buffer)
+                        self._push(conn, deadline, buffer)
                     else:
                         self._pull(conn, deadline)
                 except bulk.DeadlineExceeded as err:
@@ -155,40 +161,71 @@ class BulkServer:
             pass
 
     # ---- calls --------------------------------------------------------------------------------------
-    def _push(self, conn: socket.socket, deadline: bulk.Deadline, buffer: np.ndarray) -> np.ndarray:
+    def _push(self, conn: socket.socket, deadline: bulk.Deadline, buffer: list[np.ndarray]) -> None:
+        """One push. ``buffer[0]``: the connection's receive buffer, replaced when too small or
+        when the store keeps views of it (a sync round's staged gradient)."""
         store = self._store
-
-        def buffer_for(total: int) -> np.ndarray:
-            nonlocal buffer
-            if len(buffer) < total:
-                buffer = np.empty(total, dtype=np.uint8)
-            return buffer
-
-        decoded = bulk.receive_stream(conn, deadline, self._admit_push, buffer_for)
-        head = decoded.first.push
+        head = bulk.receive_head(conn, deadline)
+        self._admit_push(head)
+        push = head.first.push
+        with self._refusals():
+            stream = store.open_stream(head.tensors, push.version, push.learning_rate, push.worker, push.minibatch,
+                                       push.incarnation)  # fmt: skip
+        if stream is not None:
+            # Summed piece by piece as it arrives (ps/arrivals.py): the connection's buffer holds one piece.
+            if len(buffer[0]) < frames.CHUNK_BYTES:
+                buffer[0] = np.empty(frames.CHUNK_BYTES, dtype=np.uint8)
+            pieces = frames.Chunked(head, stream.take, buffer[0])
+            started = time.perf_counter()
+            with self._refusals():
+                try:
+                    bulk.receive_payload(conn, deadline, head, pieces)
+                    pieces.finish()
+                except BaseException:
+                    stream.cut()
+                    raise
+                outcome = stream.finish()
+            self._metrics.bytes_received.inc(head.total)
+            self._reply(conn, deadline, outcome, started)
+            return
+        if len(buffer[0]) < head.total:
+            buffer[0] = np.empty(head.total, dtype=np.uint8)
+        assembly = frames.Assembly(head, buffer[0])
+        bulk.receive_payload(conn, deadline, head, assembly)
+        decoded = assembly.finish()
         self._metrics.bytes_received.inc(frames.tensor_bytes(decoded))
         started = time.perf_counter()
-        try:
+        with self._refusals():
             outcome = store.push(
-                decoded.tensors, head.version, head.learning_rate, head.worker, head.minibatch,
-                head.incarnation, state=decoded.state, embeddings=decoded.embeddings, received=True,
+                decoded.tensors, push.version, push.learning_rate, push.worker, push.minibatch,
+                push.incarnation, state=decoded.state, embeddings=decoded.embeddings, received=True,
             )  # fmt: skip
+        self._reply(conn, deadline, outcome, started)
+        del decoded, assembly
+        # The buffer is kept for the next push unless the store holds views of it (a staged
+        # gradient): then the next push gets a new one. Two references: the list's and the argument.
+        if sys.getrefcount(buffer[0]) > 2:
+            buffer[0] = np.empty(0, dtype=np.uint8)
+
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """The store's refusals of a push as the bulk channel's (counted, then answered)."""
+        try:
+            yield
         except UninitializedError as err:
             self._metrics.pushed("uninitialized")
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
         except GradientError as err:
             self._metrics.pushed("invalid")
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+
+    def _reply(self, conn: socket.socket, deadline: bulk.Deadline, outcome: PushOutcome, started: float) -> None:
         self._metrics.push_seconds.observe(time.perf_counter() - started)
         self._metrics.pushed("accepted" if outcome.accepted else "rejected")
         self._metrics.staleness.observe(outcome.staleness)
         self._metrics.model_version.set(outcome.version)
         reply = pb.PushReply(accepted=outcome.accepted, version=outcome.version).SerializeToString()
         bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, reply), deadline)
-        del decoded
-        # The buffer is kept for the next push unless the store holds views of it (a staged
-        # gradient): then the next push gets a new one. Two references: ``buffer`` and the argument.
-        return buffer if sys.getrefcount(buffer) <= 2 else np.empty(0, dtype=np.uint8)
 
     def _admit_push(self, head: frames.Head) -> None:
         try:

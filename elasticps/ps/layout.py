@@ -8,12 +8,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from elasticps.api.embedding import TableSpec
 
 Spec = tuple[np.dtype[np.generic], tuple[int, ...]]  # a tensor's dtype and shape
+
+
+class Described(Protocol):
+    """A tensor as a stream's head describes it, before its bytes (``rpc.frames.TensorSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> np.dtype[np.generic]: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def state(self) -> bool: ...
+
+    @property
+    def table(self) -> str: ...
 
 
 @dataclass(frozen=True)

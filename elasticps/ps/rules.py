@@ -17,8 +17,11 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   follows applies it: in place from the averaged sums, kept until then, when bounds proved it
   finite (the common case), else by copying the computed update in; it is the update the dry run
   checked even if a member pushed again in between (once every shard's dry run passed, the commit
-  must not fail). The sum is made in the first member's gradient when the PS received it into its
-  own buffers (``Gradient.received``): no sum of its own. A dry run whose round is not committed
+  must not fail). A push of the dense variables over the bulk channel is added to the round's sum
+  piece by piece as it arrives (``arrivals.py``), never held whole; a round that cannot count
+  exactly the pushes so summed is aborted (RoundError) and sum on arrival pauses for a while. A
+  push staged whole is added at the commit; the sum is made in the first such member's gradient
+  when the PS received it into its own buffers (``Gradient.received``) and nothing was summed. A dry run whose round is not committed
   leaves that gradient spent: a later round of the same minibatches reuses the computation, one
   that names the worker with another is refused until the worker pushes again. Updates and reads
   hold one lock, so a pull never sees half an update.
@@ -52,11 +55,12 @@ from typing import Any, ClassVar
 
 from elasticps.api.modes import UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.ps.arrivals import Arrivals, Pause, PushHead, Stream
 from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model, Update
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.staleness import LearningRate, StalenessAware, as_given, staleness
-from elasticps.ps.tables import Accumulator, Staged
+from elasticps.ps.tables import DENSE, Accumulator, DenseSum, Staged
 from elasticps.ps.versions import ModelVersion
 
 
@@ -78,6 +82,7 @@ class Gradient:
     worker: str = ""
     minibatch: str = ""  # the worker's name for the minibatch (audit log; see CommitOutcome)
     received: bool = False  # its arrays are the PS's own (received into its buffers): a round may sum into them
+    summed: bool = False  # its dense gradient went into the round's sum as it arrived (arrivals.py): not in update
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,11 @@ class Rule(abc.ABC):
     def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
         """Applies or stages ``gradient``."""
 
+    def open_stream(self, version: ModelVersion, head: PushHead) -> Stream | None:
+        """A stream that takes a push of dense gradients piece by piece as it arrives
+        (``arrivals.py``), or None: receive it whole and :meth:`push` it (the default)."""
+        return None
+
     def commit(
         self, model: Model, version: ModelVersion, round_: int, workers: Sequence[str], dry_run: bool = False
     ) -> CommitOutcome:
@@ -154,11 +164,23 @@ class RoundAveraging(Rule):
         self._staged: dict[str, Gradient] = {}  # at most one per worker: its newest
         self._sums: dict[str, Accumulator[Any]] = {}
         self._prepared: _Prepared | None = None  # the round the last dry run computed
+        self._arrivals: Arrivals | None = None  # sum on arrival (None: no model, or a version tolerance)
 
     def reset(self, model: Model) -> None:
         self._drop_prepared()
         self._staged = {}
         self._sums = model.accumulators()
+        dense = self._sums[DENSE]
+        old = self._arrivals
+        if old is not None:
+            with old.lock:
+                old.reset()  # streams still arriving into the old model's sum count nowhere
+        # With a version tolerance a push may be counted in a later round than its shard version's:
+        # only whole staged gradients can wait for it.
+        if isinstance(dense, DenseSum) and self.sync_version_tolerance == 0:
+            self._arrivals = Arrivals(dense, pause=old.pause if old is not None else Pause())
+        else:
+            self._arrivals = None
 
     def _drop_prepared(self) -> None:
         prepared, self._prepared = self._prepared, None
@@ -178,8 +200,16 @@ class RoundAveraging(Rule):
                 Model.discard(prepared.staged)
                 self._drop_spent(prepared.spent)
         finally:
-            for summed in self._sums.values():
-                summed.clear()
+            self._clear_sums()
+
+    def _clear_sums(self) -> None:
+        """Empties the round's sums, forgetting the pushes summed as they arrived (under the lock)."""
+        arrivals = self._arrivals
+        if arrivals is not None:
+            with arrivals.lock:
+                arrivals.reset()
+        for summed in self._sums.values():
+            summed.clear()
 
     def _drop_spent(self, spent: list[Gradient]) -> None:
         for gradient in spent:
@@ -198,8 +228,48 @@ class RoundAveraging(Rule):
             behind = version.value - gradient.computed_on
             if not 0 <= behind <= self.sync_version_tolerance:
                 return PushOutcome(False, version.value, max(0, behind), 0.0)
+            arrivals = self._arrivals
+            if arrivals is not None:
+                with arrivals.lock:
+                    if gradient.worker in arrivals.members or gradient.worker in arrivals.arriving:
+                        arrivals.spoil(f"worker {gradient.worker!r} pushed again after its gradient was summed")
             self._staged[gradient.worker] = gradient  # a worker's newer gradient replaces its older one
             return PushOutcome(True, version.value, behind, gradient.base_lr)
+
+    def open_stream(self, version: ModelVersion, head: PushHead) -> Stream | None:
+        with self._lock:
+            arrivals = self._arrivals
+            if (
+                arrivals is None
+                or self._prepared is not None  # a dry run holds the round: it must not change
+                or head.computed_on != version.value
+                or not arrivals.pause.allows(version.value)
+            ):
+                return None
+            with arrivals.lock:
+                summed = arrivals.members.get(head.worker)
+                if summed is not None and head.minibatch and summed == head.minibatch:
+                    return Stream(arrivals, head, False, lambda stream: self._arrived(version, stream))
+                if summed is not None or head.worker in arrivals.arriving:
+                    arrivals.spoil(f"worker {head.worker!r} pushed again after its gradient was summed")
+                    return None
+                stream = Stream(arrivals, head, True, lambda stream: self._arrived(version, stream))
+                arrivals.arriving[head.worker] = stream
+                return stream
+
+    def _arrived(self, version: ModelVersion, stream: Stream) -> PushOutcome:
+        """Every piece of ``stream`` arrived: the push is staged as summed, or refused as stale
+        when the sum was reset meanwhile (a round committed or aborted without it)."""
+        head = stream.head
+        with self._lock:
+            with stream.arrivals.lock:
+                counted = stream.settle()
+            if not counted:
+                return PushOutcome(False, version.value, max(0, version.value - head.computed_on), 0.0)
+            if stream.adding:
+                self._staged[head.worker] = Gradient({}, head.computed_on, head.base_lr, head.worker, head.minibatch,
+                                                     summed=True)  # fmt: skip
+            return PushOutcome(True, version.value, 0, head.base_lr)
 
     def commit(
         self, model: Model, version: ModelVersion, round_: int, workers: Sequence[str], dry_run: bool = False
@@ -219,6 +289,7 @@ class RoundAveraging(Rule):
                 self._finish(prepared, commit=False)
                 prepared = None
             if prepared is None:
+                self._check_arrivals(round_, workers)
                 prepared = self._prepare(model, round_, self._members(round_, workers))
             if dry_run:
                 self._prepared = prepared  # the commit that follows copies it in
@@ -230,6 +301,22 @@ class RoundAveraging(Rule):
             version.advance()  # under the lock: a checkpoint it starts copies this version
             return CommitOutcome(version.value, tuple(g.minibatch for g in prepared.members))
 
+    def _check_arrivals(self, round_: int, workers: Sequence[str]) -> None:
+        """RoundError, the sum emptied and the summed pushes dropped (their workers push again),
+        when the pushes summed as they arrived are not a part of round ``round_`` of ``workers``."""
+        arrivals = self._arrivals
+        if arrivals is None:
+            return
+        with arrivals.lock:
+            reason = arrivals.mismatch(set(workers))
+            if not reason:
+                return
+            if not arrivals.spoiled:
+                arrivals.pause.mismatched(round_)
+            self._drop_spent([g for g in self._staged.values() if g.summed])
+        self._clear_sums()
+        raise RoundError(f"round {round_}: {reason}; aborted on every shard, its members train again")
+
     def _prepare(self, model: Model, round_: int, members: list[Gradient]) -> _Prepared:
         """The round's update: the members' gradients averaged per table, computed aside and
         checked (RoundError when any new value would be NaN or infinite). The sums stay as they
@@ -240,14 +327,13 @@ class RoundAveraging(Rule):
             for k, gradient in enumerate(members):
                 took = [self._sums[name].add(part, take=k == 0 and gradient.received)
                         for name, part in gradient.update.items()]  # fmt: skip
-                if any(took):
+                if any(took) or gradient.summed:
                     spent.append(gradient)
             averaged = {name: summed.averaged(len(members)) for name, summed in self._sums.items()}
             return _Prepared(round_, members, model.stage(averaged, self._learning_rate(members)), spent)
         except BaseException as err:
-            for summed in self._sums.values():
-                summed.clear()
-            self._drop_spent(spent)
+            self._drop_spent(spent + [g for g in members if g.summed])
+            self._clear_sums()
             if isinstance(err, GradientError):
                 raise RoundError(f"round {round_}: {err}") from err
             raise

@@ -39,12 +39,15 @@ from collections.abc import AsyncIterable, AsyncIterator, Generator
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
+from elasticps import allocator
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
+from elasticps.ps.optimizers import finite
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
@@ -89,6 +92,7 @@ class ParameterServerServicer:
         self._limits = limits
         self._streams = Slots("push calls", limits.max_push_streams, "--max_push_streams")
         self._polls = Slots("waiting pulls", limits.max_long_polls, "--max_long_polls")
+        self._installing = asyncio.Lock()  # PushModel streams, one at a time
         self._versions = Changes()
         store.on_version_change(self._versions.notify)
         self._cache_lock = threading.Lock()
@@ -100,17 +104,38 @@ class ParameterServerServicer:
         return self._streams.in_use, self._polls.in_use
 
     async def PushModel(self, request_iterator: AsyncIterable[bytes], context: Context) -> pb.ModelHead:
-        async with self._streams.taking(context, "PushModel"):
-            decoded = await receiving.receive(request_iterator, context, "PushModel", self._limits, self._admit_model)
-            spec = decoded.first.model.optimizer
-            config = OptimizerConfig(name=spec.name, params=dict(spec.params))
+        async with self._streams.taking(context, "PushModel"), self._installing:
+            # One model stream received at a time: every worker pushes the model when it starts, and
+            # once one is installed the others' values are not needed, only their heads' shapes.
+            held: list[frames.Head] = []
+
+            def drain(head: frames.Head) -> receiving.Piece | None:
+                layout = self._store.layout
+                if layout is None or layout.empty:
+                    return None
+                held.append(head)
+                return _finite_piece
+
+            decoded = await receiving.receive(
+                request_iterator, context, "PushModel", self._limits, self._admit_model, drain
+            )
             head = decoded.first.model
             try:
                 tables = [spec_of(table) for table in head.tables]
-                await asyncio.to_thread(
+                spec = decoded.first.model.optimizer
+                config = OptimizerConfig(name=spec.name, params=dict(spec.params))
+                if held:
+                    specs = held[0].tensors
+                    self._store.holds({t.name: t for t in specs if not t.state and not t.table},
+                                      {t.name: t for t in specs if t.state}, config, head.version, tables)  # fmt: skip
+                    return pb.ModelHead(initialized=True, version=self._store.version)
+                installed = await asyncio.to_thread(
                     self._store.initialize, decoded.tensors, config, head.version, head.incarnation, decoded.state,
-                    tables, max(1, head.shards),
+                    tables, max(1, head.shards), True,
                 )
+                del decoded
+                if installed:  # the stream's frames went through the heap once: give their pages back
+                    await asyncio.to_thread(allocator.give_back_free_memory)
             except (GradientError, OptimizerError, EmbeddingError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             except ModelMismatch as err:
@@ -278,6 +303,12 @@ class ParameterServerServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"RestoreShard: {err}")
         self._metrics.model_version.set(self._store.version)
         return self.DescribeShard(pb.DescribeRequest(), context)
+
+
+def _finite_piece(spec: frames.TensorSpec, start: int, values: np.ndarray) -> None:
+    """A pushed model's piece, checked as ``ParameterStore.initialize`` checks the values."""
+    if values.dtype.kind == "f" and not finite(values):
+        raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, f"PushModel: {spec.name!r} holds NaN or infinity")
 
 
 def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> None:

@@ -31,16 +31,18 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from elasticps.api.embedding import PART_GRADIENT, PART_IDS, PART_ROWS, EmbeddingError, TableSpec, as_ids
 from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
+from elasticps.ps.arrivals import PushHead, Stream
 from elasticps.ps.checkpointing import Checkpointing, capture
 from elasticps.ps.embeddings import EmbeddingTable, RowGradient, table_key
 from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
-from elasticps.ps.layout import Layout
+from elasticps.ps.layout import Described, Layout
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
@@ -77,7 +79,7 @@ class Reading:
     state: Mapping[str, np.ndarray]
 
 
-def _disjoint(variables: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]) -> None:
+def _disjoint(variables: Mapping[str, object], state: Mapping[str, object]) -> None:
     both = sorted(set(variables) & set(state))
     if both:
         raise GradientError(f"{both[0]!r} is both a variable and a state tensor")
@@ -164,6 +166,7 @@ class ParameterStore:
         state: Mapping[str, np.ndarray] = _NOTHING,
         tables: Sequence[TableSpec] = (),
         shards: int = 1,
+        received: bool = False,
     ) -> bool:
         """Takes the first model pushed to this shard; later returns False and changes nothing when
         the same model (names, shapes, dtypes) is pushed again (a worker restarts, a shard is
@@ -176,13 +179,15 @@ class ParameterStore:
         shards == shard`` (``shards``: the job's PS count).
         An *empty* model (no variable, no state: the placement put none of the model here) is held
         until a non-empty one is pushed, which replaces it at the shard's version and incarnation:
-        an empty push can never take the place of a model's variables."""
+        an empty push can never take the place of a model's variables.
+        ``received``: ``tensors`` were received into this PS's own buffers, for this call alone:
+        the shard may keep them as its variables rather than copy them."""
         if version < 0:
             raise GradientError(f"a model's version must be >= 0, got {version}")
         _disjoint(tensors, state)
         if len({spec.name for spec in tables}) != len(tables):
             raise GradientError("the pushed model names an embedding table twice")
-        dense = DenseTable.create(tensors, self.settings.shard)
+        dense = DenseTable.create(tensors, self.settings.shard, received=received)
         held_state = StateTable.create(state, self.settings.shard)
         built = make_optimizer(self._rule.optimizer(optimizer))
         try:
@@ -206,6 +211,37 @@ class ParameterStore:
             self.settings.shard, version, len(tensors), len(state),
             sum(value.nbytes for value in tensors.values()), len(tables), built.config.name,
         )
+        return True
+
+    def holds(
+        self,
+        variables: Mapping[str, Any],
+        state: Mapping[str, Any],
+        optimizer: OptimizerConfig,
+        version: int = 0,
+        tables: Sequence[TableSpec] = (),
+    ) -> bool:
+        """True when the shard holds a model (not an empty one) and the pushed one is that model
+        (``variables`` and ``state``: anything with a shape and a dtype, e.g. a stream head's
+        tensor specs, so the pushed values need not be kept); pushing it would change nothing.
+        ModelMismatch when it holds another one; False when it holds none yet. The rest is
+        checked as :meth:`initialize` checks it (GradientError, OptimizerError), values aside."""
+        held = self._model
+        if held is None or held.empty:
+            return False
+        if version < 0:
+            raise GradientError(f"a model's version must be >= 0, got {version}")
+        _disjoint(variables, state)
+        if len({spec.name for spec in tables}) != len(tables):
+            raise GradientError("the pushed model names an embedding table twice")
+        for kind, tensors in (("variable", variables), ("state", state)):
+            for name, tensor in tensors.items():
+                if np.dtype(tensor.dtype).kind != "f":
+                    raise GradientError(f"{kind} {name!r}: dtype {tensor.dtype} is not a float type")
+        make_optimizer(self._rule.optimizer(optimizer))
+        difference = held.difference(variables, state, tables)
+        if difference:
+            raise ModelMismatch(f"PS shard {self.settings.shard} holds another model: {difference}")
         return True
 
     def _install(self, model: Model, version: int, incarnation: int | None = None) -> None:
@@ -316,6 +352,35 @@ class ParameterStore:
         model.check(update)
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
         return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch, received))
+
+    def open_stream(
+        self,
+        tensors: Sequence[Described],
+        version: int,
+        learning_rate: float = 0.0,
+        worker: str = "",
+        minibatch: str = "",
+        incarnation: int = 0,
+    ) -> Stream | None:
+        """A stream that takes a push piece by piece as it arrives (``arrivals.py``: a sync round's
+        sum made on arrival), for a push of exactly the model's dense variables (``tensors``, from
+        its head, admitted by ``intake.py``: names, dtypes and shapes); None when the rule does
+        not take this push so (another mode, a push carrying state or rows, another version or
+        incarnation, a round being committed): receive it whole and :meth:`push` it.
+        GradientError for a head :meth:`push` would refuse."""
+        model = self._require_model()
+        _check_head(version, learning_rate, worker, minibatch)
+        variables = model.dense.variables
+        if (
+            incarnation != self.incarnation
+            or any(spec.state or spec.table for spec in tensors)
+            or len(tensors) != len(variables)
+            or any(spec.name not in variables or (spec.dtype, spec.shape) != (variables[spec.name].dtype,
+                   variables[spec.name].shape) for spec in tensors)
+        ):
+            return None
+        base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
+        return self._rule.open_stream(self._version, PushHead(version, base_lr, worker, minibatch))
 
     def commit(self, round_: int, workers: Sequence[str], dry_run: bool = False) -> CommitOutcome:
         """Applies sync round ``round_`` with the staged gradients of ``workers`` (RoundError if it

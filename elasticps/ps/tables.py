@@ -142,6 +142,18 @@ class DenseSum:
                 np.copyto(total, value)
         return took
 
+    def receive(self, name: str, start: int, values: Array) -> None:
+        """Adds ``values``, a piece of a gradient as it arrives, to variable ``name``'s sum from
+        its flat element ``start`` (``arrivals.py``). The sum is made in arrays of its own, set
+        to zero the first time a round touches them (a round's sum holds no gradient's memory)."""
+        total = self._sums.get(name)
+        if total is None:
+            self._sums[name] = total = self._own_array(name)
+            total.fill(0)
+        flat = total.reshape(-1)[start : start + len(values)]
+        with np.errstate(over="ignore"):  # an overflowing sum is refused by the stage's check
+            np.add(flat, values, out=flat)
+
     def _own_array(self, name: str) -> Array:
         own = self._own.get(name)
         if own is None:
@@ -181,14 +193,16 @@ class DenseTable:
         self._checked = threading.local()  # .bounds: what this thread's last check measured
 
     @classmethod
-    def create(cls, tensors: Mapping[str, Array], shard: int = 0) -> DenseTable:
-        """A table holding copies of a pushed model, whose variables must be finite floats."""
+    def create(cls, tensors: Mapping[str, Array], shard: int = 0, *, received: bool = False) -> DenseTable:
+        """A table holding a pushed model, whose variables must be finite floats: copies, or with
+        ``received`` (the arrays are the PS's own, received into its buffers for this model alone)
+        the arrays themselves where they are writable and aligned: no second copy of the shard."""
         for name, value in tensors.items():
             if value.dtype not in _FLOATS:
                 raise GradientError(f"variable {name!r}: dtype {value.dtype} is not a float type")
             if not finite(value):
                 raise GradientError(f"variable {name!r}: initial value is not finite")
-        return cls({name: np.array(value, copy=True) for name, value in tensors.items()}, shard)
+        return cls({name: _held(value, received) for name, value in tensors.items()}, shard)
 
     @classmethod
     def restored(cls, arrays: Mapping[str, Array], shard: int = 0) -> DenseTable:
@@ -300,6 +314,11 @@ class DenseTable:
 
     def snapshot(self) -> dict[str, Array]:
         return {f"{self.PREFIX}{name}": value.copy() for name, value in self._variables.items()}
+
+
+def _held(value: Array, received: bool) -> Array:
+    adopt = received and value.flags.writeable and value.flags.aligned and value.flags.c_contiguous
+    return value if adopt else np.array(value, copy=True)
 
 
 class _DenseUpdate:

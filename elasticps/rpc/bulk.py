@@ -17,7 +17,8 @@ whenever the channel cannot be used, stays on gRPC. The bytes are those of the g
 A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`), has it admitted (sizes and
 names against the model, before any buffer: ``ps/intake.py``), then receives a payload-only frame
 straight into the stream's buffer (``frames.Assembly.space``), no copy, any other frame through
-``frames.Assembly.add``: a frame that does not fit is refused as on gRPC. Every read is bounded by
+``frames.Assembly.add``: a frame that does not fit is refused as on gRPC. A receiver that takes
+the tensors piece by piece instead (``frames.Chunked``) gets the same checks. Every read is bounded by
 a :class:`Deadline` (an idle limit per read and the whole call's). A sender writes the arrays' own
 memory (``frames.describe``), no copy.
 """
@@ -29,7 +30,7 @@ import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -180,6 +181,56 @@ def read_reply(sock: socket.socket, deadline: Deadline) -> tuple[grpc.StatusCode
 
 
 # ---- a tensor stream, received ---------------------------------------------------------------------
+class Receiving(Protocol):
+    """Where a stream's payload goes: ``frames.Assembly`` (whole) or ``frames.Chunked`` (in pieces)."""
+
+    @property
+    def received(self) -> int: ...
+
+    def space(self, size: int) -> memoryview: ...
+
+    def advance(self, size: int) -> None: ...
+
+    def add(self, message: bytes) -> None: ...
+
+
+def receive_head(sock: socket.socket, deadline: Deadline) -> frames.Head:
+    """A stream's head frame (after its method byte); FrameError when it is not one."""
+    length = recv_length(sock, deadline)
+    if length == 0:
+        raise frames.FrameError("empty stream: no head frame")
+    if length > MAX_HEAD_BYTES:
+        raise frames.FrameError(f"a head frame of {length} bytes, more than the {MAX_HEAD_BYTES} taken")
+    return frames.read_head(recv_bytes(sock, length, deadline))
+
+
+def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, into: Receiving) -> None:
+    """The frames after ``head``, up to the stream's end, into ``into`` (a payload-only frame
+    straight into its space, no copy); FrameError for what a gRPC stream would be refused.
+    The caller then calls ``into.finish()``."""
+    while (length := recv_length(sock, deadline)) != 0:
+        left = head.total - into.received
+        prefix = recv_bytes(sock, min(length, _MAX_PREFIX), deadline)
+        start = frames.payload_header(prefix, length)
+        if start is not None:
+            size = length - start
+            if size > left:  # before reading it
+                raise frames.FrameError(f"stream carried more than the {head.total} bytes its tensors need")
+            early = memoryview(prefix)[start:]
+            while size:
+                view = into.space(size)
+                taken = min(len(early), len(view))
+                view[:taken] = early[:taken]
+                early = early[taken:]
+                recv_into(sock, view[taken:], deadline)
+                into.advance(len(view))
+                size -= len(view)
+            continue
+        if length > left + MAX_HEAD_BYTES:  # any other encoding of a payload, with room for its fields
+            raise frames.FrameError(f"a frame of {length} bytes, more than the {left} bytes left can be")
+        into.add(prefix + recv_bytes(sock, length - len(prefix), deadline))
+
+
 def receive_stream(
     sock: socket.socket,
     deadline: Deadline,
@@ -189,29 +240,10 @@ def receive_stream(
     """The frames of one stream (after its method byte), as ``frames.decode`` would return them;
     FrameError for what a gRPC stream would be refused, whatever ``admit`` raises for its head.
     ``buffer_for(total)``: a buffer of at least ``total`` bytes to receive into, or None."""
-    length = recv_length(sock, deadline)
-    if length == 0:
-        raise frames.FrameError("empty stream: no head frame")
-    if length > MAX_HEAD_BYTES:
-        raise frames.FrameError(f"a head frame of {length} bytes, more than the {MAX_HEAD_BYTES} taken")
-    head = frames.read_head(recv_bytes(sock, length, deadline))
+    head = receive_head(sock, deadline)
     admit(head)
     assembly = frames.Assembly(head, buffer_for(head.total))
-    while (length := recv_length(sock, deadline)) != 0:
-        left = head.total - assembly.received
-        prefix = recv_bytes(sock, min(length, _MAX_PREFIX), deadline)
-        start = frames.payload_header(prefix, length)
-        if start is not None:
-            size = length - start
-            view = assembly.space(size)  # FrameError when it does not fit: before reading it
-            early = prefix[start:]
-            view[: len(early)] = early
-            recv_into(sock, view[len(early) :], deadline)
-            assembly.advance(size)
-            continue
-        if length > left + MAX_HEAD_BYTES:  # any other encoding of a payload, with room for its fields
-            raise frames.FrameError(f"a frame of {length} bytes, more than the {left} bytes left can be")
-        assembly.add(prefix + recv_bytes(sock, length - len(prefix), deadline))
+    receive_payload(sock, deadline, head, assembly)
     return assembly.finish()
 
 

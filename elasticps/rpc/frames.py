@@ -19,7 +19,7 @@ their ``table``; a part's name is unique within its table.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -287,6 +287,90 @@ class Assembly:
         head.CopyFrom(self.head.first)
         head.ClearField("payload")
         return Decoded(head, tensors, state, embeddings)
+
+
+class Chunked:
+    """A stream's tensors handed on in pieces as they arrive, never held whole: the receiving
+    side of :class:`Assembly` for a receiver that consumes each piece at once (a sync shard adds
+    a push into its round's sum as it arrives, ``ps/arrivals.py``).
+
+    Bytes go into one buffer of ``chunk_bytes``; each piece is at most that, within one tensor,
+    starting at a multiple of ``chunk_bytes`` into it, and goes to ``take(spec, start, values)``
+    (``start``: the element the piece begins at, ``values``: a flat view of the buffer, valid
+    during the call). :meth:`space` may offer fewer bytes than asked (the rest of the piece);
+    FrameError as :class:`Assembly` for more bytes than the tensors need, and at :meth:`finish`
+    for fewer."""
+
+    def __init__(
+        self,
+        head: Head,
+        take: Callable[[TensorSpec, int, np.ndarray], None],
+        buffer: np.ndarray | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        """``buffer``: uint8 memory of at least ``chunk_bytes`` to reuse; otherwise one is made."""
+        if chunk_bytes < 8 or chunk_bytes % 8:
+            raise ValueError(f"chunk_bytes must be a positive multiple of 8, got {chunk_bytes}")
+        self.head = head
+        self._take = take
+        if buffer is None or buffer.dtype != np.uint8 or buffer.ndim != 1 or len(buffer) < chunk_bytes:
+            buffer = np.empty(chunk_bytes, dtype=np.uint8)
+        self._buffer = buffer[:chunk_bytes]
+        self._chunk = chunk_bytes
+        self._index = 0  # the tensor being received
+        self._done = 0  # its bytes handed on
+        self._filled = 0  # bytes of the current piece in the buffer
+        self._received = 0
+        self._skip_empty()
+        self._put(head.first.payload)
+
+    def _skip_empty(self) -> None:
+        tensors = self.head.tensors
+        while self._index < len(tensors) and self._done == tensors[self._index].nbytes:
+            self._index += 1
+            self._done = 0
+
+    def _piece(self) -> int:
+        if self._index >= len(self.head.tensors):
+            raise FrameError(f"stream carried more than the {self.head.total} bytes its tensors need")
+        return min(self._chunk, self.head.tensors[self._index].nbytes - self._done)
+
+    def space(self, size: int) -> memoryview:
+        """Room for up to ``size`` more bytes (at least one), to be received into (then :meth:`advance`)."""
+        piece = self._piece()
+        end = self._filled + min(size, piece - self._filled)
+        return self._buffer[self._filled : end].data.cast("B")
+
+    def advance(self, size: int) -> None:
+        self._filled += size
+        self._received += size
+        if self._filled == self._piece():
+            spec = self.head.tensors[self._index]
+            values = self._buffer[: self._filled].view(spec.dtype)
+            self._take(spec, self._done // spec.dtype.itemsize, values)
+            self._done += self._filled
+            self._filled = 0
+            self._skip_empty()
+
+    def _put(self, data: bytes | memoryview) -> None:
+        data = memoryview(data).cast("B")
+        while len(data):
+            view = self.space(len(data))
+            view[:] = data[: len(view)]
+            self.advance(len(view))
+            data = data[len(view) :]
+
+    @property
+    def received(self) -> int:
+        return self._received
+
+    def add(self, message: bytes) -> None:
+        """One more frame of the stream (a payload)."""
+        self._put(_payload_of(message))
+
+    def finish(self) -> None:
+        if self._received != self.head.total:
+            raise FrameError(f"stream carried {self._received} bytes, the tensors need {self.head.total}")
 
 
 def decode(messages: Iterable[bytes]) -> Decoded:

@@ -17,10 +17,13 @@ from collections.abc import AsyncIterable, Callable
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc import aio
 
 from elasticps.rpc import frames
 from elasticps.rpc.limits import ServerLimits
+
+Piece = Callable[[frames.TensorSpec, int, np.ndarray], None]  # see frames.Chunked
 
 
 class Refused(Exception):
@@ -38,7 +41,12 @@ async def receive(
     method: str,
     limits: ServerLimits,
     admit: Callable[[frames.Head], None],
+    drain: Callable[[frames.Head], Piece | None] = lambda _: None,
 ) -> frames.Decoded:
+    """The stream's tensors, whole. ``drain(head)`` (asked once ``admit`` took the head) not None:
+    the caller needs the head alone; the payload is received a piece at a time, checked for size
+    as any other, shown to the function ``drain`` returned (which raises :class:`Refused` to end
+    the call) and dropped, and the tensors come back empty."""
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + limits.stream_deadline_s
     reader = aiter(requests)
@@ -63,6 +71,13 @@ async def receive(
     try:
         head = frames.read_head(first)
         admit(head)
+        look = drain(head)
+        if look is not None:
+            pieces = frames.Chunked(head, look)
+            while (message := await next_frame()) is not None:
+                pieces.add(message)
+            pieces.finish()
+            return frames.Decoded(head.first, {})
         assembly = frames.Assembly(head)
         while (message := await next_frame()) is not None:
             assembly.add(message)
