@@ -89,6 +89,7 @@ class Gradient:
 class CommitOutcome:
     version: int  # the store's version after the commit
     applied: tuple[str, ...]  # the minibatches averaged by this commit (empty: already applied)
+    summed: int = 0  # how many of them were summed as they arrived (arrivals.py), not staged whole
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,8 @@ class RoundAveraging(Rule):
                 self._staged.pop(worker, None)  # with a newer gradient pushed since the dry run
             self._forget_older_than(round_ + 1)
             version.advance()  # under the lock: a checkpoint it starts copies this version
-            return CommitOutcome(version.value, tuple(g.minibatch for g in prepared.members))
+            summed = sum(g.summed for g in prepared.members)
+            return CommitOutcome(version.value, tuple(g.minibatch for g in prepared.members), summed)
 
     def _check_arrivals(self, round_: int, workers: Sequence[str]) -> None:
         """RoundError, the sum emptied and the summed pushes dropped (their workers push again),

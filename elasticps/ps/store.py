@@ -387,11 +387,12 @@ class ParameterStore:
         cannot); with ``dry_run`` only checks that it could."""
         outcome = self._rule.commit(self._require_model(), self._version, round_, workers, dry_run)
         if outcome.applied and self.settings.round_log is not None:
-            self._log_round(round_, outcome.applied)
+            self._log_round(round_, outcome)
         return outcome
 
-    def _log_round(self, round_: int, minibatches: Sequence[str]) -> None:
-        line = json.dumps({"shard": self.settings.shard, "round": round_, "minibatches": list(minibatches)})
+    def _log_round(self, round_: int, outcome: CommitOutcome) -> None:
+        line = json.dumps({"shard": self.settings.shard, "round": round_, "minibatches": list(outcome.applied),
+                           "summed": outcome.summed})  # fmt: skip
         path = self.settings.round_log
         assert path is not None
         try:

@@ -18,6 +18,7 @@ import pytest
 
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from test_faults import coordinator
+from test_local_changes import scale
 
 RECORDS = 6000
 MINIBATCH = 32
@@ -87,3 +88,39 @@ def test_kill_ps1_at_a_random_moment_every_shard_rolls_back_to_one_version(
     tail0 = [r for r in shard0 if r[0] >= last - 20]
     tail1 = [r for r in shard1 if r[0] >= last - 20]
     assert tail0 == tail1 and tail0
+
+
+def test_sums_made_on_arrival_stay_one_round_on_every_shard_while_workers_die_and_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gradsToWait 0 (every live worker): each shard adds a push into its round's sum as it arrives
+    (``ps/arrivals.py``), and a round that cannot count exactly what was summed must abort on
+    every shard. Worker kills at random moments (a push cut off half-way, a member gone) and
+    scaling 4 -> 5 -> 3 (a worker that pushes after its round opened) do exactly that; the shards
+    must still agree on every round's members, each round once, and most pushes are summed."""
+    rng = random.Random()
+    first, second, third = sorted(rng.sample(range(8, 90), 3))
+    print(f"kill worker 1 at version >= {first}, scale to 5 at >= {second}, kill worker 2 and scale to 3 at >= {third}")
+    process, run_dir, result_file, logs = run_job(tmp_path, monkeypatch, numEpochs=3)
+    client = coordinator(run_dir)
+    wait_for(lambda: client.status().model_version >= first, 180, f"version {first}")
+    os.kill(int((run_dir / "rounds-worker-1.pid").read_text()), signal.SIGKILL)
+    wait_for(lambda: client.status().model_version >= second, 180, f"version {second}")
+    assert "asked job rounds" in scale(run_dir, 5)
+    wait_for(lambda: client.status().model_version >= third, 180, f"version {third}")
+    os.kill(int((run_dir / "rounds-worker-2.pid").read_text()), signal.SIGKILL)
+    scale(run_dir, 3)
+    _, stderr = process.communicate(timeout=400)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    result = json.loads(result_file.read_text())
+    shard0, shard1 = rounds_of(logs / "ps-0.jsonl"), rounds_of(logs / "ps-1.jsonl")
+    assert shard0 == shard1  # every round the same members on both shards
+    assert [r for r, _ in shard0] == list(range(len(shard0)))  # one commit per round, in order
+    assert all(len(set(members)) == len(members) for _, members in shard0)
+    assert result["shard_versions"] == [len(shard0), len(shard0)]
+    assert result["epoch_records"] == [RECORDS] * 3
+    assert result["metrics"]["accuracy"] > 0.85
+    summed = [json.loads(line)["summed"] for line in (logs / "ps-0.jsonl").read_text().splitlines()]
+    counted = sum(len(members) for _, members in shard0)
+    print(f"{len(shard0)} rounds, {counted} gradients, {sum(summed)} summed on arrival")
+    assert sum(summed) > counted // 2
