@@ -7,7 +7,8 @@ the replicas' allocator settings (no trimming, no mmap: ``local/processes.py``, 
 never give back. Measured on the 23M-parameter sync job (``bench/large_model.py``, 44 MiB shards):
 peak resident 470-580 MiB per PS with glibc's arenas, 307 MiB with one. The PS's hot path
 allocates almost nothing (buffers are kept and reused), so one arena costs it no lock contention
-that matters.
+that matters. Those settings also keep a one-off burst resident for good (a model received whole at
+install, with the transport's frames): :func:`give_back_free_memory` returns its pages after it.
 """
 
 from __future__ import annotations

@@ -89,3 +89,36 @@ def test_a_negative_arena_count_is_a_clear_error_not_a_traceback() -> None:
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == "error: --malloc_arenas must be >= 0, got -1"
     assert "Traceback" not in done.stderr
+
+
+# Under the replicas' settings (local/processes.py: no mmap below 1 GiB, no trimming below 2 GiB) a
+# burst of freed memory stays resident until malloc_trim gives its pages back.
+BURST_THEN_GIVE_BACK = """
+import ctypes, sys
+from elasticps.allocator import give_back_free_memory
+def rss_mib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(1 << 20) for _ in range(96)]
+for block in blocks:
+    ctypes.memset(block, 1, 1 << 20)
+keep = libc.malloc(4096)  # above the burst: the heap's top cannot shrink past it
+for block in blocks:
+    libc.free(block)
+before = rss_mib()
+gave = give_back_free_memory()
+print(before, rss_mib(), gave)
+"""
+
+
+def test_giving_back_free_memory_lowers_the_resident_size_the_replicas_settings_keep() -> None:
+    env = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "2147483648", "PATH": ""}
+    done = subprocess.run([sys.executable, "-c", BURST_THEN_GIVE_BACK], capture_output=True, text=True, timeout=60,
+                          env={**env, "PYTHONPATH": ":".join(sys.path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, after, gave = done.stdout.split()
+    assert gave == "True"
+    assert int(before) - int(after) >= 64, done.stdout  # of the 96 MiB freed
