@@ -332,6 +332,31 @@ NOTES = [
     "backup workers with gradsToWait below the workers) must be aborted too. That trades the refusal of "
     "one bad push for the abort of a round: a decision about behaviour, left open here.",
     "",
+    "**Sum on arrival, one model stream, one role's imports (2026-11-25, later).** The three runs above: "
+    "3.40-3.78x, 2.09-2.47P above idle; the 20-minibatch job 3.38-3.64x over five runs. Four changes. "
+    "(1) The decision left open above, taken: a sync push of the shard's dense variables over the bulk "
+    "channel is checked and added to its round's sum in 1 MiB pieces as it arrives "
+    "(`ps/arrivals.py`), never held whole, so a shard holds its variables and one sum. A push refused "
+    "or cut off after part of it was summed, a second minibatch from one worker, or a round that does "
+    "not count exactly the pushes summed (a worker lost mid-round or started after the round opened, "
+    "backup workers) makes the round's dry run refuse it: aborted on every shard before any applied "
+    "it, its members train again. After such a mismatch the shard stages pushes whole for 4 rounds, "
+    "then 8, doubling up to 256 (`tests/ps/test_arrivals.py`; `tests/e2e/test_sync_rounds.py` kills "
+    "workers and scales 4 -> 5 -> 3 mid-job: both shards' round logs agree, 587 of 602 gradients "
+    "summed on arrival, one round aborted). (2) The install was the peak, and the 4.1-4.9P runs "
+    "of PS 0 above were it: RSS sampled every 50 ms jumped when the shard logged \"initialised\". "
+    "Every worker pushes the model at start; two streams were held whole at once and one was then "
+    "copied (3P and gRPC's frames). Now one PushModel stream is received at a time, the first one's "
+    "buffer becomes the variables, a later one is checked piece by piece and dropped "
+    "(`tests/ps/test_model_install.py`: four pushes together, 2.4x the model traced, 6.5x before), "
+    "and the heap's free pages are given back after the install (`allocator.give_back_free_memory`, "
+    "glibc's `malloc_trim`: the replicas' settings keep a freed burst resident otherwise). (3) An "
+    "idle PS held 80-82 MiB, 21 of them for nothing: the command line imported every role's flags, "
+    "the operator's Kubernetes client with them; each command now imports only its own role "
+    "(`cli.py`): idle 58-59 MiB. (4) Left: the peak is 2.1-2.5P above that idle, against the 2P of "
+    "variables and sum: gRPC's frames at install, before the trim, and the pieces (receiving "
+    "PushModel over the bulk channel would take the first).",
+    "",
 ]
 
 
