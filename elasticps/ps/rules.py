@@ -21,9 +21,10 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   piece by piece as it arrives (``arrivals.py``), never held whole; a round that cannot count
   exactly the pushes so summed is aborted (RoundError) and sum on arrival pauses for a while. A
   push staged whole is added at the commit; the sum is made in the first such member's gradient
-  when the PS received it into its own buffers (``Gradient.received``) and nothing was summed. A dry run whose round is not committed
-  leaves that gradient spent: a later round of the same minibatches reuses the computation, one
-  that names the worker with another is refused until the worker pushes again. Updates and reads
+  when the PS received it into its own buffers (``Gradient.received``) and nothing was summed. A
+  dry run whose round is not committed leaves the gradients summed into spent: a later round of
+  the same minibatches reuses the computation, one that names their workers with others is
+  refused until they push again. Updates and reads
   hold one lock, so a pull never sees half an update.
 * :class:`AsyncApply`: every gradient is applied at once, without a shard-wide lock (with
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix

@@ -37,16 +37,15 @@ import numpy.typing as npt
 
 from elasticps.ps.errors import GradientError
 from elasticps.ps.optimizers import Optimizer
-from elasticps.ps.tables import finite
+from elasticps.ps.tables import FLOATS, finite
 
 Array = npt.NDArray[Any]
 
 STATE = "state"  # the state table's name in the store
-_FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def _check_new(name: str, value: Array, what: str) -> None:
-    if value.dtype not in _FLOATS:
+    if value.dtype not in FLOATS:
         raise GradientError(f"state {name!r}: dtype {value.dtype} is not a float type")
     if not finite(value):
         raise GradientError(f"state {name!r}: {what} holds NaN or infinity")

@@ -48,7 +48,7 @@ from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.state_table import STATE, StateTable
-from elasticps.ps.tables import DENSE, DenseTable
+from elasticps.ps.tables import DENSE, FLOATS, DenseTable
 from elasticps.ps.versions import ModelVersion
 
 __all__ = [
@@ -236,7 +236,7 @@ class ParameterStore:
             raise GradientError("the pushed model names an embedding table twice")
         for kind, tensors in (("variable", variables), ("state", state)):
             for name, tensor in tensors.items():
-                if np.dtype(tensor.dtype).kind != "f":
+                if np.dtype(tensor.dtype) not in FLOATS:
                     raise GradientError(f"{kind} {name!r}: dtype {tensor.dtype} is not a float type")
         make_optimizer(self._rule.optimizer(optimizer))
         difference = held.difference(variables, state, tables)

@@ -46,13 +46,13 @@ import numpy.typing as npt
 from elasticps.ps.errors import GradientError
 from elasticps.ps.optimizers import APPLY_ROOMS, Optimizer, Scratch, finite, magnitude
 
-__all__ = ["APPLY_ROOMS", "DENSE", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
+__all__ = ["APPLY_ROOMS", "DENSE", "FLOATS", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
 
 Array = npt.NDArray[Any]
 G = TypeVar("G")
 
 DENSE = "dense"  # the dense table's name in the store
-_FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
+FLOATS = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})  # what parameters may be
 
 
 class Staged(Protocol):
@@ -198,7 +198,7 @@ class DenseTable:
         ``received`` (the arrays are the PS's own, received into its buffers for this model alone)
         the arrays themselves where they are writable and aligned: no second copy of the shard."""
         for name, value in tensors.items():
-            if value.dtype not in _FLOATS:
+            if value.dtype not in FLOATS:
                 raise GradientError(f"variable {name!r}: dtype {value.dtype} is not a float type")
             if not finite(value):
                 raise GradientError(f"variable {name!r}: initial value is not finite")

@@ -332,8 +332,8 @@ def test_the_round_log_lists_each_applied_rounds_minibatches_once(tmp_path: Path
     store.commit(1, ["a"])
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert lines == [
-        {"shard": 0, "round": 0, "minibatches": ["b/1", "a/1"]},
-        {"shard": 0, "round": 1, "minibatches": ["a/2"]},
+        {"shard": 0, "round": 0, "minibatches": ["b/1", "a/1"], "summed": 0},
+        {"shard": 0, "round": 1, "minibatches": ["a/2"], "summed": 0},
     ]
 
 
