@@ -85,6 +85,16 @@ def _disjoint(variables: Mapping[str, object], state: Mapping[str, object]) -> N
         raise GradientError(f"{both[0]!r} is both a variable and a state tensor")
 
 
+def _check_offer(version: int, variables: Mapping[str, object], state: Mapping[str, object],
+                 tables: Sequence[TableSpec]) -> None:  # fmt: skip
+    """What a pushed model's head must be, its values aside (GradientError)."""
+    if version < 0:
+        raise GradientError(f"a model's version must be >= 0, got {version}")
+    _disjoint(variables, state)
+    if len({spec.name for spec in tables}) != len(tables):
+        raise GradientError("the pushed model names an embedding table twice")
+
+
 MAX_NAME = 1024  # characters of a push's worker and minibatch names
 
 
@@ -182,11 +192,7 @@ class ParameterStore:
         an empty push can never take the place of a model's variables.
         ``received``: ``tensors`` were received into this PS's own buffers, for this call alone:
         the shard may keep them as its variables rather than copy them."""
-        if version < 0:
-            raise GradientError(f"a model's version must be >= 0, got {version}")
-        _disjoint(tensors, state)
-        if len({spec.name for spec in tables}) != len(tables):
-            raise GradientError("the pushed model names an embedding table twice")
+        _check_offer(version, tensors, state, tables)
         dense = DenseTable.create(tensors, self.settings.shard, received=received)
         held_state = StateTable.create(state, self.settings.shard)
         built = make_optimizer(self._rule.optimizer(optimizer))
@@ -229,11 +235,7 @@ class ParameterStore:
         held = self._model
         if held is None or held.empty:
             return False
-        if version < 0:
-            raise GradientError(f"a model's version must be >= 0, got {version}")
-        _disjoint(variables, state)
-        if len({spec.name for spec in tables}) != len(tables):
-            raise GradientError("the pushed model names an embedding table twice")
+        _check_offer(version, variables, state, tables)
         for kind, tensors in (("variable", variables), ("state", state)):
             for name, tensor in tensors.items():
                 if np.dtype(tensor.dtype) not in FLOATS:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -229,22 +229,6 @@ def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, 
         if length > left + MAX_HEAD_BYTES:  # any other encoding of a payload, with room for its fields
             raise frames.FrameError(f"a frame of {length} bytes, more than the {left} bytes left can be")
         into.add(prefix + recv_bytes(sock, length - len(prefix), deadline))
-
-
-def receive_stream(
-    sock: socket.socket,
-    deadline: Deadline,
-    admit: Callable[[frames.Head], None],
-    buffer_for: Callable[[int], np.ndarray | None] = lambda _: None,
-) -> frames.Decoded:
-    """The frames of one stream (after its method byte), as ``frames.decode`` would return them;
-    FrameError for what a gRPC stream would be refused, whatever ``admit`` raises for its head.
-    ``buffer_for(total)``: a buffer of at least ``total`` bytes to receive into, or None."""
-    head = receive_head(sock, deadline)
-    admit(head)
-    assembly = frames.Assembly(head, buffer_for(head.total))
-    receive_payload(sock, deadline, head, assembly)
-    return assembly.finish()
 
 
 # ---- the client's side -------------------------------------------------------------------------------

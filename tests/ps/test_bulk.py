@@ -301,7 +301,11 @@ def test_received_payload_lands_in_the_buffer_given() -> None:
                          bulk.LENGTH.pack(len(header) + 40), header, *views, bulk.LENGTH.pack(0)],
                   bulk.Deadline.within(5, 5))  # fmt: skip
         buffer = np.zeros(64, dtype=np.uint8)
-        decoded = bulk.receive_stream(right, bulk.Deadline.within(5, 5), lambda _: None, lambda _: buffer)
+        deadline = bulk.Deadline.within(5, 5)
+        received = bulk.receive_head(right, deadline)
+        assembly = frames.Assembly(received, buffer)
+        bulk.receive_payload(right, deadline, received, assembly)
+        decoded = assembly.finish()
     finally:
         left.close()
         right.close()
