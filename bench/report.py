@@ -246,8 +246,10 @@ def write_markdown(doc: dict[str, Any], path: Path, image: str, results: str) ->
         f"coordinator, given a 10-record npz file as --training_data), one per model size and case (bulk "
         f"channel, each chunk size over gRPC frames). The "
         f"benchmark's `PSClient` pushes a model of {cfg['num_variables']} float32 variables of equal size "
-        f"(`push_model`, SGD lr 0.01) once, then each round trip is `push_gradients(gradients, versions)` + "
-        f"`pull(versions=[-1])` (a full pull). Async mode applies each push at once. At the end the pulled "
+        f"(`push_model`, SGD lr 0.01) once, then each round trip is `push_gradients(gradients, versions, "
+        f"pull_behind_ms=0)`, a push with a full pull right behind it, as an async worker steps: over the bulk "
+        f"channel both go in one write and the pull is answered once the push is applied (over gRPC frames, "
+        f"the pull follows the push's reply). Async mode applies each push at once. At the end the pulled "
         f"model is checked against 0.5 - pushes x lr x gradient (max error "
         f"{max(s['model_check_max_abs_error'] for s in doc['sizes']):.1e})."
     )

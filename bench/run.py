@@ -9,9 +9,10 @@ noise hits every case alike:
   views of the received buffer (``bench.tcp_apply``);
 * ``grpc_raw``: the same call shapes as the PS over gRPC carrying raw byte chunks, without protobuf,
   frames or a store (``bench.grpc_raw``): the floor of grpcio's Python message path;
-* ``ps_bulk``: ``push_gradients`` + ``pull(versions=[-1])`` of an N-byte model against a real
-  ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`, over the PS's
-  bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
+* ``ps_bulk``: ``push_gradients`` of an N-byte model with a pull right behind it (``pull_behind_ms``,
+  as an async worker steps: both in one write, the pull answered once the push is applied) against a
+  real ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`, over the
+  PS's bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
 * ``ps@<chunk>``: the same over gRPC frames (``PSClient(use_bulk=False)``), at the default chunk size
   and, at 16 and 64 MB, at other chunk sizes (client pushes and server pulls alike).
 
@@ -218,8 +219,11 @@ class PSCase:
         self.last: dict[str, np.ndarray] = {}
 
     def round_trip(self) -> None:
-        pushed = self.client.push_gradients(self.gradients, self.versions)
-        pulled = self.client.pull(versions=[-1])
+        # As an async worker steps: the pull goes right behind the push (its model includes the push).
+        pushed = self.client.push_gradients(self.gradients, self.versions, pull_behind_ms=0)
+        if pushed.behind is None:
+            raise RuntimeError("the push sent no pull behind it")
+        pulled = pushed.behind.result()
         if not pushed.all_accepted or len(pulled.tensors) != NUM_VARIABLES:
             raise RuntimeError(f"push accepted {pushed.accepted}, pull returned {sorted(pulled.tensors)}")
         self.versions = pulled.versions

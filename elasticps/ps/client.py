@@ -30,6 +30,7 @@ are the same either way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -125,10 +126,89 @@ class PulledRows:
 class Pushed:
     accepted: list[bool]  # per shard
     versions: list[int]  # per shard, after the push
+    behind: Behind | None = None  # the pull sent right behind the push, when one was asked for
 
     @property
     def all_accepted(self) -> bool:
         return all(self.accepted)
+
+
+class Dropped(Exception):
+    """The pulls behind a push were dropped (:meth:`Behind.cancel`) before their answers came."""
+
+
+class Behind:
+    """The pull a push sent right behind itself (``PSClient.push_gradients`` with ``pull_behind_ms``):
+    on each shard reached over its bulk channel, the request is on the connection the push used,
+    answered once the push is done there (``rpc/bulk.py``); :meth:`result` reads the answers (and
+    pulls the other shards, and any whose answer did not come, as :meth:`PSClient.pull` does), once.
+    :meth:`cancel`, from any thread, drops the answers not read: their connections are closed (a
+    :meth:`result` reading them meanwhile raises :class:`Dropped`). A connection is closed only
+    while it is this object's: one whose answer was read goes back to the client's pool
+    (:meth:`release`) and is never closed by a later :meth:`cancel`."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        versions: Sequence[int],
+        incarnations: Sequence[int],
+        wait_ms: int,
+        waiting: Sequence[bulk.BulkConnection | None],
+    ) -> None:
+        self._client = client
+        self._versions = list(versions)
+        self._incarnations = list(incarnations)
+        self._wait_ms = wait_ms
+        self._held: list[bulk.BulkConnection | None] = list(waiting)  # per shard, until released
+        self.sent = sum(connection is not None for connection in waiting)  # shards whose pull went behind
+        self._lock = threading.Lock()  # guards _held and _dropped
+        self._once = threading.Lock()  # one result() reads
+        self._dropped = False
+        self._pulled: Pulled | None = None
+
+    def dropped(self) -> bool:
+        return self._dropped
+
+    def connection(self, shard: int) -> bulk.BulkConnection | None:
+        """The connection holding ``shard``'s answer, None when there is none (or it was dropped)."""
+        with self._lock:
+            return None if self._dropped else self._held[shard]
+
+    def release(self, shard: int) -> bool:
+        """``shard``'s answer was read (or failed): its connection is the caller's again, to give
+        back to the pool; False when a :meth:`cancel` closed it first."""
+        with self._lock:
+            self._held[shard] = None
+            return not self._dropped
+
+    def result(self) -> Pulled:
+        """The model as the pulls behind the push found it (read once; later calls get the same)."""
+        with self._once:
+            if self._pulled is None:
+                if self._dropped:
+                    raise Dropped("the pulls behind the push were dropped")
+                self._pulled = self._client.pull(
+                    self._versions, self._wait_ms, incarnations=self._incarnations, behind=self
+                )
+            return self._pulled
+
+    def cancel(self) -> bool:
+        """Drops the answers not read yet, closing their connections; False when they were read already."""
+        with self._lock:
+            if self._dropped or self._pulled is not None:
+                return False
+            self._dropped = True
+            for connection in self._held:  # under the lock: release() cannot hand one back meanwhile
+                if connection is not None:
+                    connection.abort()
+            self._held = [None] * len(self._held)
+        return True
+
+
+def _unmoved(answer: frames.Decoded, request: pb.PullRequest) -> bool:
+    """Whether a pull's answer is the model the request already had (nothing newer came)."""
+    head = answer.first.model
+    return head.initialized and (head.incarnation, head.version) == (request.incarnation, request.version)
 
 
 class PSClient:
@@ -254,6 +334,7 @@ class PSClient:
         wait_ms: int = 0,
         only: Sequence[int] | None = None,
         incarnations: Sequence[int] | None = None,
+        behind: Behind | None = None,
     ) -> Pulled:
         """Pulls every shard whose (incarnation, version) differs from the caller's (-1: "I have nothing").
 
@@ -265,6 +346,10 @@ class PSClient:
         (after a first full pull, whenever a shard holding a slice had a newer model); its rows
         from shards that had nothing newer are those they answered last. A shard holding tensors
         the placement puts elsewhere raises :class:`ModelMismatch`.
+
+        ``behind``: pulls already sent behind a push (:meth:`Behind.result`): a shard's answer is
+        read from the connection holding it, and asked again as any pull when it does not come,
+        unless the answers were dropped meanwhile (:class:`Dropped`).
         """
 
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
@@ -283,7 +368,12 @@ class PSClient:
                     return decoded
                 return frames.decode(self._stubs[shard].PullDense(request, timeout=self._timeout_s))
 
-            decoded: frames.Decoded = self._call(attempt, "PullDense")
+            answered = self._read_behind(shard, behind) if behind is not None else None
+            if answered is not None and wait_ms > 0 and _unmoved(answered, request):
+                answered = None  # its long poll ended before the model moved: asked again
+            if answered is None and behind is not None and behind.dropped():
+                raise Dropped("the pulls behind the push were dropped")
+            decoded: frames.Decoded = answered if answered is not None else self._call(attempt, "PullDense")
             head = decoded.first.model
             part: _Part = (decoded.tensors, decoded.state, set())
             if joined is not None and head.initialized and (decoded.tensors or decoded.state):
@@ -323,16 +413,24 @@ class PSClient:
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
+        pull_behind_ms: int | None = None,
     ) -> Pushed:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
         then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
         ``state``: the worker's current state tensors, each sent to its shard with the gradients.
-        ``embeddings``: row gradients per table, each shard sent the rows of its ids."""
+        ``embeddings``: row gradients per table, each shard sent the rows of its ids.
+
+        ``pull_behind_ms``: a pull (from ``versions``, waiting up to that long for a newer model)
+        is sent right behind the push on each shard's bulk connection, in the same write, and
+        :attr:`Pushed.behind` reads its answers: async, the model with this push in it, for one
+        round trip instead of two; sync, the round's model, sent by each shard as soon as it
+        commits the round. A shard the push reached over gRPC frames is pulled by :meth:`Behind.result`."""
         placement = self._placed(gradients, state)
         parts = placement.split(gradients)
         state_parts = placement.split(state or {})
         row_parts = self._split_rows(embeddings or {})
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+        waiting: list[bulk.BulkConnection | None] = [None] * self.num_shards
 
         def push(shard: int) -> pb.PushReply:
             head = pb.Frame(
@@ -347,11 +445,17 @@ class PSClient:
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard], row_parts[shard])
 
-            def attempt() -> pb.PushReply:
-                reply = self._over_bulk(
-                    shard,
-                    lambda connection: connection.push(head, parts[shard], state_parts[shard], row_parts[shard]),
+            behind = None
+            if pull_behind_ms is not None:
+                behind = pb.PullRequest(
+                    worker=self.worker, version=versions[shard], wait_ms=pull_behind_ms, incarnation=held[shard]
                 )
+
+            def attempt() -> pb.PushReply:
+                def over(connection: bulk.BulkConnection) -> pb.PushReply:
+                    return connection.push(head, parts[shard], state_parts[shard], row_parts[shard], behind)
+
+                reply = self._over_bulk(shard, over, keep=waiting if behind is not None else None)
                 if reply is not None:
                     return reply
                 return self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s)
@@ -359,8 +463,15 @@ class PSClient:
             reply: pb.PushReply = self._call(attempt, "PushGradients")
             return reply
 
-        replies = self._fan_out(push)
-        return Pushed([r.accepted for r in replies], [r.version for r in replies])
+        try:
+            replies = self._fan_out(push)
+        except BaseException:
+            Behind(self, versions, held, 0, waiting).cancel()
+            raise
+        behind = None
+        if pull_behind_ms is not None:
+            behind = Behind(self, versions, held, pull_behind_ms, waiting)
+        return Pushed([r.accepted for r in replies], [r.version for r in replies], behind)
 
     def _split_rows(self, embeddings: Mapping[str, RowGrads]) -> list[dict[str, dict[str, np.ndarray]]]:
         """Each shard's part of the row gradients: the ids ``id mod N`` names it, with their rows."""
@@ -440,12 +551,25 @@ class PSClient:
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
+        pull_behind: bool = False,
     ) -> Future[Pushed]:
-        """The same push, returned as a future so the caller can compute while it travels."""
+        """The same push, returned as a future so the caller can compute while it travels.
+        ``pull_behind``: with a pull right behind it (no waiting), whose answer is read in the push's
+        thread too: :attr:`Pushed.behind` then has it (or raises what reading it raised)."""
         held = None if incarnations is None else list(incarnations)
-        return self._push_pool.submit(
-            self.push_gradients, gradients, list(versions), learning_rate, "", held, state, embeddings
-        )
+
+        def push() -> Pushed:
+            pushed = self.push_gradients(
+                gradients, list(versions), learning_rate, "", held, state, embeddings, 0 if pull_behind else None
+            )
+            if pushed.behind is not None:
+                try:
+                    pushed.behind.result()
+                except Exception:
+                    pass  # raised again by the caller's result(), which pulls again
+            return pushed
+
+        return self._push_pool.submit(push)
 
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)
@@ -464,23 +588,48 @@ class PSClient:
 
         return describe
 
-    def _over_bulk(self, shard: int, call: Callable[[bulk.BulkConnection], T]) -> T | None:
+    def _over_bulk(
+        self, shard: int, call: Callable[[bulk.BulkConnection], T], keep: list[bulk.BulkConnection | None] | None = None
+    ) -> T | None:
         """``call`` over the shard's bulk channel; None when it has none that connects, or the
         connection failed: then the caller sends it as gRPC frames. A status the bulk server
-        answered is raised as the gRPC call's would be (``bulk.BulkError``)."""
+        answered is raised as the gRPC call's would be (``bulk.BulkError``). ``keep``: the call
+        left an answer on the connection (a pull behind a push): once it succeeded, the connection
+        is put in ``keep[shard]`` instead of back in the pool (:meth:`_read_behind` gives it back)."""
         route = self._routes[shard]
         connection = route.take() if route is not None else None
         if route is None or connection is None:
             return None
+        kept = False
         try:
-            return call(connection)
+            result = call(connection)
+            if keep is not None and not connection.broken:
+                keep[shard], kept = connection, True
+            return result
         except bulk.DeadlineExceeded as err:
             raise bulk.BulkError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from None
         except OSError:  # refused mid-stream (the server answers and closes), reset, closed
             route.lost()
             return None
         finally:
-            route.give_back(connection)
+            if not kept:
+                route.give_back(connection)
+
+    def _read_behind(self, shard: int, behind: Behind) -> frames.Decoded | None:
+        """The answer of the pull sent behind a push to ``shard``; None when there is none or it did
+        not come (the connection failed or was dropped, the model changed while sent, a refusal):
+        the caller pulls again, as any pull, with its retries."""
+        connection = behind.connection(shard)
+        if connection is None:
+            return None
+        try:
+            return connection.read_pull()
+        except (OSError, grpc.RpcError, bulk.DeadlineExceeded, frames.FrameError):
+            return None  # a broken connection is closed by give_back; a torn answer's is fine
+        finally:
+            route = self._routes[shard]
+            if behind.release(shard) and route is not None:
+                route.give_back(connection)
 
     def _call(self, call: Callable[[], T], what: str) -> T:
         return retrying(call, what=what, deadline_s=self._deadline_s)

@@ -21,6 +21,10 @@ straight into the stream's buffer (``frames.Assembly.space``), no copy, any othe
 the tensors piece by piece instead (``frames.Chunked``) gets the same checks. Every read is bounded by
 a :class:`Deadline` (an idle limit per read and the whole call's). A sender writes the arrays' own
 memory (``frames.describe``), no copy.
+
+A connection's requests are answered one after another, in order, so a client may write a pull
+right behind a push in one go (``BulkConnection.push`` with ``pull``): the pull is answered once the
+push is done, its model includes the push, and the two cost one round trip instead of two.
 """
 
 from __future__ import annotations
@@ -232,6 +236,11 @@ def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, 
 
 
 # ---- the client's side -------------------------------------------------------------------------------
+def _pull_request(request: pb.PullRequest) -> list[bytes | memoryview]:
+    body = request.SerializeToString()
+    return [REQUEST.pack(MAGIC, PULL_DENSE), LENGTH.pack(len(body)), body]
+
+
 class BulkConnection:
     """One connection to a PS's bulk server: one call at a time (the client keeps a few)."""
 
@@ -245,8 +254,14 @@ class BulkConnection:
         return Deadline.within(self._timeout_s, self._timeout_s, what)
 
     def push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray],
-             embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> pb.PushReply:
-        """Sends one push stream; its reply, or BulkError with the status the server answered."""
+             embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+             pull: pb.PullRequest | None = None) -> pb.PushReply:
+        """Sends one push stream; its reply, or BulkError with the status the server answered.
+
+        ``pull``: a pull request sent right behind the push, in the same write: the server takes it
+        once the push is done, so its answer includes the push. Its answer is left on the
+        connection for :meth:`read_pull`: until then the connection carries nothing else (a
+        refused push gets no answer to it: the server closes the connection)."""
         first, views = frames.describe(head, tensors, state, embeddings)
         head_bytes = first.SerializeToString()
         total = sum(len(v) for v in views)
@@ -255,6 +270,8 @@ class BulkConnection:
             header = frames.payload_frame_header(total)
             parts += [LENGTH.pack(len(header) + total), header, *views]
         parts.append(LENGTH.pack(0))
+        if pull is not None:
+            parts += _pull_request(pull)
         deadline = self._deadline("PushGradients")
         code, message = self._exchange(parts, deadline)
         if code is not grpc.StatusCode.OK:
@@ -262,9 +279,18 @@ class BulkConnection:
         return pb.PushReply.FromString(message)
 
     def pull(self, request: pb.PullRequest) -> frames.Decoded:
-        body = request.SerializeToString()
         deadline = self._deadline("PullDense")
-        code, message = self._exchange([REQUEST.pack(MAGIC, PULL_DENSE), LENGTH.pack(len(body)), body], deadline)
+        code, message = self._exchange(_pull_request(request), deadline)
+        return self._pulled(code, message, deadline)
+
+    def read_pull(self) -> frames.Decoded:
+        """The answer to the pull sent behind the last push (:meth:`push` with ``pull``)."""
+        deadline = self._deadline("PullDense")
+        code, message = self._reply(deadline)
+        return self._pulled(code, message, deadline)
+
+    def _pulled(self, code: grpc.StatusCode, message: bytes, deadline: Deadline) -> frames.Decoded:
+        """A pull's answer, after its status and head: the tensors, then the intact byte."""
         if code is not grpc.StatusCode.OK:
             raise BulkError(code, message.decode(errors="replace"))
         try:
@@ -288,6 +314,9 @@ class BulkConnection:
         except BaseException:
             self.broken = True
             raise
+        return self._reply(deadline)
+
+    def _reply(self, deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
         try:
             code, message = read_reply(self._sock, deadline)
         except BaseException:
@@ -299,4 +328,13 @@ class BulkConnection:
 
     def close(self) -> None:
         self.broken = True
+        self._sock.close()
+
+    def abort(self) -> None:
+        """Closes the connection from any thread: a read blocked on it ends at once (``OSError``)."""
+        self.broken = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()

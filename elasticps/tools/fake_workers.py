@@ -130,11 +130,14 @@ class TimedPSClient(PSClient):
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
+        pull_behind_ms: int | None = None,
     ) -> Pushed:
         started = time.monotonic()
         if self._push_delay_s > 0:
             time.sleep(self._push_delay_s)
-        pushed = super().push_gradients(gradients, versions, learning_rate, minibatch, incarnations, state, embeddings)
+        pushed = super().push_gradients(
+            gradients, versions, learning_rate, minibatch, incarnations, state, embeddings, pull_behind_ms
+        )
         self._pushes.add(time.monotonic() - started, pushed)
         return pushed
 

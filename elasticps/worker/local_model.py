@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
+from elasticps.ps.client import Behind, Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
 from elasticps.worker.ports import PSClientLike, Trainer
@@ -60,6 +60,15 @@ def paced_gradients(trainer: Trainer, x: Any, y: Any, pace: Pace | None, counter
         return result
 
 
+class Ahead(Protocol):
+    """A pull whose answer the next pull takes: one started early (a future) or one sent behind a
+    push (``ps.client.Behind``)."""
+
+    def result(self) -> Pulled: ...
+
+    def cancel(self) -> bool: ...
+
+
 class LocalModel:
     def __init__(
         self,
@@ -80,8 +89,9 @@ class LocalModel:
         self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
         self._in_flight: Future[Pushed] | None = None
         self._placed = False  # whether the client has this model's placement (before any pull)
-        self._ahead: Future[Pulled] | None = None  # a pull started early (pull_ahead), not yet taken
+        self._ahead: Ahead | None = None  # a pull started early or sent behind a push, not yet taken
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self._reading: tuple[Behind, Future[Pulled]] | None = None  # pulls behind a push, being read
 
     @property
     def worker(self) -> str:
@@ -125,10 +135,32 @@ class LocalModel:
         before the next step). At most one travels; while it does, no other pull may be asked."""
         if self._ahead is not None:
             return
+        versions, incarnations = list(self._versions), list(self._incarnations)
+        self._ahead = self._background().submit(self._ps.pull, versions, 0, None, incarnations)
+
+    def pull_behind(self, pushed: Pushed) -> None:
+        """:meth:`pull_ahead` for a push sent with pulls behind it (:meth:`push` with
+        ``pull_behind_ms``; sync: its round was committed): the next pull takes their answers, read
+        in the background since the push (each shard sent its model as soon as it committed the
+        round). Without them, a pull is started ahead."""
+        reading, self._reading = self._reading, None
+        if reading is None or reading[0] is not pushed.behind:
+            self.pull_ahead()
+        elif self._ahead is not None:
+            reading[0].cancel()
+        else:
+            self._ahead = reading[1]
+
+    def drop_behind(self, pushed: Pushed) -> None:
+        """The pulls behind ``pushed`` are not wanted (sync: its round did not count it)."""
+        self._reading = None
+        if pushed.behind is not None:
+            pushed.behind.cancel()  # their reading, if under way, ends (ps.client.Dropped)
+
+    def _background(self) -> ThreadPoolExecutor:
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="pull-ahead")
-        versions, incarnations = list(self._versions), list(self._incarnations)
-        self._ahead = self._ahead_pool.submit(self._ps.pull, versions, 0, None, incarnations)
+        return self._ahead_pool
 
     def _pull(
         self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None, take_ahead: bool = False
@@ -247,15 +279,19 @@ class LocalModel:
         return self._trainer.optimizer_config(self._learning_rate).params["learning_rate"]
 
     # ---- pushes ------------------------------------------------------------------------------
-    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "") -> Pushed:
+    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "", pull_behind_ms: int | None = None) -> Pushed:
         """Pushes and waits for every shard's answer, tagged with the local copy's versions.
+
+        ``pull_behind_ms``: with a pull behind it on each shard (``PSClient.push_gradients``), whose
+        answers are read in the background from now on; the caller then takes them
+        (:meth:`pull_behind`) or drops them (:meth:`drop_behind`).
 
         A shard that lost its model gets ours pushed again (and pulled); the push then counts as
         rejected on every shard, so the caller trains the minibatch again on the fresh copy.
         """
         try:
             with self.metrics.push_seconds.time():
-                return self._ps.push_gradients(
+                pushed = self._ps.push_gradients(
                     gradients,
                     self._versions,
                     self._learning_rate,
@@ -263,31 +299,45 @@ class LocalModel:
                     self._incarnations,
                     state=self._trainer.state(),
                     embeddings=self._trainer.row_gradients(),
+                    pull_behind_ms=pull_behind_ms,
                 )
+            if pushed.behind is not None:
+                self._reading = (pushed.behind, self._background().submit(pushed.behind.result))
+            return pushed
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
             return Pushed([False] * self._ps.num_shards, list(self._versions))
 
-    def push_async(self, gradients: Mapping[str, np.ndarray]) -> None:
+    def push_async(self, gradients: Mapping[str, np.ndarray], pull_behind: bool = False) -> None:
         """Sends a push that travels while the caller computes; one push in flight at a time.
 
         The push is tagged with the versions the gradients were computed at, taken before the
-        previous push is settled (settling may repair a shard and pull).
+        previous push is settled (settling may repair a shard and pull). ``pull_behind``: a pull
+        travels right behind it (``PSClient.push_gradients_async``); once the push is settled, the
+        next pull that takes what is ahead (``pull(take_ahead=True)``) takes its answer.
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
         state = self._trainer.state()  # now: settling may pull, replacing it with the PS's
         rows = self._trainer.row_gradients()
         self.settle()
         self._in_flight = self._ps.push_gradients_async(
-            gradients, versions, self._learning_rate, incarnations, state=state, embeddings=rows
-        )
+            gradients, versions, self._learning_rate, incarnations, state=state, embeddings=rows,
+            pull_behind=pull_behind,
+        )  # fmt: skip
 
     def settle(self) -> None:
-        """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again."""
+        """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again.
+        A pull that travelled behind the push is kept for the next pull to take."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
         try:
-            in_flight.result()
+            pushed = in_flight.result()
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
+            return
+        if pushed.behind is not None:
+            if self._ahead is None:
+                self._ahead = pushed.behind
+            else:
+                pushed.behind.cancel()

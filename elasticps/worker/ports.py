@@ -55,6 +55,7 @@ class PSClientLike(Protocol):
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
+        pull_behind_ms: int | None = None,
     ) -> Pushed: ...
 
     def push_gradients_async(
@@ -65,6 +66,7 @@ class PSClientLike(Protocol):
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
+        pull_behind: bool = False,
     ) -> Future[Pushed]: ...
 
     def push_model(

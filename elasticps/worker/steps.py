@@ -5,11 +5,13 @@ derives it, ``training.py`` asks for the step and calls it; the loop itself has 
 Each step uses the :class:`LocalModel` for the model traffic and only decides when to pull and push:
 
 * :class:`SyncStep` (``UpdateRule.SYNC``): pull (every shard at one version), compute, stage the
-  gradient on every shard, then join the coordinator's round and wait for it to be committed on
-  every shard. A gradient the round did not take (too old: the round moved on; or its task went
-  back to the queue) means pull and train the same minibatch again.
+  gradient on every shard with a pull behind it, then join the coordinator's round and wait for it
+  to be committed on every shard; each shard answers the pull as soon as it commits. A gradient
+  the round did not take (too old: the round moved on; or its task went back to the queue) means
+  pull and train the same minibatch again.
 * :class:`AsyncStep` (``UpdateRule.ASYNC``): the PS accepts every gradient, nothing is retrained; a
-  pull waits for this worker's own push, so a gradient's staleness counts only other workers' updates.
+  pull goes right behind this worker's own push, so a gradient's staleness counts only other
+  workers' updates.
 * :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between apply own
   gradients to the local copy while also pushing them, each push travelling during the next minibatch.
 
@@ -37,10 +39,12 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.worker.local_model import LocalModel
 from elasticps.worker.ports import RoundsLike
 
-# Sync: how long one JoinRound call waits for the round to be committed before it asks again, and
-# how long a pull waits for a shard that is behind the others (a commit reaching shards in turn).
+# Sync: how long one JoinRound call waits for the round to be committed before it asks again, how
+# long a pull waits for a shard that is behind the others (a commit reaching shards in turn), and how
+# long the pull sent behind a gradient waits on each shard for the round's model (the PS's longest).
 JOIN_WAIT_MS = 5_000
 ALIGN_WAIT_MS = 1_000
+BEHIND_WAIT_MS = 10_000
 
 
 class Step(Protocol):
@@ -75,10 +79,13 @@ class SyncStep:
             model.pull_aligned(ALIGN_WAIT_MS)
             version = model.versions[0]
             loss, gradients = model.gradients(x, y)
-            if model.push(gradients, minibatch).all_accepted and self._counted(version):
+            # A pull goes behind the gradient on each shard, answered as soon as that shard commits the round.
+            pushed = model.push(gradients, minibatch, BEHIND_WAIT_MS if self._pull_ahead else None)
+            if pushed.all_accepted and self._counted(version):
                 if self._pull_ahead:
-                    model.pull_ahead()  # committed: the next step's model, fetched while the loop goes on
+                    model.pull_behind(pushed)  # committed: the next step's model, read while the loop goes on
                 return loss
+            model.drop_behind(pushed)
             model.counters.rejected += 1  # the round moved on without it: pull and train it again
             model.metrics.rejected.inc()
 
@@ -151,12 +158,14 @@ class LocalSGDStep:
         while True:
             trained = model.weights()
             delta = {name: start - trained[name] for name, start in self._start.items()}
-            if model.push(delta, minibatch).all_accepted:
+            pushed = model.push(delta, minibatch, BEHIND_WAIT_MS)
+            if pushed.all_accepted:
                 reply = self._join()
                 if reply is not None:
                     self._period = max(1, reply.local_steps)
-                    model.pull_ahead()  # the next period's model, fetched while the loop goes on
+                    model.pull_behind(pushed)  # the next period's model, read while the loop goes on
                     break
+            model.drop_behind(pushed)
             model.counters.rejected += 1  # the round moved on without it: the period again
             model.metrics.rejected.inc()
             self._begin()
@@ -193,12 +202,13 @@ class AsyncStep:
         # By default the pull sees this worker's own last gradient: pulling while it is in flight
         # adds a step of staleness to every gradient (measured once: with momentum 0.9 that made
         # async MNIST diverge), so it is only an option (spec.training.overlapPull).
-        if self._overlap:
-            self._model.pull(take_ahead=True)  # the pull started with the last push, if any
-        else:
-            self._model.refresh()
+        # Without overlap, the pull travels right behind the push (on the same connections): one
+        # round trip for both, and its model includes the push.
+        if not self._overlap:
+            self._model.settle()
+        self._model.pull(take_ahead=True)  # the pull behind, or started with, the last push, if any
         loss, gradients = self._model.gradients(x, y)
-        self._model.push_async(gradients)
+        self._model.push_async(gradients, pull_behind=not self._overlap)
         if self._overlap:
             self._model.pull_ahead()
         return loss

@@ -25,7 +25,7 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import routes
 from elasticps.ps.bulk import BulkServer
-from elasticps.ps.client import PSClient
+from elasticps.ps.client import Behind, Dropped, PSClient, Pulled
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
@@ -268,13 +268,22 @@ def test_a_shard_without_a_bulk_channel_is_served_by_grpc_frames(
         assert store.version == 1
         route = client._routes[0]
         assert route is not None and route.fallbacks == 1  # asked once, then not for RETRY_AFTER_S
+        # A pull asked behind a push is sent after it, over gRPC frames too.
+        pushed = client.push_gradients(gradient(0.1), [1], pull_behind_ms=0)
+        assert pushed.behind is not None and pushed.behind.sent == 0
+        pulled = pushed.behind.result()
+        assert pulled.versions == [2]
+        np.testing.assert_allclose(pulled.tensors["a"], model()["a"] - 2 * np.float32(0.05), rtol=1e-6)
     finally:
         client.close()
 
 
+@pytest.mark.parametrize("pull_behind_ms", [None, 0])
 def test_a_refusal_over_the_bulk_channel_is_the_grpc_status(
-    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]], pull_behind_ms: int | None
 ) -> None:
+    """With a pull behind the refused push too: the server closes the connection, the pull is
+    never answered, and the client's next push and pull are whole."""
     address, store, server = ps("async", None)
     client = PSClient([address], worker="w", deadline_s=10)
     try:
@@ -282,10 +291,13 @@ def test_a_refusal_over_the_bulk_channel_is_the_grpc_status(
         bad = gradient(0.1)
         bad["a"][7] = np.nan
         with pytest.raises(grpc.RpcError) as caught:
-            client.push_gradients(bad, versions)
+            client.push_gradients(bad, versions, pull_behind_ms=pull_behind_ms)
         assert isinstance(caught.value, grpc.Call) and caught.value.code() is INVALID
         assert store.version == 0
-        assert client.push_gradients(gradient(0.1), versions).all_accepted
+        pushed = client.push_gradients(gradient(0.1), versions, pull_behind_ms=pull_behind_ms)
+        assert pushed.all_accepted
+        if pushed.behind is not None:
+            assert pushed.behind.result().versions == [1]
     finally:
         client.close()
 
@@ -467,3 +479,133 @@ def test_a_pull_whose_model_changed_while_sent_raises_torn_and_keeps_the_connect
         connection.close()
         listener.close()
         thread.join(timeout=10)
+
+
+# ---- a pull behind a push --------------------------------------------------------------------------
+def test_an_async_pull_behind_a_push_brings_the_model_with_the_push_in_one_round_trip(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> None:
+    address, store, server = ps("async", None)
+    client = PSClient([address], worker="w", deadline_s=10)
+    try:
+        versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        expected = model()
+        for step in range(3):
+            pushed = client.push_gradients(gradient(0.1), versions, pull_behind_ms=0)
+            assert pushed.all_accepted and pushed.behind is not None and pushed.behind.sent == 1
+            pulled = pushed.behind.result()
+            assert pushed.behind.result() is pulled  # read once
+            for name in expected:
+                expected[name] = expected[name] - expected[name].dtype.type(0.1) * expected[name].dtype.type(0.5)
+                np.testing.assert_allclose(pulled.tensors[name], expected[name], rtol=1e-6)
+            assert pulled.versions == [step + 1] == [store.version]
+            versions = pulled.versions
+        assert server is not None and server.connections() == 1  # push and pull on one connection
+        route = client._routes[0]
+        assert route is not None and route.fallbacks == 0 and len(route._idle) == 1  # given back after reading
+        assert not pushed.behind.cancel()  # read already: the pooled connection is not closed
+        assert not route._idle[0].broken
+    finally:
+        client.close()
+
+
+def test_a_sync_pull_behind_a_gradient_is_answered_when_the_round_is_committed(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> None:
+    address, store, _ = ps("sync", None)
+    clients = [PSClient([address], worker=f"w{i}", deadline_s=10) for i in range(2)]
+    try:
+        versions = clients[0].push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        behinds = []
+        for i, client in enumerate(clients):
+            pushed = client.push_gradients(gradient(0.1 * (i + 1)), versions, minibatch=f"m{i}", pull_behind_ms=5_000)
+            assert pushed.all_accepted and pushed.behind is not None
+            behinds.append(pushed.behind)
+        answers: list[object] = []
+        reader = threading.Thread(target=lambda: answers.append(behinds[0].result()))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and not answers  # the shard holds the answer until the round commits
+        store.commit(0, ["w0", "w1"])
+        reader.join(5)
+        pulled = [answers[0], behinds[1].result()]
+        for answer in pulled:
+            assert isinstance(answer, Pulled) and answer.versions == [1]
+            mean = np.float32(0.15) * np.float32(0.5)
+            np.testing.assert_allclose(answer.tensors["a"], model()["a"] - mean, rtol=1e-6)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.fixture
+def sync_client(
+    ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]
+) -> Iterator[tuple[PSClient, ParameterStore, BulkServer]]:
+    """A client of a sync shard holding the model at version 0 (worker ``w0``)."""
+    address, store, server = ps("sync", None)
+    assert server is not None
+    client = PSClient([address], worker="w0", deadline_s=10)
+    try:
+        client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        yield client, store, server
+    finally:
+        client.close()
+
+
+def staged(client: PSClient, wait_ms: int) -> Behind:
+    """A gradient staged for round 0, and the pull behind it."""
+    pushed = client.push_gradients(gradient(0.1), [0], minibatch="m", pull_behind_ms=wait_ms)
+    assert pushed.all_accepted and pushed.behind is not None
+    return pushed.behind
+
+
+def test_a_pull_behind_whose_long_poll_ends_first_is_asked_again(
+    sync_client: tuple[PSClient, ParameterStore, BulkServer]
+) -> None:
+    client, store, _ = sync_client
+    behind = staged(client, 50)
+    time.sleep(0.2)  # the shard answered "still version 0" by now
+    store.commit(0, ["w0"])
+    assert behind.result().versions == [1]  # asked again, not taken as the round's model
+
+
+def test_a_dropped_pull_behind_closes_its_connection_and_the_client_goes_on(
+    sync_client: tuple[PSClient, ParameterStore, BulkServer]
+) -> None:
+    client, store, server = sync_client
+    behind = staged(client, 5_000)
+    assert behind.cancel()
+    assert not behind.cancel()  # once
+    deadline = time.monotonic() + 10
+    while server.connections() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.connections() == 0  # its thread left its long poll: the connection is gone
+    store.commit(0, ["w0"])
+    assert client.pull(versions=[0]).versions == [1]  # a new connection
+
+
+def test_dropping_a_pull_behind_while_it_is_read_ends_the_read(
+    sync_client: tuple[PSClient, ParameterStore, BulkServer]
+) -> None:
+    client, store, _ = sync_client
+    behind = staged(client, 5_000)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            behind.result()
+        except BaseException as err:  # noqa: BLE001 - examined below
+            errors.append(err)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.2)  # blocked on the shard's long poll
+    started = time.monotonic()
+    assert behind.cancel()
+    reader.join(5)
+    assert not reader.is_alive() and time.monotonic() - started < 2  # not the long poll's 5 s
+    assert len(errors) == 1 and isinstance(errors[0], Dropped)
+    assert store.version == 0  # nothing else changed: the round is still to be committed
+    store.commit(0, ["w0"])
+    assert client.pull(versions=[0]).versions == [1]

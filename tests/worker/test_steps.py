@@ -3,6 +3,7 @@ retrains and applies locally, and how a shard that lost its model is repaired.""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.ps.client import Dropped
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.modes import LocalSGD
@@ -197,8 +199,9 @@ def test_async_pulls_only_after_its_own_push_landed() -> None:
     for x, y in minibatches(3):
         step.train(x, y)
     step.end_task()
-    assert ps.kinds() == ["pull", "gradients", "push_async"] + ["landed", "pull", "gradients", "push_async"] * 2 + [
-        "landed"
+    # The pull goes behind the push and is answered once the push landed.
+    assert ps.kinds() == ["pull", "gradients", "push_async"] + ["landed", "behind", "gradients", "push_async"] * 2 + [
+        "landed", "behind"
     ]
     # Each pull saw the worker's own last update, so every gradient is tagged fresh (staleness 0).
     assert [event[1] for event in ps.events if event[0] == "push_async"] == [[0, 0], [1, 1], [2, 2]]
@@ -378,19 +381,52 @@ def test_an_async_push_is_tagged_with_the_versions_its_gradients_were_computed_a
 
 
 # ---- pulling ahead -------------------------------------------------------------------------------
-def test_sync_pulls_the_next_model_as_soon_as_its_round_is_committed() -> None:
+def test_sync_takes_the_next_model_from_the_pull_behind_its_gradient_once_the_round_is_committed() -> None:
     ps, _, model = ready(UpdateRule.SYNC)
     step = step_for(SYNC, model, FakeCoordinator([], ps))
     first, second = minibatches(2)
     step.train(*first)
-    # The round is committed: the next model is on its way before the next minibatch is handed in.
-    assert pulls(ps)[-1] == ("pull", [0, 0], 0, None) and len(pulls(ps)) == 2
-    step.train(*second)  # takes the pull started ahead: computes on the round's model without asking
-    assert len(pulls(ps)) == 2
-    assert [event[1] for event in ps.events if event[0] == "push"] == [[0, 0], [1, 1]]  # on version 1
-    model.pull(take_ahead=True)  # the one started after the second round
-    assert [event[1] for event in pulls(ps)] == [[0, 0], [0, 0], [1, 1]]
+    # The round is committed: the pull sent behind the gradient is read while the loop goes on.
+    assert model._ahead is not None
+    model._ahead.result()
+    kinds = ps.kinds()
+    assert kinds.index("behind") > kinds.index("commit")
+    assert [event for event in ps.events if event[0] == "behind"] == [("behind", [0, 0])]
+    step.train(*second)  # takes it: computes on the round's model without asking
+    assert len(pulls(ps)) == 1
+    assert [event[1] for event in ps.events if event[0] == "push"] == [[0, 0], [1, 1]]
+    model.pull(take_ahead=True)  # the one behind the second round's gradient
+    assert len(pulls(ps)) == 1
     assert model.versions == [2, 2]
+
+
+def test_sync_drops_the_pull_behind_a_gradient_its_round_refused_and_pulls_again() -> None:
+    ps, trainer, model = ready(UpdateRule.SYNC)
+    rounds = FakeCoordinator([], ps)
+    step = step_for(SYNC, model, rounds)
+    rounds.before_join = ps.others_update  # the round moved on between our push and our join
+    step.train(*minibatches(1)[0])
+    assert model.counters.rejected == 1
+    # Whether or not its answer came (the other round moved the shards), it is not what the
+    # minibatch is trained again on: that pull is asked after the refusal.
+    assert pulls(ps) == [("pull", [0, 0], 0, None), ("pull", [0, 0], 0, None)]
+    assert ps.kinds().index("join") < len(ps.kinds()) - 1 - ps.kinds()[::-1].index("pull")
+    retrained_on = trainer.computed[1][1]
+    np.testing.assert_array_equal(retrained_on["dense/bias"], initial_weights()["dense/bias"] - 0.5)
+    assert [shard.version for shard in ps.shards] == [2, 2]
+
+
+def test_a_sync_pull_behind_that_waits_is_ended_when_dropped() -> None:
+    ps, _, model = ready(UpdateRule.SYNC)
+    pushed = model.push({n: np.ones(v.shape) for n, v in initial_weights().items()}, "m", 1_000)
+    assert model._reading is not None
+    reading = model._reading[1]
+    time.sleep(0.05)
+    assert not reading.done()  # no commit: the shards hold the answer back
+    model.drop_behind(pushed)
+    with pytest.raises(Dropped):
+        reading.result(timeout=2)
+    assert ps.kinds()[-1] == "behind_dropped"
 
 
 def test_a_pull_started_ahead_is_what_any_next_pull_takes() -> None:
@@ -457,7 +493,7 @@ LOCAL_LR = 0.01  # FakeTrainer.apply_local's step: every gradient is all ones
 
 
 def without_pulls(ps: FakePS) -> list[str]:
-    return [kind for kind in ps.kinds() if kind != "pull"]
+    return [kind for kind in ps.kinds() if kind not in ("pull", "behind")]
 
 
 def local_sgd_step(period: int) -> tuple[FakePS, FakeTrainer, LocalSGDStep, FakeCoordinator]:

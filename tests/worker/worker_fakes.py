@@ -17,7 +17,9 @@ step, as a training forward pass moves BatchNorm's statistics.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,7 +34,7 @@ from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.spec import TrainingSpec
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Pulled, Pushed, ShardsUninitialized
+from elasticps.ps.client import Dropped, Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.exporting import Exporter
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike, Trainer
@@ -83,6 +85,40 @@ class LandingFuture(Future[Pushed]):
             except BaseException as err:  # noqa: BLE001 - handed to the waiter, as a real future does
                 self.set_exception(err)
         return super().result(timeout)
+
+
+class FakeBehind:
+    """A pull sent behind a push (``ps.client.Behind``): answered when first read, as a shard
+    answers once the push is done (sync: once the round is committed), and recorded as
+    ``("behind", versions)``; ``("behind_dropped", versions)`` when dropped unread."""
+
+    def __init__(self, ps: FakePS, versions: list[int], incarnations: list[int] | None, wait_ms: int) -> None:
+        self._ps, self._versions, self._incarnations, self._wait_ms = ps, versions, incarnations, wait_ms
+        self._pulled: Pulled | None = None
+        self._dropped = False
+
+    def result(self) -> Pulled:
+        # A waiting pull is answered once a shard moved (a commit; the read runs in the worker's
+        # background thread meanwhile), or when dropped.
+        deadline = time.monotonic() + 5.0
+        while self._wait_ms and not self._moved() and not self._dropped and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if self._dropped:
+            raise Dropped("dropped")
+        if self._pulled is None:
+            self._ps.events.append(("behind", self._versions))
+            self._pulled = self._ps.answer(self._versions, incarnations=self._incarnations)
+        return self._pulled
+
+    def _moved(self) -> bool:
+        return any(shard.version != version for shard, version in zip(self._ps.shards, self._versions))
+
+    def cancel(self) -> bool:
+        if self._pulled is None and not self._dropped:
+            self._dropped = True
+            self._ps.events.append(("behind_dropped", self._versions))
+            return True
+        return False
 
 
 class FakePS:
@@ -174,6 +210,16 @@ class FakePS:
         incarnations: Sequence[int] | None = None,
     ) -> Pulled:
         self.events.append(("pull", list(versions), wait_ms, None if only is None else list(only)))
+        return self.answer(versions, wait_ms, only, incarnations)
+
+    def answer(
+        self,
+        versions: Sequence[int],
+        wait_ms: int = 0,
+        only: Sequence[int] | None = None,
+        incarnations: Sequence[int] | None = None,
+    ) -> Pulled:
+        """What a pull gets now (no event)."""
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         if wait_ms > 0:
             self.waiting_pulls_left -= 1
@@ -226,12 +272,22 @@ class FakePS:
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, Any] | None = None,
+        pull_behind_ms: int | None = None,
     ) -> Pushed:
         assert not embeddings  # the fakes train no embedding tables
         self.events.append(("push", list(versions)))
         self.minibatches.append(minibatch)
         sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
-        return self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations, state=sent_state)
+        pushed = self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations, state=sent_state)
+        return self._behind(pushed, versions, incarnations, pull_behind_ms)
+
+    def _behind(
+        self, pushed: Pushed, versions: Sequence[int], incarnations: Sequence[int] | None, wait_ms: int | None
+    ) -> Pushed:
+        if wait_ms is None:
+            return pushed
+        behind: Any = FakeBehind(self, list(versions), None if incarnations is None else list(incarnations), wait_ms)
+        return dataclasses.replace(pushed, behind=behind)
 
     def push_gradients_async(
         self,
@@ -241,15 +297,22 @@ class FakePS:
         incarnations: Sequence[int] | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, Any] | None = None,
+        pull_behind: bool = False,
     ) -> Future[Pushed]:
         assert not embeddings  # the fakes train no embedding tables
         self.events.append(("push_async", list(versions)))
         sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
         sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
         held = None if incarnations is None else list(incarnations)
-        return LandingFuture(
-            lambda: self._land(sent, at, learning_rate, note="landed", incarnations=held, state=sent_state)
-        )
+
+        def land() -> Pushed:
+            pushed = self._land(sent, at, learning_rate, note="landed", incarnations=held, state=sent_state)
+            pushed = self._behind(pushed, at, held, 0 if pull_behind else None)
+            if pushed.behind is not None:
+                pushed.behind.result()  # read with the push, as the real client does
+            return pushed
+
+        return LandingFuture(land)
 
     def _land(
         self,
