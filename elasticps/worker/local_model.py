@@ -66,8 +66,6 @@ class Ahead(Protocol):
 
     def result(self) -> Pulled: ...
 
-    def cancel(self) -> bool: ...
-
 
 class LocalModel:
     def __init__(
