@@ -55,6 +55,7 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.rpc import edges
 from elasticps.rpc.limits import ServerLimits, Slots
+from elasticps.rpc.receiving import Refused
 from elasticps.rpc.serving import AsyncServer
 from elasticps.rpc.waking import Changes
 
@@ -243,13 +244,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         """Admits the worker's staged gradient into the open round and waits (on the event loop,
         holding no thread) until that round is committed, the gradient is refused, or ``wait_ms``
         passes (PENDING: the worker asks again). Each look at the rounds runs in the work pool."""
-        if self._rounds is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
-        problem = _problem(requests.check_join, request)
-        if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        if not self._ready.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        refusal = self._join_refusal(request)
+        if refusal is not None:
+            await context.abort(refusal.code, refusal.message)
         if request.wait_ms <= 0:
             return await self._join(request, context, 0.0)
         async with self._polls.taking(context, "JoinRound"):
@@ -272,6 +269,38 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await self._changes.wait_for(
                 lambda: self._changes.generation != seen or self._stopped.is_set(), min(remaining, TICK_S)
             )
+
+    def join_waiting(self, request: pb.JoinRequest) -> pb.JoinReply:
+        """``JoinRound`` for PS 0's bulk channel (``ps/bulk.py``), where the worker writes it behind its
+        push: the same answer, waited for in the caller's thread, so the thread that commits a round
+        wakes it directly. Refusals raise :class:`Refused` with the status gRPC would answer."""
+        refusal = self._join_refusal(request)
+        if refusal is not None:
+            raise refusal
+        give_up_at = time.monotonic() + min(request.wait_ms, MAX_JOIN_WAIT_MS) / 1000
+        while True:
+            seen = self._changes.generation
+            try:
+                reply, version = self._join_step(request)
+            except (ShardRefused, grpc.RpcError) as err:
+                raise Refused(grpc.StatusCode.UNAVAILABLE, f"JoinRound: a shard did not commit: {err}") from None
+            if reply is not None:
+                return reply
+            remaining = give_up_at - time.monotonic()
+            if remaining <= 0 or self._stopped.is_set():
+                return pb.JoinReply(outcome=pb.JOIN_OUTCOME_PENDING, version=version)
+            self._changes.block(seen, min(remaining, TICK_S))
+
+    def _join_refusal(self, request: pb.JoinRequest) -> Refused | None:
+        """Why a join is refused before it looks at the rounds; None when it is not."""
+        if self._rounds is None:
+            return Refused(grpc.StatusCode.FAILED_PRECONDITION, "JoinRound: this job trains asynchronously")
+        problem = _problem(requests.check_join, request)
+        if problem:
+            return Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if not self._ready.is_set():
+            return Refused(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        return None
 
     def _join_step(self, request: pb.JoinRequest) -> tuple[pb.JoinReply | None, int]:
         """One look at the rounds for a join (in the work pool): commits a round that is due, admits

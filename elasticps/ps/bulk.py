@@ -21,6 +21,11 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   version is still the shard's (a commit that ran meanwhile changed the arrays under the send:
   the client pulls again, ``rpc.bulk.Torn``); ``wait_ms`` long-polls in the connection's thread,
   at most ``servicer.MAX_WAIT_MS``;
+* ``JoinRound`` (PS 0 of a sync job, which hosts the coordinator: ``joiner``): the worker writes
+  it behind its push here, so it is taken once that push is staged, and waits for the round in the
+  connection's thread; a pull written behind it is answered as soon as the round is committed. The
+  coordinator's answer is the same as over gRPC (``CoordinatorServicer.join_waiting``); waiting
+  joins are bounded by the connections (``max_push_streams``); another PS answers UNIMPLEMENTED;
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).
 """
@@ -33,7 +38,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -49,12 +55,16 @@ from elasticps.rpc.receiving import Refused
 
 log = logging.getLogger(__name__)
 
+Joiner = Callable[[pb.JoinRequest], pb.JoinReply]  # the coordinator's JoinRound, waited for; raises Refused
+
 
 class BulkServer:
     def __init__(
-        self, store: ParameterStore, metrics: PSMetrics, limits: ServerLimits, host: str, port: int
-    ) -> None:
+        self, store: ParameterStore, metrics: PSMetrics, limits: ServerLimits, host: str, port: int,
+        joiner: Joiner | None = None,
+    ) -> None:  # fmt: skip
         self._store = store
+        self._joiner = joiner
         self._metrics = metrics
         self._limits = limits
         self._listener = socket.create_server((host, port), backlog=128)
@@ -134,6 +144,8 @@ class BulkServer:
                 try:
                     if method == bulk.PUSH_GRADIENTS:
                         self._push(conn, deadline, buffer)
+                    elif method == bulk.JOIN_ROUND:
+                        self._join(conn, deadline)
                     else:
                         self._pull(conn, deadline)
                 except bulk.DeadlineExceeded as err:
@@ -234,14 +246,16 @@ class BulkServer:
             self._metrics.pushed("uninitialized" if refused.code is grpc.StatusCode.FAILED_PRECONDITION else "invalid")
             raise
 
+    def _join(self, conn: socket.socket, deadline: bulk.Deadline) -> None:
+        request = _message(conn, deadline, pb.JoinRequest(), "JoinRound")
+        if self._joiner is None:
+            raise Refused(grpc.StatusCode.UNIMPLEMENTED, "JoinRound: only PS 0 takes joins (it hosts the coordinator)")
+        reply = self._joiner(request)  # waits for the round, up to request.wait_ms
+        self._metrics.joined(reply)
+        bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, reply.SerializeToString()), self._deadline("JoinRound"))
+
     def _pull(self, conn: socket.socket, deadline: bulk.Deadline) -> None:
-        length = bulk.recv_length(conn, deadline)
-        if length > bulk.MAX_MESSAGE_BYTES:
-            raise frames.FrameError(f"a request of {length} bytes")
-        try:
-            request = pb.PullRequest.FromString(bulk.recv_bytes(conn, length, deadline))
-        except Exception:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "PullDense: the request is not a valid message") from None
+        request = _message(conn, deadline, pb.PullRequest(), "PullDense")
         store = self._store
         if not store.initialized:
             self._metrics.pulled("uninitialized")
@@ -276,3 +290,18 @@ class BulkServer:
     def _send_head(self, conn: socket.socket, head: pb.Frame, deadline: bulk.Deadline) -> None:
         """A pull's reply without tensors (no model, or nothing newer)."""
         bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head.SerializeToString()), bulk.INTACT.pack(True)], deadline)
+
+
+M = TypeVar("M", pb.PullRequest, pb.JoinRequest)
+
+
+def _message(conn: socket.socket, deadline: bulk.Deadline, into: M, what: str) -> M:
+    """A request's message: its length checked before it is read, then parsed into ``into``."""
+    length = bulk.recv_length(conn, deadline)
+    if length > bulk.MAX_MESSAGE_BYTES:
+        raise frames.FrameError(f"a request of {length} bytes")
+    try:
+        into.ParseFromString(bulk.recv_bytes(conn, length, deadline))
+    except Exception:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the request is not a valid message") from None
+    return into

@@ -154,12 +154,15 @@ class Behind:
         incarnations: Sequence[int],
         wait_ms: int,
         waiting: Sequence[bulk.BulkConnection | None],
+        held_back: pb.PullRequest | None = None,
     ) -> None:
         self._client = client
         self._versions = list(versions)
         self._incarnations = list(incarnations)
         self._wait_ms = wait_ms
         self._held: list[bulk.BulkConnection | None] = list(waiting)  # per shard, until released
+        # Shard 0's pull, not sent yet: it goes behind the round's join (join()); None once it went.
+        self._held_back = held_back if waiting and waiting[0] is not None else None
         self.sent = sum(connection is not None for connection in waiting)  # shards whose pull went behind
         self._lock = threading.Lock()  # guards _held and _dropped
         self._once = threading.Lock()  # one result() reads
@@ -174,6 +177,21 @@ class Behind:
         with self._lock:
             return None if self._dropped else self._held[shard]
 
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply | None:
+        """Sync: joins the round over shard 0's connection, behind the push there, with that shard's
+        held-back pull behind the join: the answer, or None when the join could not go that way (no
+        pull held back, the connection failed, PS 0 takes no joins there): the caller then joins
+        over gRPC, and shard 0 is pulled as any pull."""
+        with self._lock:
+            pull, self._held_back = self._held_back, None
+            connection = None if self._dropped or pull is None else self._held[0]
+        if connection is None or pull is None:
+            return None
+        try:
+            return connection.join(request, pull)
+        except (OSError, grpc.RpcError, bulk.DeadlineExceeded):
+            return None  # the connection is broken: reading its pull fails, and shard 0 is pulled again
+
     def release(self, shard: int) -> bool:
         """``shard``'s answer was read (or failed): its connection is the caller's again, to give
         back to the pool; False when a :meth:`cancel` closed it first."""
@@ -187,10 +205,19 @@ class Behind:
             if self._pulled is None:
                 if self._dropped:
                     raise Dropped("the pulls behind the push were dropped")
+                self._send_held_back()
                 self._pulled = self._client.pull(
                     self._versions, self._wait_ms, incarnations=self._incarnations, behind=self
                 )
             return self._pulled
+
+    def _send_held_back(self) -> None:
+        """Shard 0's pull, held back for a join that did not come: sent now, on its connection."""
+        with self._lock:
+            pull, self._held_back = self._held_back, None
+            connection = None if self._dropped or pull is None else self._held[0]
+        if connection is not None and pull is not None:
+            connection.send_pull(pull)  # a failure breaks the connection: the read fails, shard 0 is pulled again
 
     def cancel(self) -> bool:
         """Drops the answers not read yet, closing their connections; False when they were read already."""
@@ -414,6 +441,7 @@ class PSClient:
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
         pull_behind_ms: int | None = None,
+        join_behind: bool = False,
     ) -> Pushed:
         """Async: every shard applies its part. Sync: every shard stages it for the round the worker
         then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
@@ -424,13 +452,21 @@ class PSClient:
         is sent right behind the push on each shard's bulk connection, in the same write, and
         :attr:`Pushed.behind` reads its answers: async, the model with this push in it, for one
         round trip instead of two; sync, the round's model, sent by each shard as soon as it
-        commits the round. A shard the push reached over gRPC frames is pulled by :meth:`Behind.result`."""
+        commits the round. A shard the push reached over gRPC frames is pulled by :meth:`Behind.result`.
+
+        ``join_behind`` (sync, with ``pull_behind_ms``): shard 0's pull is held back, to go behind
+        the round's join there (:meth:`Behind.join`: PS 0 hosts the coordinator)."""
         placement = self._placed(gradients, state)
         parts = placement.split(gradients)
         state_parts = placement.split(state or {})
         row_parts = self._split_rows(embeddings or {})
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         waiting: list[bulk.BulkConnection | None] = [None] * self.num_shards
+        pulls = [
+            None if pull_behind_ms is None else
+            pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=pull_behind_ms, incarnation=held[shard])
+            for shard in range(self.num_shards)
+        ]  # fmt: skip
 
         def push(shard: int) -> pb.PushReply:
             head = pb.Frame(
@@ -445,17 +481,15 @@ class PSClient:
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard], row_parts[shard])
 
-            behind = None
-            if pull_behind_ms is not None:
-                behind = pb.PullRequest(
-                    worker=self.worker, version=versions[shard], wait_ms=pull_behind_ms, incarnation=held[shard]
-                )
+            joining = join_behind and pull_behind_ms is not None and shard == 0
+            behind = None if joining else pulls[shard]  # shard 0's goes behind the join
 
             def attempt() -> pb.PushReply:
                 def over(connection: bulk.BulkConnection) -> pb.PushReply:
                     return connection.push(head, parts[shard], state_parts[shard], row_parts[shard], behind)
 
-                reply = self._over_bulk(shard, over, keep=waiting if behind is not None else None)
+                keep = waiting if behind is not None or joining else None
+                reply = self._over_bulk(shard, over, keep=keep)
                 if reply is not None:
                     return reply
                 return self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s)
@@ -470,7 +504,7 @@ class PSClient:
             raise
         behind = None
         if pull_behind_ms is not None:
-            behind = Behind(self, versions, held, pull_behind_ms, waiting)
+            behind = Behind(self, versions, held, pull_behind_ms, waiting, pulls[0] if join_behind else None)
         return Pushed([r.accepted for r in replies], [r.version for r in replies], behind)
 
     def _split_rows(self, embeddings: Mapping[str, RowGrads]) -> list[dict[str, dict[str, np.ndarray]]]:

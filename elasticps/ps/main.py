@@ -270,11 +270,6 @@ def run(config: PSConfig) -> int:
     metrics.model_version.set(store.version)
     servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
     add_ps_to_server(servicer, server)
-    bulk_server: BulkServer | None = None
-    if config.bulk_port >= 0:
-        bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port)
-        servicer.bulk_port = bulk_server.port
-        bulk_server.start()
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
     coordinator: CoordinatorServicer | None = None
     if config.ps_id == 0:
@@ -306,6 +301,12 @@ def run(config: PSConfig) -> int:
         )
         add_coordinator(coordinator, server)
         coordinator.start()
+    bulk_server: BulkServer | None = None
+    if config.bulk_port >= 0:
+        joiner = coordinator.join_waiting if coordinator is not None else None  # joins behind pushes to PS 0
+        bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port, joiner)
+        servicer.bulk_port = bulk_server.port
+        bulk_server.start()
     health = add_async_health(server)
     port = bind(server, config.host, config.port)
     if config.metrics_port:

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one PS shard: pushes, pulls, rejected gradients, staleness, version, bytes.
+"""Prometheus metrics of one PS shard: pushes, pulls, rejected gradients, staleness, version, bytes,
+and on PS 0 the sync joins answered over its bulk channel.
 
 Created once per process by ``ps/main.py`` on a registry (tests pass their own) and handed to the
 servicer, which records every call. Served over HTTP on ``--metrics_port`` for Prometheus to scrape;
@@ -9,6 +10,8 @@ them per shard in the job's status.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from elasticps.proto import elasticps_pb2 as pb
 
 # Staleness is a count of model versions: 0 for a current gradient, ~number of workers in async.
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
@@ -21,6 +24,10 @@ class PSMetrics:
             "elasticps_ps_pushes", "Gradient pushes by outcome", ["shard", "outcome"], registry=registry
         )
         self.pulls = Counter("elasticps_ps_pulls", "Model pulls by kind", ["shard", "kind"], registry=registry)
+        self.joins = Counter(
+            "elasticps_ps_bulk_joins", "Sync joins answered over PS 0's bulk channel, by outcome", ["shard", "outcome"],
+            registry=registry,
+        )  # fmt: skip
         self._staleness_family = Histogram(
             "elasticps_ps_gradient_staleness",
             "PS version minus the gradient's version, per accepted or rejected push",
@@ -53,6 +60,11 @@ class PSMetrics:
         """kind: full | current (nothing newer) | uninitialized | torn (sync, over the bulk
         channel: a commit ran while it was sent; also counted as full)."""
         self.pulls.labels(shard=self._shard, kind=kind).inc()
+
+    def joined(self, reply: pb.JoinReply) -> None:
+        """A join behind a push, answered: committed | refused | pending."""
+        outcome = pb.JoinOutcome.Name(reply.outcome).removeprefix("JOIN_OUTCOME_").lower()
+        self.joins.labels(shard=self._shard, outcome=outcome).inc()
 
     def traffic(self) -> tuple[int, int]:
         """This shard's tensor bytes so far: (received, sent), what the coordinator shows per shard."""

@@ -45,7 +45,8 @@ from elasticps.rpc import frames
 MAGIC = b"EPB2"  # 2: a pull's reply ends with the intact byte
 PUSH_GRADIENTS = 1
 PULL_DENSE = 2
-METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense"}
+JOIN_ROUND = 3  # sync: the coordinator's JoinRound, on PS 0 only, behind the worker's push there
+METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense", JOIN_ROUND: "JoinRound"}
 
 REQUEST = struct.Struct("<4sB")  # magic, method
 LENGTH = struct.Struct("<Q")
@@ -236,9 +237,9 @@ def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, 
 
 
 # ---- the client's side -------------------------------------------------------------------------------
-def _pull_request(request: pb.PullRequest) -> list[bytes | memoryview]:
+def _message(method: int, request: pb.PullRequest | pb.JoinRequest) -> list[bytes | memoryview]:
     body = request.SerializeToString()
-    return [REQUEST.pack(MAGIC, PULL_DENSE), LENGTH.pack(len(body)), body]
+    return [REQUEST.pack(MAGIC, method), LENGTH.pack(len(body)), body]
 
 
 class BulkConnection:
@@ -271,7 +272,7 @@ class BulkConnection:
             parts += [LENGTH.pack(len(header) + total), header, *views]
         parts.append(LENGTH.pack(0))
         if pull is not None:
-            parts += _pull_request(pull)
+            parts += _message(PULL_DENSE, pull)
         deadline = self._deadline("PushGradients")
         code, message = self._exchange(parts, deadline)
         if code is not grpc.StatusCode.OK:
@@ -280,11 +281,39 @@ class BulkConnection:
 
     def pull(self, request: pb.PullRequest) -> frames.Decoded:
         deadline = self._deadline("PullDense")
-        code, message = self._exchange(_pull_request(request), deadline)
+        code, message = self._exchange(_message(PULL_DENSE, request), deadline)
         return self._pulled(code, message, deadline)
 
+    def join(self, request: pb.JoinRequest, pull: pb.PullRequest | None = None) -> pb.JoinReply:
+        """Sync, on PS 0: joins the round with the gradient pushed on this connection (the server
+        takes the join once that push is done); waits up to ``request.wait_ms`` for the answer.
+        ``pull``: as for :meth:`push`, sent behind the join and left for :meth:`read_pull`."""
+        parts = _message(JOIN_ROUND, request)
+        if pull is not None:
+            parts += _message(PULL_DENSE, pull)
+        deadline = Deadline.within(self._timeout_s + request.wait_ms / 1000, self._timeout_s + request.wait_ms / 1000,
+                                   "JoinRound")  # fmt: skip
+        code, message = self._exchange(parts, deadline)
+        if code is not grpc.StatusCode.OK:
+            raise BulkError(code, message.decode(errors="replace"))
+        try:
+            return pb.JoinReply.FromString(message)
+        except Exception:
+            self.broken = True
+            raise BulkError(grpc.StatusCode.INTERNAL, "JoinRound: the reply is not a valid message") from None
+
+    def send_pull(self, request: pb.PullRequest) -> None:
+        """Sends a pull without reading its answer (:meth:`read_pull` does); a failed send leaves
+        the connection broken, and the read then fails at once."""
+        try:
+            send(self._sock, _message(PULL_DENSE, request), self._deadline("PullDense"))
+        except (OSError, DeadlineExceeded):
+            self.broken = True
+
     def read_pull(self) -> frames.Decoded:
-        """The answer to the pull sent behind the last push (:meth:`push` with ``pull``)."""
+        """The answer to the pull sent behind the last push or join (``pull``), or by :meth:`send_pull`."""
+        if self.broken:
+            raise BulkClosed("the connection broke before the pull's answer")
         deadline = self._deadline("PullDense")
         code, message = self._reply(deadline)
         return self._pulled(code, message, deadline)

@@ -6,7 +6,7 @@ ticker and the committing threads announce it). A waiting call is a future on th
 thread: hundreds of them cost next to nothing.
 
 :meth:`Changes.notify` may be called from any thread; waits happen on one event loop, the first
-that waits (a server's). Every notify counts a new :attr:`Changes.generation`, so a waiter that
+that waits (a server's), or in threads (:meth:`Changes.block`: the joins of the bulk channel). Every notify counts a new :attr:`Changes.generation`, so a waiter that
 read the generation before it looked at the state misses nothing.
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Callable
 class Changes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._threads = threading.Condition(self._lock)  # threads waiting in block()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: set[asyncio.Future[None]] = set()
         self._generation = 0
@@ -34,6 +35,7 @@ class Changes:
         """Something changed: every waiter looks again (thread-safe; wake-ups are coalesced)."""
         with self._lock:
             self._generation += 1
+            self._threads.notify_all()
             loop = self._loop
             if loop is None or self._scheduled:
                 return
@@ -51,6 +53,11 @@ class Changes:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    def block(self, seen: int, timeout_s: float) -> None:
+        """Waits in this thread until a notify after generation ``seen``, or ``timeout_s`` passes."""
+        with self._threads:
+            self._threads.wait_for(lambda: self._generation != seen, timeout_s)
 
     async def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
         """Waits until ``ready()`` (checked now and after every notify) or ``timeout_s`` passes;

@@ -131,12 +131,13 @@ class TimedPSClient(PSClient):
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
         pull_behind_ms: int | None = None,
+        join_behind: bool = False,
     ) -> Pushed:
         started = time.monotonic()
         if self._push_delay_s > 0:
             time.sleep(self._push_delay_s)
         pushed = super().push_gradients(
-            gradients, versions, learning_rate, minibatch, incarnations, state, embeddings, pull_behind_ms
+            gradients, versions, learning_rate, minibatch, incarnations, state, embeddings, pull_behind_ms, join_behind
         )
         self._pushes.add(time.monotonic() - started, pushed)
         return pushed

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.client import Behind, Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
@@ -277,12 +278,14 @@ class LocalModel:
         return self._trainer.optimizer_config(self._learning_rate).params["learning_rate"]
 
     # ---- pushes ------------------------------------------------------------------------------
-    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "", pull_behind_ms: int | None = None) -> Pushed:
+    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "", pull_behind_ms: int | None = None,
+             join_behind: bool = False) -> Pushed:  # fmt: skip
         """Pushes and waits for every shard's answer, tagged with the local copy's versions.
 
         ``pull_behind_ms``: with a pull behind it on each shard (``PSClient.push_gradients``), whose
         answers are read in the background from now on; the caller then takes them
-        (:meth:`pull_behind`) or drops them (:meth:`drop_behind`).
+        (:meth:`pull_behind`) or drops them (:meth:`drop_behind`). ``join_behind`` (sync): shard 0's
+        pull waits for the round's join (:meth:`join`), and the reading starts there.
 
         A shard that lost its model gets ours pushed again (and pulled); the push then counts as
         rejected on every shard, so the caller trains the minibatch again on the fresh copy.
@@ -298,13 +301,29 @@ class LocalModel:
                     state=self._trainer.state(),
                     embeddings=self._trainer.row_gradients(),
                     pull_behind_ms=pull_behind_ms,
+                    join_behind=join_behind,
                 )
-            if pushed.behind is not None:
-                self._reading = (pushed.behind, self._background().submit(pushed.behind.result))
+            if pushed.behind is not None and not join_behind:
+                self._read_behind(pushed)
             return pushed
         except ShardsUninitialized as err:
             self._reinitialise(err.shards)
             return Pushed([False] * self._ps.num_shards, list(self._versions))
+
+    def join(self, pushed: Pushed, version: int, wait_ms: int) -> pb.JoinReply | None:
+        """Sync, after :meth:`push` with ``join_behind``: joins the round behind the push on PS 0
+        (``Behind.join``), then reads the pulls behind in the background; the coordinator's answer,
+        or None when the join could not go that way (the caller joins over gRPC)."""
+        if pushed.behind is None or not pushed.all_accepted:
+            return None  # refused: the caller drops the pulls behind
+        try:
+            return pushed.behind.join(pb.JoinRequest(worker=self.worker, version=version, wait_ms=wait_ms))
+        finally:
+            self._read_behind(pushed)
+
+    def _read_behind(self, pushed: Pushed) -> None:
+        assert pushed.behind is not None
+        self._reading = (pushed.behind, self._background().submit(pushed.behind.result))
 
     def push_async(self, gradients: Mapping[str, np.ndarray], pull_behind: bool = False) -> None:
         """Sends a push that travels while the caller computes; one push in flight at a time.

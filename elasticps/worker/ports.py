@@ -56,6 +56,7 @@ class PSClientLike(Protocol):
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, RowGrads] | None = None,
         pull_behind_ms: int | None = None,
+        join_behind: bool = False,
     ) -> Pushed: ...
 
     def push_gradients_async(

@@ -79,9 +79,11 @@ class SyncStep:
             model.pull_aligned(ALIGN_WAIT_MS)
             version = model.versions[0]
             loss, gradients = model.gradients(x, y)
-            # A pull goes behind the gradient on each shard, answered as soon as that shard commits the round.
-            pushed = model.push(gradients, minibatch, BEHIND_WAIT_MS if self._pull_ahead else None)
-            if pushed.all_accepted and self._counted(version):
+            # A pull goes behind the gradient on each shard, answered as soon as that shard commits the
+            # round; on PS 0 the join goes first, behind the gradient, on the same connection.
+            pushed = model.push(gradients, minibatch, BEHIND_WAIT_MS if self._pull_ahead else None, join_behind=True)
+            joined = model.join(pushed, version, JOIN_WAIT_MS)
+            if pushed.all_accepted and self._counted(version, joined):
                 if self._pull_ahead:
                     model.pull_behind(pushed)  # committed: the next step's model, read while the loop goes on
                 return loss
@@ -89,14 +91,18 @@ class SyncStep:
             model.counters.rejected += 1  # the round moved on without it: pull and train it again
             model.metrics.rejected.inc()
 
-    def _counted(self, version: int) -> bool:
-        """Joins the round with the gradient staged on every shard; whether the round counted it."""
+    def _counted(self, version: int, joined: pb.JoinReply | None) -> bool:
+        """Joins the round with the gradient staged on every shard (``joined``: the answer of a join
+        sent behind the push); whether the round counted it."""
+        reply = joined
         while True:
-            reply = self._rounds.join_round(version, JOIN_WAIT_MS)
+            if reply is None:
+                reply = self._rounds.join_round(version, JOIN_WAIT_MS)
             if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
                 return True
             if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
                 return False
+            reply = None  # pending: ask again
 
     def end_task(self) -> None:
         self._model.settle()  # the last round was committed before train() returned

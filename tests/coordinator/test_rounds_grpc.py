@@ -28,11 +28,13 @@ from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardVi
 from elasticps.coordinator.tasks import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.bulk import BulkServer
 from elasticps.ps.client import PSClient
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
+from elasticps.rpc.limits import ServerLimits
 
 from replaceable_shard import Replaceable
 
@@ -97,13 +99,17 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
         task_timeout: float = 60.0,
         ticker: bool = False,
         periods: LocalSteps | None = None,
+        bulk: bool = False,
     ) -> SyncJob:
+        """``bulk``: each shard serves its bulk channel too, PS 0's taking joins (as ``ps/main.py`` wires it)."""
         logs = [tmp_path / f"ps-{i}.jsonl" for i in range(2)]
         stores = [ParameterStore(StoreSettings(shard=i, round_log=logs[i])) for i in range(2)]
         metrics = [PSMetrics(CollectorRegistry(), i) for i in range(2)]
         addresses = []
+        ps_servicers = []
         for store, measured in zip(stores, metrics):
             ps_servicer = ParameterServerServicer(store, metrics=measured)
+            ps_servicers.append(ps_servicer)
             addresses.append(f"127.0.0.1:{grpc_servers(lambda s, p=ps_servicer: add_to_server(p, s))}")
         links: list[ShardLink] = [LocalShard(stores[0], metrics[0]), RemoteShard(1, addresses[1])]
         shards = Shards(links)
@@ -116,6 +122,13 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
         )
         port = grpc_servers(lambda s: add_coordinator(servicer, s))
         job = SyncJob(stores, addresses, f"127.0.0.1:{port}", servicer, rounds, logs, [servicer.stop, shards.close])
+        if bulk:
+            for i, (store, measured, ps_servicer) in enumerate(zip(stores, metrics, ps_servicers)):
+                joiner = servicer.join_waiting if i == 0 else None
+                server = BulkServer(store, measured, ServerLimits(), "127.0.0.1", 0, joiner)
+                server.start()
+                ps_servicer.bulk_port = server.port
+                job.closers.append(server.stop)
         setup = job.ps_client("setup")
         assert setup.push_model(MODEL, SGD) == [0, 0]
         made.append(job)
@@ -139,9 +152,12 @@ def recover(servicer: CoordinatorServicer, ticker: bool = True) -> None:
     assert servicer._ready.wait(20), "the coordinator never became ready"
 
 
-def train(job: SyncJob, worker: str, trained: list[str], records_per_minibatch: int = 1) -> None:
+def train(job: SyncJob, worker: str, trained: list[str], records_per_minibatch: int = 1,
+          behind: list[pb.JoinReply] | None = None) -> None:  # fmt: skip
     """A worker's sync loop: every minibatch staged on both shards, then joined until a round counted
-    it; a refused one is pushed again on the newer model. Says goodbye at the end."""
+    it; a refused one is pushed again on the newer model. Says goodbye at the end. ``behind``: the
+    worker joins behind its push on PS 0's bulk channel, as a worker does, with pulls behind (the
+    answers that came that way are appended), over gRPC when none came."""
     ps, coordinator = job.ps_client(worker), job.coordinator(worker)
     versions = [-1, -1]
     try:
@@ -158,14 +174,29 @@ def train(job: SyncJob, worker: str, trained: list[str], records_per_minibatch: 
                     versions = ps.pull(versions).versions
                     while len(set(versions)) > 1:  # a commit between the shards: wait for the lagging one
                         versions = ps.pull(versions, wait_ms=200).versions
-                    if not ps.push_gradients(gradient(minibatch), versions, minibatch=minibatch).all_accepted:
+                    wait_ms = None if behind is None else 2000
+                    pushed = ps.push_gradients(gradient(minibatch), versions, minibatch=minibatch,
+                                               pull_behind_ms=wait_ms, join_behind=behind is not None)  # fmt: skip
+                    if not pushed.all_accepted:
+                        if pushed.behind is not None:
+                            pushed.behind.cancel()
                         continue
-                    reply = coordinator.join_round(versions[0], 2000)
+                    joined = None
+                    if pushed.behind is not None:
+                        joined = pushed.behind.join(pb.JoinRequest(worker=worker, version=versions[0], wait_ms=2000))
+                    if joined is not None and behind is not None:
+                        behind.append(joined)
+                    reply = joined or coordinator.join_round(versions[0], 2000)
                     while reply.outcome == pb.JOIN_OUTCOME_PENDING:
                         reply = coordinator.join_round(versions[0], 2000)
                     if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
+                        if pushed.behind is not None:  # the round's model, each shard's sent as it committed
+                            versions = pushed.behind.result().versions
+                            assert min(versions) >= reply.version
                         trained.append(minibatch)
                         break
+                    if pushed.behind is not None:
+                        pushed.behind.cancel()
                     assert reply.outcome == pb.JOIN_OUTCOME_REFUSED, reply
             coordinator.report(pb.TaskResult(task_id=task.id, success=True, records=task.end - task.start))
     finally:
@@ -186,17 +217,23 @@ def replayed(log: list[dict[str, object]]) -> dict[str, np.ndarray]:
     return params
 
 
+# How the workers join: all over gRPC; all behind their pushes on PS 0's bulk channel; half each.
+JOINS = {"grpc": (), "bulk": ("w0", "w1", "w2", "w3"), "mixed": ("w0", "w2")}
+
+
+@pytest.mark.parametrize("joins", list(JOINS))
 def test_four_workers_two_gradients_per_round_every_minibatch_counted_once_on_both_shards(
-    make_job: Callable[..., SyncJob],
+    make_job: Callable[..., SyncJob], joins: str
 ) -> None:
     # The ticker closes the last rounds when workers run out of work.
-    job = make_job(grads_to_wait=2, num_records=24, records_per_task=3, num_epochs=2, ticker=True)
+    job = make_job(grads_to_wait=2, num_records=24, records_per_task=3, num_epochs=2, ticker=True, bulk=joins != "grpc")
     trained: dict[str, list[str]] = {w: [] for w in ("w0", "w1", "w2", "w3")}
+    behind: dict[str, list[pb.JoinReply]] = {w: [] for w in JOINS[joins]}
     errors: list[BaseException] = []
 
     def run(worker: str) -> None:
         try:
-            train(job, worker, trained[worker])
+            train(job, worker, trained[worker], behind=behind.get(worker))
         except BaseException as err:  # reported below
             errors.append(err)
 
@@ -231,6 +268,11 @@ def test_four_workers_two_gradients_per_round_every_minibatch_counted_once_on_bo
     assert status.finished
     assert list(status.shard_versions) == [len(log0)] * 2
     assert status.shard_problem == ""
+    # Joins behind pushes were answered over the bulk channel: most of each worker's minibatches.
+    for worker, replies in behind.items():
+        assert len(replies) >= len(trained[worker]) > 0, worker
+        assert {r.outcome for r in replies} <= {pb.JOIN_OUTCOME_COMMITTED, pb.JOIN_OUTCOME_REFUSED, pb.JOIN_OUTCOME_PENDING}
+        assert sum(r.outcome == pb.JOIN_OUTCOME_COMMITTED for r in replies) >= len(trained[worker]) // 2, worker
 
 
 def test_a_lone_worker_commits_its_round_at_once_and_the_status_shows_it(make_job: Callable[..., SyncJob]) -> None:

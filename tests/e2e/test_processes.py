@@ -10,8 +10,14 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from elasticps.api.optimizer import OptimizerConfig
+from elasticps.coordinator.client import CoordinatorClient
+from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.client import PSClient
 
 from local_jobs import write_data
 
@@ -25,7 +31,8 @@ def free_port() -> int:
         return port
 
 
-def test_ps_serves_health_and_metrics(tmp_path: Path) -> None:
+def start_ps(tmp_path: Path) -> tuple[subprocess.Popen[str], str, int]:
+    """`elasticps ps` (PS 0 of a sync job) on 100 records: the process, its address and metrics port."""
     train, _ = write_data(tmp_path, records=100)
     port_file, metrics_port = tmp_path / "port", free_port()
     process = subprocess.Popen(
@@ -33,12 +40,19 @@ def test_ps_serves_health_and_metrics(tmp_path: Path) -> None:
          f"--metrics_port={metrics_port}", "--data_reader=npz", f"--training_data={train}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the PS did not start: {process.communicate()[1]}")
+        time.sleep(0.05)
+    return process, f"127.0.0.1:{int(port_file.read_text())}", metrics_port
+
+
+def test_ps_serves_health_and_metrics(tmp_path: Path) -> None:
+    process, address, metrics_port = start_ps(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr
-            time.sleep(0.05)
-        with grpc.insecure_channel(f"127.0.0.1:{int(port_file.read_text())}") as channel:
+        with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
@@ -85,3 +99,33 @@ def test_worker_serves_health_while_training(tmp_path: Path) -> None:
             if process is not None:
                 process.kill()
                 process.wait()
+
+
+def test_ps_0_takes_a_sync_join_behind_a_push_on_its_bulk_channel(tmp_path: Path) -> None:
+    """`elasticps ps` wires its coordinator to its bulk channel: a worker's join written behind its
+    push is answered there (no JoinRound call over gRPC), and the round's model comes behind it."""
+    process, address, metrics_port = start_ps(tmp_path)
+    try:
+        model = {"w": np.linspace(-1, 1, 1000, dtype=np.float32)}
+        ps = PSClient([address], worker="w0", deadline_s=30)
+        coordinator = CoordinatorClient(address, worker="w0", deadline_s=30)
+        try:
+            ps.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.5}))
+            assert coordinator.get_task().type == pb.TASK_TYPE_TRAINING  # live: the round waits for w0 alone
+            pushed = ps.push_gradients({"w": np.full(1000, 0.1, np.float32)}, [0], minibatch="m",
+                                       pull_behind_ms=5_000, join_behind=True)  # fmt: skip
+            assert pushed.all_accepted and pushed.behind is not None
+            reply = pushed.behind.join(pb.JoinRequest(worker="w0", version=0, wait_ms=5_000))
+            assert reply is not None and (reply.outcome, reply.version) == (pb.JOIN_OUTCOME_COMMITTED, 1)
+            pulled = pushed.behind.result()
+            assert pulled.versions == [1]
+            np.testing.assert_allclose(pulled.tensors["w"], model["w"] - np.float32(0.05), rtol=1e-6)
+        finally:
+            ps.close()
+            coordinator.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert 'elasticps_ps_bulk_joins_total{outcome="committed",shard="0"} 1.0' in text
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0

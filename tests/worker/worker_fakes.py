@@ -110,6 +110,10 @@ class FakeBehind:
             self._pulled = self._ps.answer(self._versions, incarnations=self._incarnations)
         return self._pulled
 
+    def join(self, request: pb.JoinRequest) -> pb.JoinReply | None:
+        """No join goes behind a push here: the step joins through its rounds."""
+        return None
+
     def _moved(self) -> bool:
         return any(shard.version != version for shard, version in zip(self._ps.shards, self._versions))
 
@@ -273,6 +277,7 @@ class FakePS:
         state: Mapping[str, np.ndarray] | None = None,
         embeddings: Mapping[str, Any] | None = None,
         pull_behind_ms: int | None = None,
+        join_behind: bool = False,
     ) -> Pushed:
         assert not embeddings  # the fakes train no embedding tables
         self.events.append(("push", list(versions)))
