@@ -5,8 +5,9 @@ derives it, ``training.py`` asks for the step and calls it; the loop itself has 
 Each step uses the :class:`LocalModel` for the model traffic and only decides when to pull and push:
 
 * :class:`SyncStep` (``UpdateRule.SYNC``): pull (every shard at one version), compute, stage the
-  gradient on every shard with a pull behind it, then join the coordinator's round and wait for it
-  to be committed on every shard; each shard answers the pull as soon as it commits. A gradient
+  gradient on every shard with a pull behind it, then join the coordinator's round (behind the
+  gradient on PS 0's connection: :func:`joined`) and wait for it to be committed on every shard;
+  each shard answers the pull as soon as it commits. A gradient
   the round did not take (too old: the round moved on; or its task went back to the queue) means
   pull and train the same minibatch again.
 * :class:`AsyncStep` (``UpdateRule.ASYNC``): the PS accepts every gradient, nothing is retrained; a
@@ -36,6 +37,7 @@ import numpy as np
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.proto import elasticps_pb2 as pb
+from elasticps.ps.client import Pushed
 from elasticps.worker.local_model import LocalModel
 from elasticps.worker.ports import RoundsLike
 
@@ -60,6 +62,22 @@ class Step(Protocol):
         """The task's minibatches are done; afterwards nothing of the task may still be travelling."""
 
 
+def joined(model: LocalModel, rounds: RoundsLike, pushed: Pushed, version: int, local_steps: int = 0,
+           loss: float = 0.0, learning_rate: float = 0.0) -> pb.JoinReply | None:  # fmt: skip
+    """Joins the round with what ``pushed`` staged on every shard (computed on ``version``; LocalSGD:
+    a period of ``local_steps`` at mean ``loss``): behind the push on PS 0, over gRPC where that
+    cannot go. The COMMITTED answer, or None when the round did not take it."""
+    reply = model.join(pushed, version, JOIN_WAIT_MS, local_steps, loss, learning_rate)
+    while True:
+        if reply is None:
+            reply = rounds.join_round(version, JOIN_WAIT_MS, local_steps, loss, learning_rate)
+        if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
+            return reply
+        if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
+            return None
+        reply = None  # pending: ask again
+
+
 class SyncStep:
     def __init__(self, model: LocalModel, rounds: RoundsLike, pull_ahead: bool = False) -> None:
         self._model = model
@@ -82,27 +100,13 @@ class SyncStep:
             # A pull goes behind the gradient on each shard, answered as soon as that shard commits the
             # round; on PS 0 the join goes first, behind the gradient, on the same connection.
             pushed = model.push(gradients, minibatch, BEHIND_WAIT_MS if self._pull_ahead else None, join_behind=True)
-            joined = model.join(pushed, version, JOIN_WAIT_MS)
-            if pushed.all_accepted and self._counted(version, joined):
+            if pushed.all_accepted and joined(model, self._rounds, pushed, version) is not None:
                 if self._pull_ahead:
                     model.pull_behind(pushed)  # committed: the next step's model, read while the loop goes on
                 return loss
             model.drop_behind(pushed)
             model.counters.rejected += 1  # the round moved on without it: pull and train it again
             model.metrics.rejected.inc()
-
-    def _counted(self, version: int, joined: pb.JoinReply | None) -> bool:
-        """Joins the round with the gradient staged on every shard (``joined``: the answer of a join
-        sent behind the push); whether the round counted it."""
-        reply = joined
-        while True:
-            if reply is None:
-                reply = self._rounds.join_round(version, JOIN_WAIT_MS)
-            if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
-                return True
-            if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
-                return False
-            reply = None  # pending: ask again
 
     def end_task(self) -> None:
         self._model.settle()  # the last round was committed before train() returned
@@ -164,9 +168,10 @@ class LocalSGDStep:
         while True:
             trained = model.weights()
             delta = {name: start - trained[name] for name, start in self._start.items()}
-            pushed = model.push(delta, minibatch, BEHIND_WAIT_MS)
+            pushed = model.push(delta, minibatch, BEHIND_WAIT_MS, join_behind=True)
             if pushed.all_accepted:
-                reply = self._join()
+                loss = sum(self._losses) / len(self._losses)
+                reply = joined(model, self._rounds, pushed, self._version, len(self._trained), loss, model.learning_rate)
                 if reply is not None:
                     self._period = max(1, reply.local_steps)
                     model.pull_behind(pushed)  # the next period's model, read while the loop goes on
@@ -178,18 +183,6 @@ class LocalSGDStep:
             self._losses = [self._local_step(x, y) for x, y in self._trained]
         self._trained, self._losses = [], []
 
-    def _join(self) -> pb.JoinReply | None:
-        """Joins the round with the delta staged on every shard: the reply once it is committed
-        with it, None when the round did not take it."""
-        loss = sum(self._losses) / len(self._losses)
-        while True:
-            reply = self._rounds.join_round(
-                self._version, JOIN_WAIT_MS, len(self._trained), loss, self._model.learning_rate
-            )
-            if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
-                return reply
-            if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
-                return None
 
 
 class AsyncStep:

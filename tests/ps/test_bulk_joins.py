@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from bench import malformed
 from bench.malformed import COORD_CASES, OK
-from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.modes import LocalSGD, TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.shards import Shards
@@ -57,11 +58,11 @@ class Job:
 def make_job(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Job]]:
     stops: list[Callable[[], None]] = []
 
-    def make(grads_to_wait: int = 2, joins: bool = True, sync: bool = True) -> Job:
-        rule = UpdateRule.SYNC if sync else UpdateRule.ASYNC
+    def make(grads_to_wait: int = 2, joins: bool = True, sync: bool = True, periods: LocalSteps | None = None) -> Job:
+        rule = UpdateRule.ASYNC if not sync else UpdateRule.SYNC if periods is None else UpdateRule.LOCAL_SGD
         store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=rule)))
         metrics = PSMetrics(CollectorRegistry(), 0)
-        rounds = Rounds(grads_to_wait=grads_to_wait)
+        rounds = Rounds(grads_to_wait=grads_to_wait, periods=periods)
         coordinator = CoordinatorServicer(
             QueueSettings(num_records=64, records_per_task=8, num_epochs=1),
             version_fn=lambda: store.version,
@@ -138,6 +139,21 @@ def test_a_join_behind_a_push_to_a_shard_that_takes_no_joins_leaves_the_pull_to_
         assert job.rounds.version == 0
         job.store.commit(0, ["w0"])  # as a gRPC join would have it committed
         assert pushed.behind.result().versions == [1]  # shard 0 pulled as any pull
+    finally:
+        client.close()
+
+
+def test_a_localsgd_join_behind_its_delta_carries_its_period_and_is_answered_with_the_next(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job(grads_to_wait=1, periods=LocalSteps(LocalSGD(steps=8, adaptive=True)))
+    client = job.client("w0")
+    try:
+        pushed = push(client, 0.1, "p1")
+        request = pb.JoinRequest(worker="w0", version=0, wait_ms=5_000, local_steps=1, loss=2.0, learning_rate=0.1)
+        reply = pushed.behind.join(request)  # type: ignore[union-attr]
+        assert reply is not None and (reply.outcome, reply.version, reply.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 1, 8)
+        assert pushed.behind.result().versions == [1]  # type: ignore[union-attr]
     finally:
         client.close()
 
