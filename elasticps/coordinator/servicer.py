@@ -10,9 +10,11 @@ at start-up, so a restarted PS 0 goes on where it was instead of training every 
 Sync jobs (``rounds`` given): ``JoinRound`` admits staged gradients into rounds, and a round that
 reaches its quorum is committed on every shard (``shards.py``) by the thread that closed it, under
 the rounds' lock, so rounds are applied one at a time and in order; every commit wakes the waiting
-joins (``rpc/waking.py``). A ticker re-checks the open round twice a second, so a round whose
-missing members died or ran out of work still closes. Waiting joins are bounded
-(``--max_long_polls``, RESOURCE_EXHAUSTED past it). Lock order: the rounds' lock, then the queue's.
+joins (``rpc/waking.py``). A worker's join may also come over PS 0's bulk channel, behind its push
+there (``join_waiting``, from ``ps/bulk.py``): the same answer, waited for in that connection's
+thread. A ticker re-checks the open round twice a second, so a round whose missing members died or
+ran out of work still closes. Waiting joins are bounded (over gRPC by ``--max_long_polls``,
+RESOURCE_EXHAUSTED past it; over the bulk channel by its connections, ``--max_push_streams``). Lock order: the rounds' lock, then the queue's.
 
 Export (``output`` given, ``spec.output``): once training and the final evaluation are done, the
 queue waits for every shard to hold one version (asked here, of the shards, only then) and hands

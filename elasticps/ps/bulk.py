@@ -38,8 +38,8 @@ import socket
 import sys
 import threading
 import time
-from typing import TypeVar
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import grpc
 import numpy as np

@@ -6,8 +6,9 @@ ticker and the committing threads announce it). A waiting call is a future on th
 thread: hundreds of them cost next to nothing.
 
 :meth:`Changes.notify` may be called from any thread; waits happen on one event loop, the first
-that waits (a server's), or in threads (:meth:`Changes.block`: the joins of the bulk channel). Every notify counts a new :attr:`Changes.generation`, so a waiter that
-read the generation before it looked at the state misses nothing.
+that waits (a server's), or in threads (:meth:`Changes.block`: joins over PS 0's bulk channel).
+Every notify counts a new :attr:`Changes.generation`, so a waiter that read the generation before
+it looked at the state misses nothing.
 """
 
 from __future__ import annotations
