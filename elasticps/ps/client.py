@@ -182,11 +182,10 @@ class Behind:
         held-back pull behind the join: the answer, or None when the join could not go that way (no
         pull held back, the connection failed, PS 0 takes no joins there): the caller then joins
         over gRPC, and shard 0 is pulled as any pull."""
-        with self._lock:
-            pull, self._held_back = self._held_back, None
-            connection = None if self._dropped or pull is None else self._held[0]
-        if connection is None or pull is None:
+        taken = self._take_held_back()
+        if taken is None:
             return None
+        connection, pull = taken
         try:
             return connection.join(request, pull)
         except (OSError, grpc.RpcError, bulk.DeadlineExceeded):
@@ -213,11 +212,17 @@ class Behind:
 
     def _send_held_back(self) -> None:
         """Shard 0's pull, held back for a join that did not come: sent now, on its connection."""
+        taken = self._take_held_back()
+        if taken is not None:
+            connection, pull = taken
+            connection.send_pull(pull)  # a failure breaks the connection: the read fails, shard 0 is pulled again
+
+    def _take_held_back(self) -> tuple[bulk.BulkConnection, pb.PullRequest] | None:
+        """Shard 0's held-back pull and its connection, once; None when there is none or it was dropped."""
         with self._lock:
             pull, self._held_back = self._held_back, None
-            connection = None if self._dropped or pull is None else self._held[0]
-        if connection is not None and pull is not None:
-            connection.send_pull(pull)  # a failure breaks the connection: the read fails, shard 0 is pulled again
+            connection = None if self._dropped else self._held[0]
+        return None if connection is None or pull is None else (connection, pull)
 
     def cancel(self) -> bool:
         """Drops the answers not read yet, closing their connections; False when they were read already."""

@@ -291,8 +291,8 @@ class BulkConnection:
         parts = _message(JOIN_ROUND, request)
         if pull is not None:
             parts += _message(PULL_DENSE, pull)
-        deadline = Deadline.within(self._timeout_s + request.wait_ms / 1000, self._timeout_s + request.wait_ms / 1000,
-                                   "JoinRound")  # fmt: skip
+        waits_s = self._timeout_s + request.wait_ms / 1000
+        deadline = Deadline.within(waits_s, waits_s, "JoinRound")
         code, message = self._exchange(parts, deadline)
         if code is not grpc.StatusCode.OK:
             raise BulkError(code, message.decode(errors="replace"))

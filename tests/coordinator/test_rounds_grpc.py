@@ -268,7 +268,7 @@ def test_four_workers_two_gradients_per_round_every_minibatch_counted_once_on_bo
     assert status.finished
     assert list(status.shard_versions) == [len(log0)] * 2
     assert status.shard_problem == ""
-    # Joins behind pushes were answered over the bulk channel: most of each worker's minibatches.
+    # Joins behind pushes were answered over the bulk channel: every minibatch each such worker trained.
     for worker, replies in behind.items():
         assert len(replies) >= len(trained[worker]) > 0, worker
         assert {r.outcome for r in replies} <= {pb.JOIN_OUTCOME_COMMITTED, pb.JOIN_OUTCOME_REFUSED, pb.JOIN_OUTCOME_PENDING}
