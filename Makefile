@@ -129,7 +129,7 @@ docs: $(STAMP)
 # MNIST as TFRecord files of tf.train.Example for examples/mnist-tfrecord.yaml, outside the
 # repository (a no-op when they are there).
 mnist-tfrecord: $(STAMP)
-	$(PY) -m elasticps.tools.mnist_tfrecord --mnist $(MNIST_DIR) --out $(TFRECORD_DIR)
+	$(PY) -m elasticps.backends.keras.mnist_tfrecord --mnist $(MNIST_DIR) --out $(TFRECORD_DIR)
 
 image: $(STAMP)
 	VARIANT=$(VARIANT) PY=$(PY) bash hack/image/build.sh

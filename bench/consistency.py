@@ -42,7 +42,7 @@ def job(name: str, mnist: Path, **training: object) -> dict[str, Any]:
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.mnist_cnn"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mnist_cnn"},
             "data": {"reader": "idx", "training": str(mnist / "train"), "validation": str(mnist / "t10k")},
             "training": {
                 "learningRate": 0.05,

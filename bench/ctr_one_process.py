@@ -2,8 +2,8 @@
 
     python -m bench.ctr_one_process [--data PATH] [--epochs 2] [--no_write]
 
-No elasticps processes: the ``criteo`` reader, ``elasticps.zoo.deepfm`` (its embedding tables
-local, ``elasticps.layers.Embedding``) and ``model.fit``, on the first 8,000 records, evaluated on
+No elasticps processes: the ``criteo`` reader, ``elasticps.backends.keras.zoo.deepfm`` (its embedding tables
+local, ``elasticps.backends.keras.layers.Embedding``) and ``model.fit``, on the first 8,000 records, evaluated on
 the last 2,000 after each epoch: AUC (``deepfm.auc``) and log loss. Writes
 ``bench/results/ctr_one_process.json``.
 """
@@ -23,7 +23,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from elasticps.data.criteo import CriteoReader  # noqa: E402
-from elasticps.zoo import deepfm  # noqa: E402
+from elasticps.backends.keras.zoo import deepfm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "criteo" / "criteo_train_head10k.txt"

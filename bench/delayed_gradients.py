@@ -2,7 +2,7 @@
 
     python -m bench.delayed_gradients [--late 0,0.5,0.8,1] [--lr 0.05] [--steps 600] [--seeds 1,2] [--lost 0]
 
-Trains the job's model (``elasticps.zoo.mnist_cnn``, minibatch 64, the model's SGD with momentum 0.9)
+Trains the job's model (``elasticps.backends.keras.zoo.mnist_cnn``, minibatch 64, the model's SGD with momentum 0.9)
 in this process with no PS, no other process and no thread: each step computes its gradient on the
 weights before the last update with probability ``--late`` (on the current weights otherwise) and
 applies it to the current weights, as an async PS does with a gradient of staleness 1 (two workers
@@ -46,12 +46,12 @@ def train(late: float, lr: float, steps: int, seed: int, train_dir: str, test_di
     import tensorflow as tf
 
     from bench.peer_tf import read_records
-    from elasticps.worker.model_loading import load_model_module
+    from elasticps.backends.keras.model_loading import load_model_module
 
     keras.utils.set_random_seed(seed)
     chance = random.Random(seed)
     racing = random.Random(seed + 7919)  # apart: a run with --lost 0 meets the same late gradients
-    module = load_model_module("elasticps.zoo.mnist_cnn")
+    module = load_model_module("elasticps.backends.keras.zoo.mnist_cnn")
     assert module.feed is not None
     features, labels = read_records("idx", train_dir)
     test_features, test_labels = read_records("idx", test_dir)

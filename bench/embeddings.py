@@ -34,7 +34,8 @@ from bench.ps_processes import PSProcesses
 from elasticps.api.embedding import TableSpec, mix_ids
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient, RowGrads
+from elasticps.api.embedding import RowGrads
+from elasticps.psclient.client import PSClient
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "embeddings.json"

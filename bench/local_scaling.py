@@ -79,7 +79,7 @@ def job_document(data: Path, mode: str, workers: int, ps: int) -> dict[str, Any]
         "kind": "TrainingJob",
         "metadata": {"name": JOB_NAME},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.mnist_cnn"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mnist_cnn"},
             "data": {"reader": "idx", "training": str(data / "train"), "validation": str(data / "t10k")},
             "training": {"minibatchSize": 64, "numEpochs": 50, "recordsPerTask": 2048, **MODES[mode]},
             "ps": {"replicas": ps},

@@ -7,7 +7,7 @@ a model module here, in one process with no PS, through the same data path as a 
 validation records. A sync job of W workers with ``minibatchSize`` B averages W gradients per
 update: compare it with ``--minibatch W*B`` and its model version as ``--updates``.
 
-    python -m bench.one_process --model_def elasticps.zoo.mnist_functional --updates 940 --minibatch 128 \\
+    python -m bench.one_process --model_def elasticps.backends.keras.zoo.mnist_functional --updates 940 --minibatch 128 \\
         --training '~/.cache/elasticps/data/mnist-tfrecord/train-*.tfrecord' \\
         --validation '~/.cache/elasticps/data/mnist-tfrecord/test-*.tfrecord'
 
@@ -116,8 +116,8 @@ def exported(
     recalibration_records: int,
 ) -> dict[str, Any]:
     """:func:`evaluate` of a job's exported model (``folder/model.keras``)."""
-    from elasticps.worker.keras_trainer import KerasTrainer
-    from elasticps.worker.model_loading import load_model_module
+    from elasticps.backends.keras.trainer import KerasTrainer
+    from elasticps.backends.keras.model_loading import load_model_module
 
     trainer = KerasTrainer(load_model_module(model_def), {}, minibatch)
     trainer.load_exported(folder)
@@ -141,8 +141,8 @@ def train(
     validation metrics (means)."""
     import tensorflow as tf
 
-    from elasticps.worker.keras_trainer import KerasTrainer
-    from elasticps.worker.model_loading import load_model_module
+    from elasticps.backends.keras.trainer import KerasTrainer
+    from elasticps.backends.keras.model_loading import load_model_module
 
     tf.random.set_seed(seed)
     trainer = KerasTrainer(load_model_module(model_def), params or {}, minibatch, seed=seed, learning_rate=learning_rate)
@@ -169,7 +169,7 @@ def train(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_def", default="elasticps.zoo.mnist_functional")
+    parser.add_argument("--model_def", default="elasticps.backends.keras.zoo.mnist_functional")
     parser.add_argument("--reader", default="tfrecord")
     parser.add_argument("--training", default="~/.cache/elasticps/data/mnist-tfrecord/train-*.tfrecord")
     parser.add_argument("--validation", default="~/.cache/elasticps/data/mnist-tfrecord/test-*.tfrecord")

@@ -237,7 +237,7 @@ class Operator:
 def job_manifest(workers: int) -> str:
     return yaml.safe_dump({
         "apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": JOB},
-        "spec": {"model": {"modelDef": "elasticps.zoo.mlp"}, "data": {"training": "/data/train"},
+        "spec": {"model": {"modelDef": "elasticps.backends.keras.zoo.mlp"}, "data": {"training": "/data/train"},
                  "ps": {"replicas": 2}, "worker": {"replicas": workers}},
     })  # fmt: skip
 

@@ -167,7 +167,7 @@ def train(job: PeerJob, cluster: dict[str, list[str]], cpu: Callable[[], float])
     accuracy known."""
     import tensorflow as tf
 
-    from elasticps.worker.model_loading import load_model_module
+    from elasticps.backends.keras.model_loading import load_model_module
 
     module = load_model_module(job.model_def)
     feed = module.feed if module.feed is not None else (lambda dataset, mode: dataset)

@@ -11,7 +11,7 @@ noise hits every case alike:
   frames or a store (``bench.grpc_raw``): the floor of grpcio's Python message path;
 * ``ps_bulk``: ``push_gradients`` of an N-byte model with a pull right behind it (``pull_behind_ms``,
   as an async worker steps: both in one write, the pull answered once the push is applied) against a
-  real ``elasticps ps --use_async`` process, through :class:`elasticps.ps.client.PSClient`, over the
+  real ``elasticps ps --use_async`` process, through :class:`elasticps.psclient.client.PSClient`, over the
   PS's bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
 * ``ps@<chunk>``: the same over gRPC frames (``PSClient(use_bulk=False)``), at the default chunk size
   and, at 16 and 64 MB, at other chunk sizes (client pushes and server pulls alike).
@@ -62,7 +62,7 @@ from bench import report, stages  # noqa: E402
 from bench.grpc_raw import RawClient  # noqa: E402
 from bench.tcp_apply import ApplyClient  # noqa: E402
 from bench.tcp_echo import EchoClient  # noqa: E402
-from elasticps.ps.client import PSClient  # noqa: E402
+from elasticps.psclient.client import PSClient  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.rpc.frames import CHUNK_BYTES  # noqa: E402
 

@@ -3,7 +3,7 @@
     python -m bench.shard_bytes [--shards 2 3] [--processes]
 
 For each number of shards, the bytes each shard holds under the rule before (sha256 of the name mod N,
-rebuilt here as a placement by hand) and under ``ps/sharding.py``'s placement by size with row
+rebuilt here as a placement by hand) and under ``psclient/sharding.py``'s placement by size with row
 slices (4 MiB threshold), from the placement itself. With ``--processes``, each placement is also
 measured on real ``elasticps ps`` processes (async): the real ``PSClient`` pushes the model and one
 gradient of it, and each shard's Prometheus counter of pushed tensor bytes
@@ -24,8 +24,8 @@ import numpy as np
 
 from bench.ps_processes import PSProcesses
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.client import PSClient
-from elasticps.ps.sharding import Piece, Placed, Placement, TensorInfo, place
+from elasticps.psclient.client import PSClient
+from elasticps.psclient.sharding import Piece, Placed, Placement, TensorInfo, place
 
 F32 = np.dtype(np.float32)
 MLP = [

@@ -44,7 +44,7 @@ from bench import malformed
 from elasticps.api.spec import MAX_EPOCHS, TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.rpc.channels import create_channel
 from elasticps.tools.fake_trainer import initial_model, layout
 from elasticps.tools.scale_job import ScaleJob, Summary, summarize

@@ -3,7 +3,7 @@
     python -m bench.zoo_tfrecord [--repeats 3] [--checkpoint_steps 20] [--seed 0] [--work /tmp/elasticps-zoo-tfrecord]
 
 Needs MNIST as TFRecord files (``make mnist-tfrecord``). Runs ``examples/mnist-tfrecord.yaml``
-(``elasticps.zoo.mnist_functional``: functional Keras with a dict input, BatchNormalization,
+(``elasticps.backends.keras.zoo.mnist_functional``: functional Keras with a dict input, BatchNormalization,
 ``dataset_fn`` over ``tf.train.Example``; 2 PS, 2 workers, sync, minibatch 64, 2 epochs) with
 ``elasticps run --run_dir --result_file``, from a copy of the example that only adds
 ``checkpointSteps`` (both jobs checkpoint alike):
@@ -48,7 +48,7 @@ import yaml
 
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.ps import checkpoint
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist-tfrecord.yaml"
@@ -203,7 +203,7 @@ def recalibrated(work: Path, run: dict[str, Any], what: str) -> dict[str, Any]:
         return run
     result_file = work / f"recalibrated-{what}.json"
     command = [
-        sys.executable, "-m", "bench.one_process", "--model_def", "elasticps.zoo.mnist_functional",
+        sys.executable, "-m", "bench.one_process", "--model_def", "elasticps.backends.keras.zoo.mnist_functional",
         "--exported", run["export_path"], "--minibatch", "128", "--result_file", str(result_file),
     ]  # fmt: skip
     subprocess.run(command, cwd=REPO, env=env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -215,7 +215,7 @@ def one_process(work: Path, updates: int, minibatch: int, seed: int) -> dict[str
     result_file = work / f"one-process-{seed}.json"
     work.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "bench.one_process", "--model_def", "elasticps.zoo.mnist_functional",
+        sys.executable, "-m", "bench.one_process", "--model_def", "elasticps.backends.keras.zoo.mnist_functional",
         "--updates", str(updates), "--minibatch", str(minibatch), "--seed", str(seed), "--result_file", str(result_file),
     ]  # fmt: skip
     subprocess.run(command, cwd=REPO, env=env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,6 +1,6 @@
 """What elasticps hands a model module's data function: the :class:`Mode` and the :class:`Metadata`.
 
-A model module (``--model_def``; ``worker/model_loading.py`` checks it) may give
+A model module (``--model_def``; ``elasticps/backends/keras/model_loading.py`` checks it) may give
 ``dataset_fn(dataset, mode, metadata)``, the data function of ElasticDL's model zoo, or
 ``feed(dataset, mode)``. The worker's ``KerasTrainer`` calls it with these two. Both are importable
 as ``from elasticps import Mode, Metadata``, so an ElasticDL module changes one import line,

@@ -11,7 +11,7 @@ from typing import Any
 from elasticps.api.parsing import parse_job
 from elasticps.api.spec import TrainingJob
 
-MINIMAL_SPEC: dict[str, Any] = {"model": {"modelDef": "elasticps.zoo.mnist_cnn"}, "data": {"training": "/data/train"}}
+MINIMAL_SPEC: dict[str, Any] = {"model": {"modelDef": "elasticps.backends.keras.zoo.mnist_cnn"}, "data": {"training": "/data/train"}}
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,14 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 PART_IDS, PART_GRADIENT, PART_ROWS = "ids", "gradient", "rows"
 
 
+@dataclass(frozen=True)
+class RowGrads:
+    """One table's part of a push: distinct ids and each one's gradient summed over the minibatch."""
+
+    ids: IdArray
+    grads: np.ndarray
+
+
 class EmbeddingError(ValueError):
     """A table or a batch of ids that cannot be served: the message says which and why."""
 

@@ -1,7 +1,7 @@
 """The optimizer a job trains with, as both roles know it: its name and Keras-named hyper-parameters.
 
 Callers: the worker translates the model module's Keras optimizer into an :class:`OptimizerConfig`
-(``worker/optimizer_spec.py``) and pushes it with the model; the PS builds its numpy optimizer from
+(``elasticps/backends/keras/optimizer_spec.py``) and pushes it with the model; the PS builds its numpy optimizer from
 it (``ps/optimizers.py``). Both validate through :func:`normalized`, so a bad value fails on the
 worker at start-up with the same message the PS would give. Pure: no numpy state, no TensorFlow.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from elasticps.api.flags import data_args, decentralized_args, prediction_args, training_args
-from elasticps.api.spec import RestartPolicy, Strategy, TrainingJob
+from elasticps.api.spec import Framework, RestartPolicy, Strategy, TrainingJob
 
 PS_PORT = 2222
 
@@ -105,6 +105,7 @@ def worker_replica(job: TrainingJob, index: int, ps_addresses: Sequence[str], ex
         f"--worker_id={index}",
         *([f"--ps_addrs={','.join(ps_addresses)}"] if ps_addresses else []),
         f"--model_def={job.spec.model.model_def}",
+        *([f"--framework={job.spec.model.framework.value}"] if job.spec.model.framework is not Framework.KERAS else []),
         *([f"--model_params={json.dumps(job.spec.model.params, sort_keys=True)}"] if job.spec.model.params else []),
         *data_args(job.spec.data),
         *_training_args(job, ""),

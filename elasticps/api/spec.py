@@ -107,6 +107,23 @@ class Strategy(str, Enum):
     DECENTRALIZED = "decentralized"
 
 
+class Framework(str, Enum):
+    """The framework a job's model module is written for (``spec.model.framework``): the worker,
+    prediction and ``elasticps export`` build the model through that framework's backend
+    (``elasticps/backends/registry.py``). The PS, the coordinator and the operator never load it."""
+
+    KERAS = "keras"
+
+
+class SchedulingPolicy(str, Enum):
+    """Who decorates a job's pods for a cluster's scheduler and admission (``spec.scheduling.policy``):
+    a scheduler name, labels, annotations, scheduling gates, and a group object (a PodGroup) living
+    with the job. ``none``: nothing, the default scheduler takes each pod as it comes. The operator
+    reads it (``operator/scheduling``); the local runner has no scheduler and ignores it."""
+
+    NONE = "none"
+
+
 SCALE_DECENTRALIZED = (
     "a decentralized job's graph is fixed when it starts: its workers cannot be scaled (delete and re-create it)"
 )
@@ -133,6 +150,9 @@ class ModelSpec:
     model_def: str = spec_field(help="Python module of the model (custom_model, loss, optimizer, feed, eval_metrics_fn)")
     params: dict[str, Any] = spec_field(
         default_factory=dict, help="keyword arguments passed to custom_model()", opaque=True
+    )
+    framework: Framework = spec_field(
+        Framework.KERAS, help="what the model module is written for: keras (its contract in docs/model-zoo.md)"
     )
 
 
@@ -290,7 +310,7 @@ class DecentralizedSpec:
         return label
 
 
-# Dense variables above this many bytes are split into row slices over the PS shards (ps/sharding.py).
+# Dense variables above this many bytes are split into row slices over the PS shards (psclient/sharding.py).
 DEFAULT_SPLIT_BYTES = 4 << 20
 
 
@@ -464,6 +484,13 @@ class RunPolicy:
 
 
 @dataclass(frozen=True)
+class SchedulingSpec:
+    policy: SchedulingPolicy = spec_field(
+        SchedulingPolicy.NONE, help="how the operator prepares the pods for the cluster's scheduler: none"
+    )
+
+
+@dataclass(frozen=True)
 class TrainingJobSpec:
     model: ModelSpec = spec_field(help="the model module")
     data: DataSpec = spec_field(help="training and validation data")
@@ -480,6 +507,9 @@ class TrainingJobSpec:
     ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
     worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")
     run_policy: RunPolicy = spec_field(default_factory=RunPolicy, help="run policy")
+    scheduling: SchedulingSpec = spec_field(
+        default_factory=SchedulingSpec, help="scheduler and admission integration of the pods (operator only)"
+    )
     output: str = spec_field(
         "",
         help="where the trained model is exported (a Keras file, a SavedModel, job.json, metrics.json): "

@@ -1,7 +1,7 @@
 """The coordinator's ledger saved at checkpointed versions (sync jobs), next to the shards' checkpoints.
 
-Written by the coordinator servicer when a round makes a version the shards checkpoint
-(``checkpointSteps``), read back by the recovery (``recovery.py``) to roll the ledger back together
+Written by the coordinator (``syncing.py``) when a round makes a version the shards checkpoint
+(``checkpointSteps``), read back by the recovery (``recovery.py``, ``watching.py``) to roll the ledger back together
 with the shards. One JSON file per version, ``<dir>/ledger-<version>.json``, written atomically and
 fsynced; the newest ``keep`` are kept.
 """

@@ -28,6 +28,7 @@ from elasticps.api.flags import (
     training_from_args,
 )
 from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
+from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.servicer import CoordinatorServicer, add_to_server
 from elasticps.coordinator.settings import queue_settings
@@ -87,10 +88,10 @@ def run(config: CoordinatorConfig) -> int:
     iterations = Iterations()
     t = config.training
     journal = Path(t.checkpoint_dir) / "coordinator.json" if t.checkpoint_dir else None
-    coordinator = CoordinatorServicer(settings, version_fn=lambda: iterations.newest, journal=journal,
-                                      output=config.output, iterations=iterations)
+    coordinator = Coordinator(settings, version_fn=lambda: iterations.newest, journal=journal,
+                              output=config.output, iterations=iterations)
     server = AsyncServer(WORK_THREADS)
-    add_to_server(coordinator, server)
+    add_to_server(CoordinatorServicer(coordinator), server)
     coordinator.start()
     health = add_async_health(server)
     port = bind(server, config.host, config.port)

@@ -1,6 +1,6 @@
 """After a PS restart: which version every shard and the task ledger roll back to. Pure.
 
-The coordinator (``servicer.py``) asks every shard what it holds (``shards.py``) when one restarted
+The coordinator (``watching.py``) asks every shard what it holds (``shards.py``) when one restarted
 or when PS 0 itself starts, and this module decides. Sync training keeps the shards at one version,
 and every ``checkpointSteps``-th round each shard checkpoints that version and the coordinator
 writes its ledger at it (``journal.py``), so the newest version found in all of them describes one

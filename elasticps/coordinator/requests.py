@@ -1,10 +1,10 @@
 """The coordinator's requests, checked at the edge: every field a worker sends, before the queue sees it.
 
-Pure; called by the coordinator servicer (``servicer.py``) first thing in every method, which turns
+Pure; called by the coordinator's faces (``servicer.py``, ``joins.py``) first thing in every method, which turn
 a :class:`RequestError` into INVALID_ARGUMENT with its message (it names the field). What passes
 here cannot break a later call: every number that is summed into the job's status is bounded, so
-no sum overflows an int64 or a double (``tasks.py`` also saturates its counters at
-:data:`~elasticps.coordinator.tasks.MAX_COUNT`, for a ledger read back from a journal). The rules:
+no sum overflows an int64 or a double (``tasks/queue.py`` also saturates its counters at
+:data:`~elasticps.coordinator.tasks.base.MAX_COUNT`, for a ledger read back from a journal). The rules:
 
 * ``worker``: required, at most :data:`MAX_NAME` characters (a pod name is at most 253);
 * ``task_id`` >= 0; ``model_version`` >= 0; ``records`` in [0, :data:`MAX_RECORDS`] (the queue

@@ -1,7 +1,7 @@
 """Sync rounds: which workers' gradients make each model version. Pure; the coordinator's to hold.
 
 One round per model version. A worker whose gradient is staged on every shard asks to join the
-round; this module decides, and the coordinator servicer (``servicer.py``) carries the decisions out
+round; this module decides, and the coordinator's engine (``syncing.py``) carries the decisions out
 by committing each closed round on every shard (``shards.py``). Because one place decides, every
 shard averages the same gradients in every round, each once.
 

@@ -5,7 +5,7 @@ job (``coordinator/main.py``)."""
 from __future__ import annotations
 
 from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
-from elasticps.coordinator.tasks import QueueSettings
+from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.data.readers import DataError, ReaderOptions, open_reader
 
 

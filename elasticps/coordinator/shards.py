@@ -1,6 +1,6 @@
 """The coordinator's line to every PS shard: commit a sync round on all of them, ask their versions.
 
-Used by the coordinator servicer (``servicer.py``), which decides rounds (``rounds.py``) and has
+Used by the coordinator's engine (``syncing.py``, ``watching.py``), which decides rounds (``rounds.py``) and has
 :class:`Shards` carry them out. A round is committed in two phases, so it is applied by every shard or
 by none: first every shard checks that it is at the round's version and holds every named gradient
 (``dry_run``), then every shard applies it. A shard that refuses the check aborts the round before

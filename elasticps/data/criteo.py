@@ -3,7 +3,7 @@
 Each line: the click label (0 or 1), 13 integer features (counts, possibly empty, ``I1``..``I13``)
 and 26 categorical features (32-bit hashes written in hex, possibly empty, ``C1``..``C26``), tab
 separated, no header. ``read`` returns int64 features ``(n, 39)``, one embedding id per field, and
-int64 labels; a CTR model looks every id up in its tables (``elasticps.layers.Embedding``):
+int64 labels; a CTR model looks every id up in its tables (``elasticps.backends.keras.layers.Embedding``):
 
 * an integer ``v`` is bucketed on a log scale (the usual Criteo recipe): ``v`` itself up to 2,
   else ``3 + floor(ln(v) ** 2)`` (3 -> 4, 1,000 -> 50, 10 ** 6 -> 193), an empty cell a bucket of

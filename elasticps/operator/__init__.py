@@ -2,8 +2,9 @@
 
 ``elasticps.planning.plan.plan(job, observed, settings, check) -> actions`` decides (the same
 planner the local runner executes); ``rendering`` turns its replica actions into Pods, Services
-and a NetworkPolicy built by ``manifests``. None of them imports kopf or the Kubernetes client, so
-all are unit-tested without a cluster. The adapter around them:
+and a NetworkPolicy built by ``manifests``, decorated by the job's scheduling policy
+(``scheduling``: scheduler name, labels, gates, a group object such as a PodGroup). None of them
+imports kopf or the Kubernetes client, so all are unit-tested without a cluster. The adapter around them:
 
 - ``handlers``: the kopf handlers, mere triggers (job created/resumed/changed, a pod of a job changed);
 - ``queueing``: one pass at a time per job, bursts of events coalesced, an idle-aware resync;

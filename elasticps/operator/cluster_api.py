@@ -155,10 +155,22 @@ class ClusterApi:
 
     # ---- writes --------------------------------------------------------------------------------------
     def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
-        """Creates a core/v1 object (``pods``, ``services``, ``events``) or a ``networkpolicies`` one
-        (networking.k8s.io/v1); False when it already exists."""
-        status, body = self._call("POST", _collection(namespace, plural), body=manifest)
+        """Creates a namespaced object of resource ``plural`` in the manifest's ``apiVersion`` (core/v1
+        when it has none): ``pods``, ``services``, ``events``, ``networkpolicies``, a scheduling
+        policy's ``podgroups`` ...; False when it already exists."""
+        api_version = str(manifest.get("apiVersion") or "v1")
+        status, body = self._call("POST", _collection(namespace, plural, api_version), body=manifest)
         if status == 409:
+            return False
+        self._ok(status, body)
+        return True
+
+    def delete(self, namespace: str, plural: str, api_version: str, name: str) -> bool:
+        """Deletes the namespaced object ``name`` of resource ``plural`` in ``api_version``; False when
+        it was already gone."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        status, body = self._call("DELETE", f"{_collection(namespace, plural, api_version)}/{name}", body=options)
+        if status == 404:
             return False
         self._ok(status, body)
         return True
@@ -237,10 +249,13 @@ class ClusterApi:
         raise ApiError(status, str(body.get("reason") or ""), str(body.get("message") or body), reasons)
 
 
-def _collection(namespace: str, plural: str) -> str:
+def _collection(namespace: str, plural: str, api_version: str = "v1") -> str:
+    """The path of a namespaced collection: core/v1 (``v1``) under /api, any other group under /apis."""
     if plural == "networkpolicies":
-        return f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
-    return f"/api/v1/namespaces/{namespace}/{plural}"
+        api_version = "networking.k8s.io/v1"
+    if api_version == "v1":
+        return f"/api/v1/namespaces/{namespace}/{plural}"
+    return f"/apis/{api_version}/namespaces/{namespace}/{plural}"
 
 
 def _job_path(namespace: str, name: str) -> str:

@@ -1,9 +1,11 @@
 """Carries out one pass's actions against the API server, in the order the planner's contract wants.
 
 Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_invalid``) as
-``rendering`` made them Kubernetes objects. Order: deletes, then the one status patch (so a large
+``rendering`` made them Kubernetes objects. Order: deletes (pods, then a finished job's scheduling
+group objects), then the one status patch (so a large
 job's status says Created, with its counts as they are, before its first pod is even asked for,
-not seconds later), then creates (the NetworkPolicy and the Services, so the PS pods are never
+not seconds later), then creates (the scheduling policy's group objects, so a gang scheduler knows
+the group before its first pod; the NetworkPolicy and the Services, so the PS pods are never
 reachable from outside the job and a worker's first dial finds its PS Service; then PS pods, then
 workers), then Events, then ``DeleteJob``; ``Recheck`` is handed back to the work queue.
 Decisions stay with the planner; this module only reports what it did:
@@ -15,8 +17,8 @@ Decisions stay with the planner; this module only reports what it did:
 - 409 on a create and 404 on a delete are success (an earlier pass, or someone else, did it).
   A pod is deleted with its observed uid as a precondition, so a replacement created meanwhile
   under the same name is never deleted by mistake (409: already replaced, also success).
-- Pods and Services created or deleted get Events on the TrainingJob (Kubeflow's reasons:
-  SuccessfulCreatePod, SuccessfulDeletePod, FailedCreatePod ...), beside the planner's own
+- Pods, Services and group objects created or deleted get Events on the TrainingJob (Kubeflow's reasons:
+  SuccessfulCreatePod, SuccessfulDeletePod, FailedCreatePod, SuccessfulCreatePodGroup ...), beside the planner's own
   (Restarting, BackoffLimitExceeded, Succeeded ...): one per object while a pass touches at most
   ``EVENT_BATCH`` of a kind (client-go's event correlator starts aggregating at the same count),
   one for the whole batch beyond that ("Created 1026 pods: a, b, c, d and 1022 more"). Events are
@@ -34,16 +36,18 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, Union
 
 from elasticps.api.spec import API_VERSION, KIND
 from elasticps.operator.cluster_api import ApiError, ClusterApi
 from elasticps.operator.manifests import LABEL_ROLE
 from elasticps.operator.rendering import (
     ClusterAction,
+    CreateGroup,
     CreateNetworkPolicy,
     CreatePod,
     CreateService,
+    DeleteGroup,
     DeletePod,
 )
 from elasticps.planning.actions import DeleteJob, Event, Recheck, SetStatus
@@ -78,12 +82,15 @@ class Outcome:
 
 @dataclass
 class _Done:
-    """What a pass did, by kind (``pods``, ``services``, ``networkpolicies``), for its log line and Events."""
+    """What a pass did, by kind (``pods``, ``services``, ``networkpolicies``, a group object's
+    plural), for its log line and Events."""
 
     created: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k, _, _ in _KINDS.values()})
     create_failed: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # kind -> (name, error)
     deleted: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
     delete_failed: list[tuple[str, str]] = field(default_factory=list)  # (name, error)
+    group_deletes: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, name, error; "": deleted)
+    kinds: dict[str, tuple[str, str]] = field(default_factory=lambda: {k: (w, t) for k, w, t in _KINDS.values()})
     terminating: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -115,15 +122,24 @@ def execute(
             with done.lock:
                 done.delete_failed.append((action.name, err.message))
 
-    def create(action: CreateNetworkPolicy | CreateService | CreatePod) -> None:
-        kind, what, _ = _KINDS[type(action)]
+    def delete_group(action: DeleteGroup) -> None:
+        try:
+            if api.delete(job.namespace, action.plural, action.api_version, action.name):
+                done.group_deletes.append((action.kind, action.name, ""))
+        except ApiError as err:
+            failed(f"deleting {action.kind} {action.name}", err)
+            done.group_deletes.append((action.kind, action.name, err.message))
+
+    def create(action: _Create) -> None:
+        kind, what, title = _kind(action)
         name = str(action.manifest["metadata"]["name"])
         if done.terminating:
             return
         try:
             if api.create(job.namespace, kind, action.manifest):
                 with done.lock:
-                    done.created[kind].append(name)
+                    done.kinds.setdefault(kind, (what, title))
+                    done.created.setdefault(kind, []).append(name)
         except ApiError as err:
             if err.namespace_terminating:
                 # The namespace and the job in it are going: nothing more to create, nothing to retry.
@@ -132,9 +148,13 @@ def execute(
                 return
             failed(f"creating {what} {name}", err)
             with done.lock:
+                done.kinds.setdefault(kind, (what, title))
                 done.create_failed.setdefault(kind, []).append((name, err.message))
 
     _fan_out(delete, [a for a in actions if isinstance(a, DeletePod)], concurrency)
+    for action in actions:
+        if isinstance(action, DeleteGroup):
+            delete_group(action)
     for action in actions:
         if isinstance(action, SetStatus) and not api.patch_job_status(job.namespace, job.name, action.status):
             outcome.gone = True
@@ -182,8 +202,14 @@ def _events(done: _Done) -> list[Event]:
                 events.append(Event("SuccessfulDeletePod", f"Deleted {len(names)} pods ({reason}): {_names(names)}."))
     if done.delete_failed:
         events += _failures("FailedDeletePod", "deleting", "pod", "pods", done.delete_failed)
-    for kind, what, title in _KINDS.values():
-        created = sorted(done.created[kind], key=_natural)
+    for kind, name, error in done.group_deletes:
+        if error:
+            events.append(Event(f"FailedDelete{kind}", f"Error deleting {kind} {name}: {error}", "Warning"))
+        else:
+            events.append(Event(f"SuccessfulDelete{kind}", f"Deleted {kind} {name}: the job finished."))
+    # A pass's group objects first (created first), then the NetworkPolicy, Services and pods.
+    for kind, (what, title) in sorted(done.kinds.items(), key=lambda item: item[0] in _PLURALS):
+        created = sorted(done.created.get(kind, []), key=_natural)
         if len(created) <= EVENT_BATCH:
             events += [Event(f"SuccessfulCreate{title}", f"Created {what}: {n}") for n in created]
         else:
@@ -211,7 +237,10 @@ def _natural(name: str) -> tuple[str, int]:
 def _log_changes(job: JobRef, done: _Done, actions: Sequence[ClusterAction]) -> None:
     """One INFO line per pass that changed something: what it created or deleted, the new phase."""
     parts = []
-    for what, names in (("created network policies", done.created["networkpolicies"]),
+    groups = [(f"created {kind}", names) for kind, names in done.created.items() if kind not in _PLURALS]
+    deleted = [f"{kind} {name}" for kind, name, error in done.group_deletes if not error]
+    for what, names in (*groups, ("deleted", deleted),
+                        ("created network policies", done.created["networkpolicies"]),
                         ("created services", done.created["services"]),
                         ("created pods", sorted(done.created["pods"], key=_natural)),
                         ("deleted pods", [n for n, _ in done.deleted])):  # fmt: skip
@@ -235,20 +264,32 @@ _KINDS: dict[type, tuple[str, str, str]] = {
     CreateService: ("services", "service", "Service"),
     CreatePod: ("pods", "pod", "Pod"),
 }
+_PLURALS = frozenset(plural for plural, _, _ in _KINDS.values())
+_Create = Union[CreateGroup, CreateNetworkPolicy, CreateService, CreatePod]
 
 
-def _creation_stages(actions: Sequence[ClusterAction]) -> list[list[CreateNetworkPolicy | CreateService | CreatePod]]:
-    """The NetworkPolicy, the Services, the PS pods, then the workers: each stage sent concurrently,
-    the next one started when the last finished."""
-    stages: list[list[CreateNetworkPolicy | CreateService | CreatePod]] = [[], [], [], []]
+def _kind(action: _Create) -> tuple[str, str, str]:
+    """(API plural, word in messages, Event reason suffix) of a create; a group object's are its own."""
+    if isinstance(action, CreateGroup):
+        kind = str(action.manifest.get("kind") or action.plural)
+        return action.plural, kind, kind
+    return _KINDS[type(action)]
+
+
+def _creation_stages(actions: Sequence[ClusterAction]) -> list[list[_Create]]:
+    """The scheduling group objects, the NetworkPolicy, the Services, the PS pods, then the workers:
+    each stage sent concurrently, the next one started when the last finished."""
+    stages: list[list[_Create]] = [[], [], [], [], []]
     for action in actions:
-        if isinstance(action, CreateNetworkPolicy):
+        if isinstance(action, CreateGroup):
             stages[0].append(action)
-        elif isinstance(action, CreateService):
+        elif isinstance(action, CreateNetworkPolicy):
             stages[1].append(action)
+        elif isinstance(action, CreateService):
+            stages[2].append(action)
         elif isinstance(action, CreatePod):
             is_ps = action.manifest["metadata"].get("labels", {}).get(LABEL_ROLE) == "ps"
-            stages[2 if is_ps else 3].append(action)
+            stages[3 if is_ps else 4].append(action)
     return [stage for stage in stages if stage]
 
 

@@ -34,6 +34,11 @@ pod and container ``securityContext`` keys (merged key by key over ours), and a 
 ``tmp`` or a mount at ``/tmp`` of its own.
 ``restartPolicy`` is always ``Never``: the planner replaces failed pods itself, so each replacement is
 seen, counted against ``backoffLimit``, and judged by exit code under ``ExitCode``.
+
+The job's scheduling policy (``scheduling``) decorates the pod last: its labels and annotations go
+over the template's (our labels still win), its scheduler name replaces the template's, its
+scheduling gates follow the template's. Its group objects get the job's namespace, label and owner
+here (:func:`group_manifest`). Policy ``none`` adds nothing: the pod is exactly as described above.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from elasticps.api.replicas import (
     worker_replica,
 )  # fmt: skip
 from elasticps.api.spec import API_VERSION, KIND, ReplicaSpec, TrainingJob
+from elasticps.operator.scheduling.none import NOTHING
+from elasticps.operator.scheduling.policy import GroupObject, PodDecoration
 from elasticps.planning.roles import LABEL_INDEX as LABEL_INDEX
 from elasticps.planning.roles import LABEL_JOB as LABEL_JOB
 from elasticps.planning.roles import LABEL_ROLE as LABEL_ROLE
@@ -214,10 +221,31 @@ def service_manifest(job: TrainingJob, uid: str, index: int, role: Role = Role.P
     }
 
 
+def group_manifest(job: TrainingJob, uid: str, group: GroupObject) -> dict[str, Any]:
+    """A scheduling policy's group object, in the job's namespace, labelled and owned by the job (the
+    garbage collector deletes it with the job, as it does the pods)."""
+    manifest = copy.deepcopy(dict(group.manifest))
+    meta = _mapping(manifest.get("metadata"), f"{group.plural} {group.name}: metadata")
+    manifest["metadata"] = {
+        **meta,
+        "namespace": job.namespace,
+        "labels": {**_mapping(meta.get("labels"), f"{group.plural} {group.name}: labels"), LABEL_JOB: job.name},
+        "ownerReferences": [owner_reference(job, uid)],
+    }
+    return manifest
+
+
 def pod_manifest(
-    job: TrainingJob, uid: str, role: Role, index: int, *, command: tuple[str, ...] = DEFAULT_COMMAND
+    job: TrainingJob,
+    uid: str,
+    role: Role,
+    index: int,
+    *,
+    command: tuple[str, ...] = DEFAULT_COMMAND,
+    decoration: PodDecoration = NOTHING,
 ) -> dict[str, Any]:
-    """The pod of replica ``index`` of ``role``, the role's template merged in (see the module doc).
+    """The pod of replica ``index`` of ``role``, the role's template merged in and ``decoration``
+    (from the job's scheduling policy) on top (see the module doc).
 
     Raises :class:`TemplateError` when the template is not shaped like a pod template.
     """
@@ -232,10 +260,14 @@ def pod_manifest(
     metadata: dict[str, Any] = {
         "name": rep.name,
         "namespace": job.namespace,
-        "labels": {**_mapping(t_meta.get("labels"), f"{where}.metadata.labels"), **own, LABEL_JOB_UID: uid},
+        "labels": {
+            **_mapping(t_meta.get("labels"), f"{where}.metadata.labels"), **decoration.labels, **own, LABEL_JOB_UID: uid
+        },
         "ownerReferences": [owner_reference(job, uid)],
     }
-    metadata["annotations"] = {**SCRAPE_ANNOTATIONS, **_mapping(t_meta.get("annotations"), f"{where}.metadata.annotations")}
+    metadata["annotations"] = {
+        **SCRAPE_ANNOTATIONS, **_mapping(t_meta.get("annotations"), f"{where}.metadata.annotations"), **decoration.annotations
+    }
 
     containers = t_spec.get("containers", [])
     if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
@@ -254,6 +286,14 @@ def pod_manifest(
         "volumes": volumes,
         "containers": [_container(job, rep, spec, base, command, f"{where}.spec.containers[{CONTAINER}]"), *others],
     }
+    if decoration.scheduler_name:
+        pod_spec["schedulerName"] = decoration.scheduler_name
+    if decoration.scheduling_gates:
+        gates = t_spec.get("schedulingGates", [])
+        if not isinstance(gates, list):
+            raise TemplateError(f"{where}.spec.schedulingGates: must be a list")
+        named = [g.get("name") for g in gates if isinstance(g, dict)]
+        pod_spec["schedulingGates"] = [*gates, *({"name": n} for n in decoration.scheduling_gates if n not in named)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

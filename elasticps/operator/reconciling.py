@@ -33,9 +33,8 @@ from elasticps.operator.executing import DEFAULT_CONCURRENCY, JobRef, Outcome, e
 from elasticps.operator.manifests import LABEL_JOB_UID
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import coordinator_running, observe_names, observe_pods, observe_services
-from elasticps.api.spec import JobPhase
 from elasticps.operator.probing import CoordinatorProbe
-from elasticps.operator.rendering import ClusterAction, Renderer
+from elasticps.operator.rendering import FINISHED, ClusterAction, Renderer
 from elasticps.planning.actions import SetStatus
 from elasticps.planning.observed import JobProgress, Observed
 from elasticps.planning.plan import plan, plan_invalid
@@ -43,8 +42,6 @@ from elasticps.planning.roles import coordinating
 from elasticps.planning.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
-
-FINISHED = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 
 
 @dataclass(frozen=True)

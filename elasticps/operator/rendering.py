@@ -1,5 +1,6 @@
 """The planner's actions rendered for the API server: replicas become Pods, their addresses
-headless Services, the ingress policy a NetworkPolicy.
+headless Services, the ingress policy a NetworkPolicy; the job's scheduling policy decorates the
+pods and adds its group objects.
 
 Callers: ``reconciling``, between ``planning.plan`` and ``executing.execute``; and the planner
 itself, through :meth:`Renderer.problem`, its render check: a role's pod template of the wrong
@@ -11,6 +12,14 @@ A rendered create carries the whole manifest; 409 AlreadyExists on it means an e
 it, and 404 on a ``DeletePod`` that it is already gone (``executing``). Services and the
 NetworkPolicy exist only for jobs whose strategy has PS replicas (the planner asks for none
 otherwise).
+
+The scheduling policy of the job (``spec.scheduling.policy``, looked up in ``Renderer.policies``)
+is the renderer's, not the planner's: every pod gets its decoration; a pass that creates replicas
+first creates the policy's group objects (``CreateGroup``: they must exist before a gang scheduler
+sees the pods; 409 on a later pass costs one request); a pass whose status patch ends the job
+(Succeeded or Failed) deletes them (``DeleteGroup``: a finished job holds no place in the
+scheduler's queue). Deleting the job deletes them too, by their ownerReference. Policy ``none``
+has no group objects and decorates nothing: its passes render exactly as without a policy.
 """
 
 from __future__ import annotations
@@ -20,14 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from elasticps.api.replicas import Role
-from elasticps.api.spec import TrainingJob
+from elasticps.api.spec import JobPhase, SchedulingPolicy, TrainingJob
 from elasticps.operator.manifests import (
     DEFAULT_COMMAND,
     TemplateError,
+    group_manifest,
     network_policy_manifest,
     pod_manifest,
     service_manifest,
 )
+from elasticps.operator.scheduling import POLICIES, GroupObject, Policy, policy_for
 from elasticps.planning.actions import (
     Action,
     CreateIngressPolicy,
@@ -66,22 +77,46 @@ class DeletePod:
     reason: str
 
 
-ClusterAction = Union[CreateNetworkPolicy, CreateService, CreatePod, DeletePod, SetStatus, Event, DeleteJob, Recheck]
+@dataclass(frozen=True)
+class CreateGroup:
+    """A scheduling policy's job-level object (a PodGroup ...), created before the job's pods."""
+
+    plural: str  # its resource in the API, e.g. podgroups (the group and version are the manifest's)
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteGroup:
+    """That object, deleted once the job finished."""
+
+    api_version: str
+    plural: str
+    kind: str
+    name: str
+
+
+ClusterAction = Union[
+    CreateGroup, CreateNetworkPolicy, CreateService, CreatePod, DeleteGroup, DeletePod, SetStatus, Event, DeleteJob,
+    Recheck,
+]  # fmt: skip
+FINISHED = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 
 
 @dataclass(frozen=True)
 class Renderer:
     """How this operator renders replicas. ``command``: the containers' entrypoint.
     ``operator_peer``: who besides the job's pods may dial its PS (a NetworkPolicyPeer); None: the
-    operator's pods, by ``manifests.OPERATOR_LABELS``, in any namespace."""
+    operator's pods, by ``manifests.OPERATOR_LABELS``, in any namespace. ``policies``: the
+    scheduling policy of each ``spec.scheduling.policy`` value (the built-in ones by default)."""
 
     command: tuple[str, ...] = DEFAULT_COMMAND
     operator_peer: Mapping[str, Any] | None = field(default=None, hash=False)
+    policies: Mapping[SchedulingPolicy, Policy] = field(default_factory=lambda: POLICIES, hash=False)
 
     def problem(self, job: TrainingJob, role: Role, index: int) -> str | None:
         """The planner's render check: why this replica's pod cannot be rendered, or None."""
         try:
-            pod_manifest(job, "", role, index, command=self.command)
+            self._pod(job, "", role, index)
         except TemplateError as err:
             return str(err)
         return None
@@ -93,12 +128,17 @@ class Renderer:
         Raises :class:`~elasticps.operator.manifests.TemplateError` only for a replica the render
         check passed, which would be a bug (the check renders the same pod).
         """
-        rendered = (self._render(action, job, uid) for action in actions)
-        return [action for action in rendered if action is not None]
+        rendered = [r for r in (self._render(action, job, uid) for action in actions) if r is not None]
+        groups = policy_for(job, self.policies).groups(job)
+        return _with_groups(rendered, groups, job, uid) if groups else rendered
+
+    def _pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
+        decoration = policy_for(job, self.policies).pod(job, role, index)
+        return pod_manifest(job, uid, role, index, command=self.command, decoration=decoration)
 
     def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction | None:
         if isinstance(action, CreateReplica):
-            return CreatePod(pod_manifest(job, uid, action.role, action.index, command=self.command))
+            return CreatePod(self._pod(job, uid, action.role, action.index))
         if isinstance(action, DeleteReplica):
             return DeletePod(action.name, action.reason)
         if isinstance(action, CreateIngressPolicy) and not job.uses_ps:
@@ -111,3 +151,18 @@ class Renderer:
             peer = None if self.operator_peer is None else dict(self.operator_peer)
             return CreateNetworkPolicy(network_policy_manifest(job, uid, peer))
         return action
+
+
+def _with_groups(
+    rendered: list[ClusterAction], groups: tuple[GroupObject, ...], job: TrainingJob, uid: str
+) -> list[ClusterAction]:
+    """``rendered`` with the policy's group objects created right before its first pod, and
+    deleted right after a status patch that ends the job (see the module doc)."""
+    out = list(rendered)
+    first_pod = next((i for i, r in enumerate(out) if isinstance(r, CreatePod)), None)
+    if first_pod is not None:
+        out[first_pod:first_pod] = [CreateGroup(g.plural, group_manifest(job, uid, g)) for g in groups]
+    ends = next((i for i, r in enumerate(out) if isinstance(r, SetStatus) and r.status.get("phase") in FINISHED), None)
+    if ends is not None:
+        out[ends + 1 : ends + 1] = [DeleteGroup(g.api_version, g.plural, g.kind, g.name) for g in groups]
+    return out

@@ -24,7 +24,7 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
 * ``JoinRound`` (PS 0 of a sync job, which hosts the coordinator: ``joiner``): the worker writes
   it behind its push here, so it is taken once that push is staged, and waits for the round in the
   connection's thread; a pull written behind it is answered as soon as the round is committed. The
-  coordinator's answer is the same as over gRPC (``CoordinatorServicer.join_waiting``); waiting
+  coordinator's answer is the same as over gRPC (``coordinator/bulk.py``, ``BulkJoins``); waiting
   joins are bounded by the connections (``max_push_streams``); another PS answers UNIMPLEMENTED;
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).

@@ -36,6 +36,8 @@ from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.curves import open_curves
+from elasticps.coordinator.bulk import BulkJoins
+from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
@@ -271,7 +273,7 @@ def run(config: PSConfig) -> int:
     servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
     add_ps_to_server(servicer, server)
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
-    coordinator: CoordinatorServicer | None = None
+    coordinator: Coordinator | None = None
     if config.ps_id == 0:
         try:
             settings = queue_settings(config.data, config.training, config.prediction, config.output)
@@ -285,7 +287,7 @@ def run(config: PSConfig) -> int:
         rounds, shards = rounds_and_shards(config, store, stopped, metrics)
         t = config.training
         journals = Journals(Path(t.checkpoint_dir) / "coordinator", 2 * t.keep_checkpoint_max) if t.checkpoint_dir else None
-        coordinator = CoordinatorServicer(
+        coordinator = Coordinator(
             settings,
             version_fn=lambda: store.version,
             journal=journal,
@@ -296,14 +298,13 @@ def run(config: PSConfig) -> int:
             checkpoint_dir=t.checkpoint_dir,
             output=config.output,
             curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
-            limits=config.limits,
             staleness=metrics.staleness_counts,
         )
-        add_coordinator(coordinator, server)
+        add_coordinator(CoordinatorServicer(coordinator, config.limits), server)
         coordinator.start()
     bulk_server: BulkServer | None = None
     if config.bulk_port >= 0:
-        joiner = coordinator.join_waiting if coordinator is not None else None  # joins behind pushes to PS 0
+        joiner = BulkJoins(coordinator) if coordinator is not None else None  # joins behind pushes to PS 0
         bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port, joiner)
         servicer.bulk_port = bulk_server.port
         bulk_server.start()

@@ -51,7 +51,7 @@ from elasticps.ps.optimizers import finite
 from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
-from elasticps.ps.embedding_wire import ids_of, spec_of
+from elasticps.rpc.embedding_wire import ids_of, spec_of
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.rpc import edges, frames, receiving
 from elasticps.rpc.limits import ServerLimits, Slots

@@ -1,6 +1,6 @@
 """The bulk channel: a PS's tensor streams over a plain TCP connection, gRPC kept for the rest.
 
-Callers: the PS's bulk server (``ps/bulk.py``) and the PS client (``ps/client.py``), for
+Callers: the PS's bulk server (``ps/bulk.py``) and the PS client (``psclient/client.py``), for
 ``PushGradients`` and ``PullDense`` (the model's bytes each step); every other call, and these two
 whenever the channel cannot be used, stays on gRPC. The bytes are those of the gRPC path's frames
 (``rpc/frames.py``), so one set of rules reads them, with a length before each:

@@ -1,7 +1,7 @@
 """Wakes calls waiting on an event loop when another thread says something changed.
 
 Callers: the PS servicer (long-polling pulls wait for the model's version to move; the store's
-update threads announce it) and the coordinator servicer (joins wait for a round to close; the
+update threads announce it) and the coordinator's engine (joins wait for a round to close; the
 ticker and the committing threads announce it). A waiting call is a future on the loop, not a
 thread: hundreds of them cost next to nothing.
 

@@ -5,7 +5,7 @@ unchanged; only TensorFlow is replaced, so a process holds dozens of workers as 
 sees the calls a real job makes. The model is small (a few KB) and its gradients are deterministic
 (a function of the minibatch's records), so a run is about protocol and concurrency, not arithmetic.
 
-Each shard holds (placed by size, ``ps/sharding.py``: one tensor of each role per shard, as the
+Each shard holds (placed by size, ``psclient/sharding.py``: one tensor of each role per shard, as the
 placement of this model, which :func:`layout` reads, puts them; nothing is big enough to be split):
 
 * a matrix and a vector, whose gradients are small and finite;
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.client import RowGrads
-from elasticps.ps.sharding import TensorInfo, place
+from elasticps.api.embedding import RowGrads
+from elasticps.psclient.sharding import TensorInfo, place
 
 FEATURES = 4  # columns of the records :func:`records` writes
 MATRIX_SHAPE = (16, 8)
@@ -108,7 +108,7 @@ def records(count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class NumpyTrainer:
-    """``worker.ports.Trainer`` without TensorFlow (see the module's docstring)."""
+    """``backends.api.Trainer`` without TensorFlow (see the module's docstring)."""
 
     def __init__(self, num_shards: int, minibatch_size: int) -> None:
         self._minibatch_size = minibatch_size

@@ -47,7 +47,8 @@ from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.data.readers import ReaderOptions, open_reader
 from elasticps.files import write_atomically
-from elasticps.ps.client import PSClient, Pushed, RowGrads
+from elasticps.api.embedding import RowGrads
+from elasticps.psclient.client import PSClient, Pushed
 from elasticps.tools.fake_trainer import NumpyTrainer
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.training import Worker

@@ -34,7 +34,7 @@ from elasticps.api.flags import data_args, training_args
 from elasticps.api.spec import DataReader, DataSpec, TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.main import ROUND_LOG_ENV
 from elasticps.tools.fake_trainer import records
 

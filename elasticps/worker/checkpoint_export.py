@@ -2,21 +2,23 @@
 
 For a job that failed late or was stopped, or one without ``spec.output``: every PS shard's
 checkpoint folder (``<checkpointDir>/ps-<i>``, or the folder holding them) and the job's YAML give
-the same ``model.keras``, ``saved_model/``, ``job.json`` and ``metrics.json`` a finished job writes
-(``exporting.py``). The version is the newest one every shard has a good checkpoint of (or the one
-asked for); the model is built from the job's model module on one training record, as a worker
-builds it, and every checkpointed tensor is assigned to the model variable of its name.
+the same model files (``model.keras`` and ``saved_model/`` for Keras), ``job.json`` and
+``metrics.json`` a finished job writes (``exporting.py``). The version is the newest one every
+shard has a good checkpoint of (or the one asked for); the model is built by the job's framework
+backend (``spec.model.framework``, :meth:`~elasticps.backends.api.Backend.export_model`) from the
+model module on one training record, as a worker builds it, and every checkpointed tensor is
+assigned to the model variable of its name.
 
 Checkpoint keys (``ps/checkpointing.py``): each table's entries under its own prefix (the dense
 table's ``var/<variable path>``), the optimizer's under ``opt/``. Optimizer entries are skipped;
 every other entry must name a model variable, trainable or not, after its table prefix; the row
-slices of a variable split over shards (``<name>#rows<start>:<stop>``, ``ps/sharding.py``) are
+slices of a variable split over shards (``<name>#rows<start>:<stop>``, ``psclient/sharding.py``) are
 joined first, and must cover its rows exactly once (:func:`join_slices`). A trainable
 variable no shard holds is an error; a non-trainable one (a seed, a statistic the PS does not keep)
 keeps its initial value, and is named on stderr.
 
-Callers: ``cli.py`` only, which imports this module when the command runs (it imports TensorFlow
-through ``keras_trainer``, lazily as well). Every problem raises :class:`ExportProblem`, one line.
+Callers: ``cli.py`` only, which imports this module when the command runs (the backend, and its
+framework, are imported when an export is made). Every problem raises :class:`ExportProblem`, one line.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import numpy as np
 
 from elasticps.api.output import exported_job
 from elasticps.api.spec import TrainingJob
+from elasticps.backends.api import ModelError, Variable
 from elasticps.ps import checkpoint
-from elasticps.ps.sharding import parse_slice
+from elasticps.psclient.sharding import parse_slice
 from elasticps.worker.exporting import Exporter, metrics_document
 
 OPTIMIZER_PREFIX = "opt/"  # the optimizer's entries in a checkpoint (slots, step counts)
@@ -40,12 +43,6 @@ OPTIMIZER_PREFIX = "opt/"  # the optimizer's entries in a checkpoint (slots, ste
 
 class ExportProblem(Exception):
     """Why no export can be assembled (a bad folder, job, checkpoint or model); one line."""
-
-
-@dataclass(frozen=True)
-class Variable:
-    shape: tuple[int, ...]
-    trainable: bool
 
 
 def shard_folders(paths: Sequence[Path]) -> list[Path]:
@@ -159,34 +156,29 @@ def match(tensors: Mapping[str, np.ndarray], variables: Mapping[str, Variable]) 
 
 def export_from_checkpoints(paths: Sequence[Path], job: TrainingJob, out: str, version: int | None = None) -> int:
     """Writes the export of the newest common checkpointed version into ``out``; returns that version."""
+    from elasticps.backends.registry import backend_for
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
-    from elasticps.worker import keras_trainer
-    from elasticps.worker.model_loading import ModelError, load_model_module
 
     folders = shard_folders(paths)
     found_version, found = newest_common(folders, version)
     tensors = model_tensors(found, folders)
     spec = job.spec
-    import keras
-
-    keras.utils.clear_session()  # layer names as a worker's first model has them (no _1 suffixes)
     try:
-        module = load_model_module(spec.model.model_def)
-        trainer = keras_trainer.KerasTrainer(module, spec.model.params, spec.training.minibatch_size)
-        trainer.build(*open_reader(spec.data.reader, spec.data.training, ReaderOptions.of(spec.data)).read(0, 1))
+        backend = backend_for(spec.model.framework)
+        module = backend.load_model(spec.model.model_def)
+        features, labels = open_reader(spec.data.reader, spec.data.training, ReaderOptions.of(spec.data)).read(0, 1)
+        model = backend.export_model(module, spec.model.params, spec.training.minibatch_size, features, labels)
     except (ModelError, DataError) as err:
         raise ExportProblem(str(err)) from None
-    variables = {v.path: v for v in trainer.model.variables}
-    shapes = {name: Variable(tuple(int(d) for d in v.shape), bool(v.trainable)) for name, v in variables.items()}
-    assigned, untouched = match(tensors, shapes)
+    assigned, untouched = match(tensors, model.variables())
     for name, value in assigned.items():
-        variables[name].assign(np.asarray(value, dtype=variables[name].dtype))
+        model.assign(name, value)
     if untouched:
         print(f"elasticps export: not in the checkpoints, left at their initial values: {untouched}", file=sys.stderr)
     exporter = Exporter(out, exported_job(job.name, spec.model, spec.data, spec.training, spec.output))
     metrics = metrics_document(None, found_version, True, source="checkpoints", checkpoints=[str(f) for f in folders])
     try:
-        exporter.write(trainer.export, found_version, True, metrics)
+        exporter.write(model.export, found_version, True, metrics)
     except OSError as err:
         raise ExportProblem(f"{out}: cannot write: {err}") from None
     return found_version

@@ -24,10 +24,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Behind, Pulled, Pushed, ShardsUninitialized
+from elasticps.psclient.client import Behind, Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
-from elasticps.worker.ports import PSClientLike, Trainer
+from elasticps.backends.api import Trainer
+from elasticps.worker.ports import PSClientLike
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def paced_gradients(trainer: Trainer, x: Any, y: Any, pace: Pace | None, counter
 
 class Ahead(Protocol):
     """A pull whose answer the next pull takes: one started early (a future) or one sent behind a
-    push (``ps.client.Behind``)."""
+    push (``psclient.client.Behind``)."""
 
     def result(self) -> Pulled: ...
 
@@ -154,7 +155,7 @@ class LocalModel:
         """The pulls behind ``pushed`` are not wanted (sync: its round did not count it)."""
         self._reading = None
         if pushed.behind is not None:
-            pushed.behind.cancel()  # their reading, if under way, ends (ps.client.Dropped)
+            pushed.behind.cancel()  # their reading, if under way, ends (psclient.client.Dropped)
 
     def _background(self) -> ThreadPoolExecutor:
         if self._ahead_pool is None:

@@ -40,7 +40,7 @@ from elasticps.api.flags import (
 )
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.output import exported_job
-from elasticps.api.spec import DataSpec, DecentralizedSpec, ModelSpec, PredictionSpec, Strategy, TrainingSpec
+from elasticps.api.spec import DataSpec, DecentralizedSpec, Framework, ModelSpec, PredictionSpec, Strategy, TrainingSpec
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
@@ -63,8 +63,7 @@ EXIT_GRACE_S = 15.0
 class WorkerConfig:
     worker_id: int
     ps_addrs: tuple[str, ...]
-    model_def: str
-    model_params: dict[str, Any]
+    model: ModelSpec
     data: DataSpec
     num_threads: int
     metrics_port: int
@@ -98,7 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer_port", type=int, default=0,
         help="decentralized: the port this worker's Peer service listens on (0: the port of its own --peer_addrs entry)",
     )
-    parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.zoo.mnist_cnn")
+    parser.add_argument("--model_def", required=True, help="model module, e.g. elasticps.backends.keras.zoo.mnist_cnn")
+    parser.add_argument(
+        "--framework", default=Framework.KERAS.value, choices=[f.value for f in Framework],
+        help="what the model module is written for (spec.model.framework)",
+    )
     parser.add_argument("--model_params", default="{}", help="JSON object of keyword arguments for custom_model()")
     parser.add_argument(
         "--num_threads",
@@ -151,8 +154,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(
         worker_id=args.worker_id,
         ps_addrs=addrs,
-        model_def=args.model_def,
-        model_params=params,
+        model=ModelSpec(model_def=args.model_def, framework=Framework(args.framework), params=params),
         data=data_from_args(args),
         num_threads=args.num_threads,
         metrics_port=args.metrics_port,
@@ -251,10 +253,11 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
-    from elasticps.ps.client import ModelMismatch, PSClient
+    from elasticps.psclient.client import ModelMismatch, PSClient
     from elasticps.api.optimizer import OptimizerError
-    from elasticps.worker import keras_trainer
-    from elasticps.worker.model_loading import Metadata, ModelError, load_model_module
+    from elasticps.backends.api import ModelError, TrainerOptions
+    from elasticps.backends.registry import backend_for
+    from elasticps.model_contract import Metadata
     from prometheus_client import REGISTRY, start_http_server
 
     from elasticps.storage import OutputError, check_output
@@ -264,8 +267,9 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
 
     name = f"worker-{config.worker_id}"
     try:
-        keras_trainer.configure_threads(config.num_threads or available_cpus())
-        module = load_model_module(config.model_def)
+        backend = backend_for(config.model.framework)
+        backend.configure_threads(config.num_threads or available_cpus())
+        module = backend.load_model(config.model.model_def)
         data, options = config.data, ReaderOptions.of(config.data)
         training = open_reader(data.reader, data.training, options) if data.training else None
         validation = open_reader(data.reader, data.validation, options) if data.validation else None
@@ -276,18 +280,17 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
         mode = TrainingMode.of(config.training)
         # Embedding tables live on the PS in the modes that push gradients; a decentralized
         # worker keeps them local (its model is its own), LocalSGD refuses them below.
-        trainer = keras_trainer.KerasTrainer(
-            module,
-            config.model_params,
+        trainer_options = TrainerOptions(
             config.training.minibatch_size,
             seed=config.worker_id * 7919,
             learning_rate=config.training.learning_rate,
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
+        trainer = backend.trainer(module, config.model.params, trainer_options)
         if trainer.tables() and mode.rule is UpdateRule.LOCAL_SGD:
             raise ModelError(
-                f"{config.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
+                f"{config.model.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
                 "LocalSGD averages whole models every few steps: drop spec.training.localSGDSteps"
             )
         problem = TrainingMode.of(config.training).optimizer_problem(
@@ -367,9 +370,8 @@ def _exporter(config: WorkerConfig) -> Exporter | None:
     """Where an export task's model goes, and the job.json it carries (None: the job has no output)."""
     if not config.output or config.prediction.standalone:
         return None
-    model = ModelSpec(model_def=config.model_def, params=dict(config.model_params))
     name = config.job_name or "trainingjob"
-    return Exporter(config.output, exported_job(name, model, config.data, config.training, config.output))
+    return Exporter(config.output, exported_job(name, config.model, config.data, config.training, config.output))
 
 
 def _serve_health(port: int) -> grpc.Server:

@@ -36,7 +36,7 @@ from elasticps.rpc.channels import create_channel
 from elasticps.worker.local_model import Counters, paced_gradients
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
-from elasticps.worker.ports import Trainer
+from elasticps.backends.api import Trainer
 
 log = logging.getLogger(__name__)
 

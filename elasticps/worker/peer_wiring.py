@@ -22,7 +22,7 @@ from elasticps.worker.local_model import Counters
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
 from elasticps.worker.peer_model import HopStep, PeerModel
-from elasticps.worker.ports import Trainer
+from elasticps.backends.api import Trainer
 
 PEER_THREADS = 4
 

@@ -2,8 +2,9 @@
 
 The training loop (``training.py``), the local model (``local_model.py``) and the steps
 (``steps.py``) are written against these, never against the concrete classes: ``worker/main.py``
-plugs in :class:`elasticps.ps.client.PSClient`, :class:`elasticps.coordinator.client.CoordinatorClient`
-and :class:`elasticps.worker.keras_trainer.KerasTrainer`; the unit tests plug in in-memory fakes.
+plugs in :class:`elasticps.psclient.client.PSClient`, :class:`elasticps.coordinator.client.CoordinatorClient`
+and a framework backend's trainer (:class:`elasticps.backends.api.Trainer`, the protocol the loop
+drives, lives with the backends); the unit tests plug in in-memory fakes.
 Each protocol lists exactly the members the worker calls, no more, so a client may change its
 insides (sharding, retries, transport) freely as long as these stay.
 """
@@ -19,7 +20,8 @@ import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Pulled, Pushed, RowGrads
+from elasticps.api.embedding import RowGrads
+from elasticps.psclient.client import Pulled, Pushed
 
 
 class PSClientLike(Protocol):
@@ -104,34 +106,3 @@ class RoundsLike(Protocol):
     def join_round(
         self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
     ) -> pb.JoinReply: ...
-
-
-class Trainer(Protocol):
-    """The model on this worker (``KerasTrainer``): TensorFlow stays behind this protocol.
-
-    Tensors are numpy arrays named by variable; ``x``/``y`` are whatever ``batches`` yields.
-    ``state``/``assign_state``: the model's non-trainable floating-point variables (BatchNorm
-    statistics), which the PS keeps beside the trainable ones (``weights``/``assign``).
-    Labels are ``None`` for records that carry their own (serialized examples): the model
-    module's data function takes them out.
-    """
-
-    def build(self, features: np.ndarray, labels: np.ndarray | None) -> None: ...
-    def weights(self) -> dict[str, np.ndarray]: ...
-    def assign(self, tensors: Mapping[str, np.ndarray]) -> None: ...
-    def state(self) -> dict[str, np.ndarray]: ...
-    def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None: ...
-    def optimizer_config(self, learning_rate: float) -> OptimizerConfig: ...
-    def batches(self, features: np.ndarray, labels: np.ndarray | None, mode: str) -> Iterator[tuple[Any, Any]]: ...
-    def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
-        """Prepares the gradient step (TensorFlow: traces it) on one minibatch of these records,
-        changing neither the weights nor the state."""
-    def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None: ...
-    def row_gradients(self) -> Mapping[str, RowGrads]:
-        """Each served embedding table's row gradients from the last :meth:`gradients` (none: ``{}``)."""
-    def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]: ...
-    def predict(self, features: np.ndarray, labels: np.ndarray | None) -> Any:
-        """The model's outputs for the records in inference mode, one row per record (numpy)."""
-    def export(self, directory: Path) -> None:
-        """Writes the model as it is now into ``directory``: ``model.keras`` and ``saved_model/``."""

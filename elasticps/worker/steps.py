@@ -37,7 +37,7 @@ import numpy as np
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Pushed
+from elasticps.psclient.client import Pushed
 from elasticps.worker.local_model import LocalModel
 from elasticps.worker.ports import RoundsLike
 

@@ -26,7 +26,7 @@ talks to the PS: the trainer loaded that model (``worker/main.py``) and the loop
 writes it again from the start. An export the output refuses (writing the files raises: a missing
 bucket, a path under a file, no credentials) is no reason to exit: the worker reports it failed
 with ``export_failed`` and the error, and asks for its next task; the coordinator hands it out a
-bounded number of times, then fails the job with that error (``coordinator/tasks.py``).
+bounded number of times, then fails the job with that error (``coordinator/tasks/export.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.worker.cpu import cpu_seconds
 from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
-from elasticps.worker.ports import CoordinatorLike, PSClientLike, Trainer
+from elasticps.backends.api import Trainer
+from elasticps.worker.ports import CoordinatorLike, PSClientLike
 from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.pacing import Pace
 from elasticps.worker.peer_model import HopStep, PeerModel

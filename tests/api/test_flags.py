@@ -233,7 +233,7 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
             "kind": "TrainingJob",
             "metadata": {"name": "j"},
             "spec": {
-                "model": {"modelDef": "elasticps.zoo.mlp", "params": {"hidden": 8}},
+                "model": {"modelDef": "elasticps.backends.keras.zoo.mlp", "params": {"hidden": 8}},
                 "data": {"training": "/d/train.npz", "validation": "/d/val.npz", "reader": "npz"},
                 "training": {"useAsync": True, "lrStalenessModulation": True, "getModelFrequency": 3, "learningRate": 0.2},
                 "worker": {"replicas": 3},
@@ -260,7 +260,7 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     worker_main.add_arguments(parser)
     wconfig = worker_main.config_from_args(parser.parse_args(list(worker.args[1:])))
     assert wconfig.training == expected
-    assert (wconfig.ps_addrs, wconfig.model_def, wconfig.model_params) == (("a:1", "b:2"), "elasticps.zoo.mlp", {"hidden": 8})
+    assert (wconfig.ps_addrs, wconfig.model.model_def, wconfig.model.params) == (("a:1", "b:2"), "elasticps.backends.keras.zoo.mlp", {"hidden": 8})
     assert wconfig.data == job.spec.data
 
 

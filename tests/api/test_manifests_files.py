@@ -68,6 +68,9 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
         ("", "pods", "create"), ("", "services", "create"), ("", "events", "create"),
         ("networking.k8s.io", "networkpolicies", "create"),
     },  # fmt: skip
+    # A scheduling policy's group objects (a PodGroup ...): the policy that makes them brings their
+    # RBAC rule; the built-in policy ``none`` makes none, so nothing is needed for it.
+    "delete": set(),
     "delete_pod": {("", "pods", "delete")},
     "delete_pods": {("", "pods", "deletecollection")},
     "patch_job_status": {("elasticps.io", "trainingjobs/status", "patch")},

@@ -41,7 +41,7 @@ metadata:
 spec:
   image: registry.example/elasticps:1.2
   model:
-    modelDef: elasticps.zoo.mlp
+    modelDef: elasticps.backends.keras.zoo.mlp
     params: {hidden: [64, 32], dropout: 0.1}
   data:
     training: /data/train.npz
@@ -92,7 +92,7 @@ def test_minimal_job_gets_every_default() -> None:
         name="mnist",
         namespace="default",
         spec=TrainingJobSpec(
-            model=ModelSpec(model_def="elasticps.zoo.mnist_cnn", params={}),
+            model=ModelSpec(model_def="elasticps.backends.keras.zoo.mnist_cnn", params={}),
             data=DataSpec(training="/data/mnist/train", validation="", reader=DataReader.IDX),
             image="elasticps:latest",
             training=TrainingSpec(),
@@ -118,7 +118,7 @@ def test_full_job_in_camel_case() -> None:
     assert (job.name, job.namespace) == ("ctr-async-2", "ml-team")
     s = job.spec
     assert s.image == "registry.example/elasticps:1.2"
-    assert s.model == ModelSpec("elasticps.zoo.mlp", {"hidden": [64, 32], "dropout": 0.1})
+    assert s.model == ModelSpec("elasticps.backends.keras.zoo.mlp", {"hidden": [64, 32], "dropout": 0.1})
     assert s.data == DataSpec("/data/train.npz", "/data/validation.npz", DataReader.NPZ)
     assert s.training == TrainingSpec(
         use_async=True,

@@ -373,7 +373,7 @@ def test_what_the_schema_accepts_parse_job_accepts() -> None:
         "metadata": {"name": "ctr", "namespace": "ml"},
         "spec": {
             "image": "registry.example/elasticps:1.2",
-            "model": {"modelDef": "elasticps.zoo.mlp", "params": {"hidden": [64, 32]}},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mlp", "params": {"hidden": [64, 32]}},
             "data": {"training": "/d/train.npz", "validation": "/d/val.npz", "reader": "npz"},
             "training": {"useAsync": True, "lrStalenessModulation": True, "getModelFrequency": 4},
             "ps": {"replicas": 2, "restartPolicy": "ExitCode", "resources": {"requests": {"cpu": "2"}}},

@@ -39,7 +39,7 @@ def test_each_elasticps_system_gets_its_mode_on_one_ps_and_two_workers(key: str,
     assert (spec.training.use_async, spec.training.lr_staleness_modulation) == (use_async, staleness)
     assert (spec.training.evaluation_steps, spec.training.checkpoint_steps, spec.output) == (0, 0, "")
     assert (spec.training.minibatch_size, spec.training.learning_rate, spec.training.num_epochs) == (64, 0.02, 2)
-    assert spec.model.model_def == "elasticps.zoo.mnist_cnn"
+    assert spec.model.model_def == "elasticps.backends.keras.zoo.mnist_cnn"
 
 
 def test_derive_leaves_the_document_alone_and_the_peer_keeps_the_jobs_mode() -> None:
@@ -55,7 +55,7 @@ def test_derive_leaves_the_document_alone_and_the_peer_keeps_the_jobs_mode() -> 
 
 def test_every_system_shares_the_settings_of_the_job() -> None:
     assert peer_jobs.settings(peer_jobs.derive(example(), peer_jobs.SYNC)) == {
-        "model_def": "elasticps.zoo.mnist_cnn",
+        "model_def": "elasticps.backends.keras.zoo.mnist_cnn",
         "training": "../shared/data/mnist/train",
         "validation": "../shared/data/mnist/t10k",
         "minibatch": 64,

@@ -34,7 +34,7 @@ def test_an_async_run_gives_every_figure_from_its_own_answers(tmp_path: Path) ->
         "kind": "TrainingJob",
         "metadata": {"name": "peer-runs"},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.mlp"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mlp"},
             "data": {"reader": "npz", "training": str(train), "validation": str(validation)},
             "training": {"minibatchSize": 32, "recordsPerTask": 300, "numEpochs": 2, "evaluationSteps": 20},
             "ps": {"replicas": 2},

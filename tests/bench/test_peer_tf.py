@@ -11,7 +11,7 @@ from bench.peer_tf import REPO, cluster_spec, cpu_seconds, own_cpu_seconds, peer
 
 def test_the_async_example_gives_its_model_data_minibatch_lr_and_epochs() -> None:
     job = peer_job(REPO / "examples" / "mnist-async.yaml", None)
-    assert job.model_def == "elasticps.zoo.mnist_cnn"
+    assert job.model_def == "elasticps.backends.keras.zoo.mnist_cnn"
     assert (job.reader, job.training, job.validation) == ("idx", "../shared/data/mnist/train", "../shared/data/mnist/t10k")
     assert (job.minibatch, job.epochs, job.learning_rate) == (64, 2, 0.02)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from elasticps.coordinator.tasks import QueueSettings, TaskQueue
+from elasticps.coordinator.tasks.base import QueueSettings
+from elasticps.coordinator.tasks.queue import TaskQueue
 
 
 class Clock:

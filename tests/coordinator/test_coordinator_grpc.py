@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.coordinator.engine import Coordinator as Engine
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
-from elasticps.coordinator.tasks import QueueSettings
+from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 
 
@@ -27,7 +28,7 @@ class Coordinator:
     def __init__(self, start: Callable[..., int], settings: QueueSettings) -> None:
         self.version = 0
         self.clock = Clock()
-        servicer = CoordinatorServicer(settings, version_fn=lambda: self.version, clock=self.clock)
+        servicer = CoordinatorServicer(Engine(settings, version_fn=lambda: self.version, clock=self.clock))
         self.address = f"127.0.0.1:{start(lambda s: add_coordinator(servicer, s))}"
         self.clients: list[CoordinatorClient] = []
 
@@ -171,8 +172,8 @@ def test_get_task_without_a_worker_name_is_invalid_argument(make_coordinator: Ca
 
 def test_an_export_refused_every_attempt_is_the_jobs_export_error(grpc_servers: Callable[..., int]) -> None:
     settings = QueueSettings(num_records=10, records_per_task=10, num_epochs=1, export=True, export_attempts=2)
-    servicer = CoordinatorServicer(settings, version_fn=lambda: 1, output="s3://nope/models/tj",
-                                   checkpoint_dir="/ckpt", checkpoint_steps=5)  # fmt: skip
+    servicer = CoordinatorServicer(Engine(settings, version_fn=lambda: 1, output="s3://nope/models/tj",
+                                          checkpoint_dir="/ckpt", checkpoint_steps=5))  # fmt: skip
     address = f"127.0.0.1:{grpc_servers(lambda s: add_coordinator(servicer, s))}"
     worker = CoordinatorClient(address, worker="w1", deadline_s=30.0, timeout_s=30.0)
     try:

@@ -7,7 +7,8 @@ import json
 
 from queue_kit import Clock, make_queue
 
-from elasticps.coordinator.tasks import ExportFailure, Finished, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks.base import ExportFailure, Finished, Task, TaskKind, Wait
+from elasticps.coordinator.tasks.queue import TaskQueue
 
 
 DEFAULTS: dict[str, object] = {"num_records": 40, "records_per_task": 10, "num_epochs": 1, "export": True}

@@ -10,7 +10,8 @@ import pytest
 
 from queue_kit import Clock, make_queue
 
-from elasticps.coordinator.tasks import Finished, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks.base import Finished, Task, TaskKind, Wait
+from elasticps.coordinator.tasks.queue import TaskQueue
 
 
 DEFAULTS: dict[str, object] = {

@@ -12,12 +12,13 @@ import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import Shards, ShardView
-from elasticps.coordinator.tasks import QueueSettings
+from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.main import LocalShard
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -53,7 +54,7 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
     links = [LocalShard(stores[0]), Replaceable(stores[1])]
     shards = Shards(links)
     journals = Journals(tmp_path / "coordinator", keep=6)
-    servicer = CoordinatorServicer(
+    engine = Coordinator(
         QueueSettings(num_records=100, records_per_task=1, num_epochs=1, task_timeout=600.0),
         version_fn=lambda: stores[0].version,
         rounds=Rounds(grads_to_wait=1),
@@ -61,11 +62,12 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
         journals=journals,
         checkpoint_steps=STEPS,
     )
+    servicer = CoordinatorServicer(engine)
     port = grpc_servers(lambda s: add_coordinator(servicer, s))
     worker = CoordinatorClient(f"127.0.0.1:{port}", worker="w", deadline_s=20.0, timeout_s=20.0)
     try:
-        servicer.start()
-        wait_for(lambda: servicer._ready.is_set())
+        engine.start()
+        wait_for(lambda: engine.ready)
         done_at: dict[int, int] = {}  # version -> records done when the round making it committed
         held_at: dict[int, list[dict[str, np.ndarray]]] = {}
         current = [stores[1]]
@@ -100,7 +102,7 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
         assert restarted.version == 40 and restarted.boot != stores[1].boot
         links[1].link = LocalShard(restarted)
         current[0] = restarted
-        wait_for(lambda: servicer.rollbacks == 1)
+        wait_for(lambda: engine.rollbacks == 1)
 
         for store in (stores[0], restarted):
             assert (store.version, store.incarnation) == (40, 1)
@@ -130,6 +132,6 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
         assert status.finished and status.records_done == 100
         assert [s.version for s in (stores[0], restarted)] == [40 + 100 - done_at[40]] * 2
     finally:
-        servicer.stop()
+        engine.stop()
         worker.close()
         shards.close()

@@ -18,18 +18,20 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.coordinator.bulk import BulkJoins
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.coordinator.engine import Coordinator
 from elasticps.api.modes import LocalSGD
 from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardView
-from elasticps.coordinator.tasks import QueueSettings
+from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.bulk import BulkServer
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -117,14 +119,15 @@ def make_job(grpc_servers: Callable[..., int], tmp_path: Path) -> Iterator[Calla
         settings = QueueSettings(
             num_records=num_records, records_per_task=records_per_task, num_epochs=num_epochs, task_timeout=task_timeout
         )
-        servicer = CoordinatorServicer(
+        engine = Coordinator(
             settings, version_fn=lambda: stores[0].version, clock=clock, rounds=rounds, shards=shards
         )
+        servicer = CoordinatorServicer(engine)
         port = grpc_servers(lambda s: add_coordinator(servicer, s))
-        job = SyncJob(stores, addresses, f"127.0.0.1:{port}", servicer, rounds, logs, [servicer.stop, shards.close])
+        job = SyncJob(stores, addresses, f"127.0.0.1:{port}", servicer, rounds, logs, [engine.stop, shards.close])
         if bulk:
             for i, (store, measured, ps_servicer) in enumerate(zip(stores, metrics, ps_servicers)):
-                joiner = servicer.join_waiting if i == 0 else None
+                joiner = BulkJoins(engine) if i == 0 else None
                 server = BulkServer(store, measured, ServerLimits(), "127.0.0.1", 0, joiner)
                 server.start()
                 ps_servicer.bulk_port = server.port
@@ -146,10 +149,10 @@ def recover(servicer: CoordinatorServicer, ticker: bool = True) -> None:
     ``ticker`` its ticker thread is started and does that first; without, the first recovery is run
     here, in this thread, and no ticker runs (tests that move a fake clock decide when rounds close)."""
     if ticker:
-        servicer.start()
+        servicer.engine.start()
     else:
-        servicer._first_recovery()
-    assert servicer._ready.wait(20), "the coordinator never became ready"
+        servicer.engine.first_recovery()
+    assert servicer.engine.wait_ready(20), "the coordinator never became ready"
 
 
 def train(job: SyncJob, worker: str, trained: list[str], records_per_minibatch: int = 1,
@@ -353,7 +356,8 @@ def test_a_round_a_shard_cannot_take_is_aborted_and_its_members_refused(make_job
 
 
 def test_join_round_of_an_async_job_is_failed_precondition(grpc_servers: Callable[..., int]) -> None:
-    servicer = CoordinatorServicer(QueueSettings(num_records=4, records_per_task=4, num_epochs=1), version_fn=lambda: 0)
+    settings = QueueSettings(num_records=4, records_per_task=4, num_epochs=1)
+    servicer = CoordinatorServicer(Coordinator(settings, version_fn=lambda: 0))
     port = grpc_servers(lambda s: add_coordinator(servicer, s))
     client = CoordinatorClient(f"127.0.0.1:{port}", worker="w0", deadline_s=5.0, timeout_s=5.0)
     try:
@@ -367,9 +371,7 @@ def test_join_round_of_an_async_job_is_failed_precondition(grpc_servers: Callabl
 
 def test_sync_rounds_need_shards() -> None:
     with pytest.raises(ValueError, match="shards"):
-        CoordinatorServicer(
-            QueueSettings(num_records=4, records_per_task=4, num_epochs=1), version_fn=lambda: 0, rounds=Rounds()
-        )
+        Coordinator(QueueSettings(num_records=4, records_per_task=4, num_epochs=1), version_fn=lambda: 0, rounds=Rounds())
 
 
 def test_a_leaving_worker_lets_the_round_close_without_it(make_job: Callable[..., SyncJob]) -> None:
@@ -456,12 +458,13 @@ def test_the_status_names_a_shard_that_restarted_and_lost_its_model(grpc_servers
         store.initialize({"w": np.zeros(2, dtype=np.float32)}, SGD)
     links = [Replaceable(store) for store in stores]
     shards = Shards(links)
-    servicer = CoordinatorServicer(
+    engine = Coordinator(
         QueueSettings(num_records=4, records_per_task=4, num_epochs=1),
         version_fn=lambda: stores[0].version,
         rounds=Rounds(grads_to_wait=1),
         shards=shards,
     )
+    servicer = CoordinatorServicer(engine)
     port = grpc_servers(lambda s: add_coordinator(servicer, s))
     client = CoordinatorClient(f"127.0.0.1:{port}", worker="observer", deadline_s=5.0, timeout_s=5.0)
     try:
@@ -474,9 +477,9 @@ def test_the_status_names_a_shard_that_restarted_and_lost_its_model(grpc_servers
         assert list(second.shard_versions) == [0, 0]
         assert "PS shards [1] restarted without a checkpoint" in second.shard_problem
         assert "lost their model" in second.shard_problem
-        assert servicer.rollbacks == 0  # nothing to roll back to: the workers repair it
+        assert engine.rollbacks == 0  # nothing to roll back to: the workers repair it
     finally:
-        servicer.stop()
+        engine.stop()
         client.close()
         shards.close()
 
@@ -487,21 +490,23 @@ def test_a_lone_shard_repaired_by_a_worker_is_followed_at_the_workers_version() 
     store = ParameterStore(StoreSettings(shard=0))
     shards = Shards([LocalShard(store)])
     rounds = Rounds(grads_to_wait=1)
-    servicer = CoordinatorServicer(
+    engine = Coordinator(
         QueueSettings(num_records=4, records_per_task=4, num_epochs=1),
         version_fn=lambda: store.version,
         rounds=rounds,
         shards=shards,
     )
+    servicer = CoordinatorServicer(engine)
     try:
         recover(servicer)
         assert rounds.version == 0
         store.initialize({"w": np.zeros(2, dtype=np.float32)}, SGD, version=7)  # the worker's repair
         wait_for(lambda: rounds.version == 7)
-        assert "a worker's copy of version 7 replaced it" in servicer._shard_problem
+        assert "a worker's copy of version 7 replaced it" in engine.shard_problem
         assert store.push({"w": np.ones(2, dtype=np.float32)}, 7, worker="w").accepted
-        with servicer._rounds_changed:
+        assert engine.sync is not None
+        with engine.sync.lock:
             assert rounds.join("w", 7, live=1).value == "admitted"
     finally:
-        servicer.stop()
+        engine.stop()
         shards.close()

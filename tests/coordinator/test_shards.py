@@ -11,9 +11,9 @@ import pytest
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.shards import RemoteShard, RoundAborted, ShardRefused, Shards, ShardView
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import place, tensor_infos
+from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 SGD = OptimizerConfig("sgd", {"learning_rate": 0.5})

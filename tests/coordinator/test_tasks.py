@@ -9,7 +9,8 @@ import pytest
 
 from queue_kit import Clock, make_queue
 
-from elasticps.coordinator.tasks import Finished, QueueSettings, Task, TaskKind, TaskQueue, Wait
+from elasticps.coordinator.tasks.base import Finished, QueueSettings, Task, TaskKind, Wait
+from elasticps.coordinator.tasks.queue import TaskQueue
 
 
 DEFAULTS: dict[str, object] = {"num_records": 100, "records_per_task": 10, "num_epochs": 1}

@@ -106,7 +106,7 @@ def run_job(tmp_path: Path, data: str) -> subprocess.CompletedProcess[str]:
         kind: TrainingJob
         metadata: {{name: bad-data}}
         spec:
-          model: {{modelDef: elasticps.zoo.mlp}}
+          model: {{modelDef: elasticps.backends.keras.zoo.mlp}}
           data: {data}
         """))
     run_dir = tmp_path / "run"

@@ -2,7 +2,7 @@
 ``reader: tfrecord``: the model module of the object-store end-to-end test (``test_object_store_job.py``).
 
 Loaded by the test's workers as ``--model_def examples_net`` (the test puts this folder on PYTHONPATH).
-The contract is ElasticDL's, as ``elasticps.zoo.mnist_functional``'s: ``dataset_fn`` parses the
+The contract is ElasticDL's, as ``elasticps.backends.keras.zoo.mnist_functional``'s: ``dataset_fn`` parses the
 records, the labels travel inside them.
 """
 

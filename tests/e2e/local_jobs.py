@@ -34,7 +34,7 @@ def job_document(name: str, train: Path, validation: Path, **training: object) -
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.mlp"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mlp"},
             "data": {"reader": "npz", "training": str(train), "validation": str(validation)},
             "training": {"minibatchSize": 32, "recordsPerTask": 400, "numEpochs": 2, **training},
             "ps": {"replicas": 2},

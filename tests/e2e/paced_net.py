@@ -1,4 +1,4 @@
-"""``elasticps.zoo.mlp`` with a floor under each training task's time: the model module of the tests
+"""``elasticps.backends.keras.zoo.mlp`` with a floor under each training task's time: the model module of the tests
 that must act on a job while it is still training (``test_local_changes.py``'s scaling), whatever
 the machine's speed.
 
@@ -14,8 +14,8 @@ from typing import Any
 import tensorflow as tf
 
 from elasticps.model_contract import Mode
-from elasticps.zoo.mlp import custom_model, eval_metrics_fn, loss, optimizer
-from elasticps.zoo.mlp import feed as mlp_feed
+from elasticps.backends.keras.zoo.mlp import custom_model, eval_metrics_fn, loss, optimizer
+from elasticps.backends.keras.zoo.mlp import feed as mlp_feed
 
 __all__ = ["custom_model", "eval_metrics_fn", "feed", "loss", "optimizer"]
 

@@ -52,7 +52,7 @@ def run_job(tmp_path: Path, hop: list[str], slowdown: str = "", kill_at: int = 0
         def start(i: int) -> subprocess.Popen[str]:
             return elasticps(
                 "worker", f"--worker_id={i}", "--strategy=decentralized", f"--coordinator_addr={address}",
-                f"--peer_addrs={peers}", "--model_def=elasticps.zoo.mlp", *training, *hop, cwd=tmp_path)
+                f"--peer_addrs={peers}", "--model_def=elasticps.backends.keras.zoo.mlp", *training, *hop, cwd=tmp_path)
 
         workers.extend(start(i) for i in range(WORKERS))
         status = CoordinatorClient(address, worker="test")

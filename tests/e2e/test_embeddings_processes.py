@@ -53,7 +53,7 @@ def job(tmp_path: Path, name: str, output: str = "", **training: object) -> Path
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.deepfm", "params": {"dim": 4, "hidden": [16]}},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.deepfm", "params": {"dim": 4, "hidden": [16]}},
             "data": {"reader": "criteo", "training": f"{data}[0:{TRAIN}]", "validation": f"{data}[{TRAIN}:]"},
             "training": {"minibatchSize": 64, "recordsPerTask": 600, "numEpochs": 2, "learningRate": 0.02,
                          **training},
@@ -104,8 +104,8 @@ def test_deepfm_on_two_ps_holds_exactly_the_rows_of_its_ids_learns_and_exports_t
     # The export holds every row the shards held, and predicts as the job's last evaluation did.
     import keras
 
-    from elasticps.layers import Embedding
-    from elasticps.zoo import deepfm
+    from elasticps.backends.keras.layers import Embedding
+    from elasticps.backends.keras.zoo import deepfm
 
     model = keras.models.load_model(tmp_path / "model" / "model.keras")
     held = {layer.spec.name: layer.held for layer in model.layers if isinstance(layer, Embedding)}

@@ -27,7 +27,7 @@ import numpy as np
 import keras
 import tensorflow as tf
 from elasticps.data.readers import open_reader
-from elasticps.zoo import mnist_cnn
+from elasticps.backends.keras.zoo import mnist_cnn
 
 folder, prefix = sys.argv[1], sys.argv[2]
 reader = open_reader("idx", prefix)

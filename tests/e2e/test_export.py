@@ -27,7 +27,7 @@ import json, sys
 import numpy as np
 import keras
 import tensorflow as tf
-from elasticps.zoo import mlp
+from elasticps.backends.keras.zoo import mlp
 
 folder, validation = sys.argv[1], sys.argv[2]
 data = np.load(validation)
@@ -48,7 +48,7 @@ print(json.dumps({"accuracy": accuracy, "max_serve_difference": float(np.max(np.
 SLOW_MODEL = r'''
 import os, time
 import keras
-from elasticps.zoo.mlp import loss, optimizer, feed, eval_metrics_fn  # noqa: F401
+from elasticps.backends.keras.zoo.mlp import loss, optimizer, feed, eval_metrics_fn  # noqa: F401
 
 MARKER = os.environ["SLOW_EXPORT_MARKER"]
 
@@ -185,7 +185,7 @@ def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data:
     """Async shards count their own pushes: one push that reached only shard 1 (as from a worker
     killed between its pushes to the two shards) leaves their versions apart for good. The job
     still ends, with the model exported under the oldest shard's version."""
-    from elasticps.ps.client import PSClient
+    from elasticps.psclient.client import PSClient
 
     out = tmp_path / "model"
     document = job_document("apart", *data, useAsync=True)

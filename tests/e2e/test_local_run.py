@@ -112,7 +112,7 @@ def test_a_failing_worker_fails_the_job_with_the_reason_and_its_log(
 ) -> None:
     document = job_document("broken", *data)
     spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
-    spec["model"] = {"modelDef": "elasticps.zoo.no_such_model"}  # the worker exits 2: a user error
+    spec["model"] = {"modelDef": "elasticps.backends.keras.zoo.no_such_model"}  # the worker exits 2: a user error
     spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, **worker}
     spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "All"}  # the tail survives its deletion
     code, stderr, result = run_job(tmp_path, document)

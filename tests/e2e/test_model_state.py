@@ -17,8 +17,8 @@ import pytest
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.ps import checkpoint
-from elasticps.ps.client import PSClient
-from elasticps.ps.sharding import Placement, TensorInfo, place
+from elasticps.psclient.client import PSClient
+from elasticps.psclient.sharding import Placement, TensorInfo, place
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import json, sys
 import numpy as np
 import keras
 import tensorflow as tf
-from elasticps.zoo import mlp
+from elasticps.backends.keras.zoo import mlp
 
 folder, records = sys.argv[1], sys.argv[2]
 data = np.load(records)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 
 from local_jobs import write_data
 
@@ -80,7 +80,7 @@ def test_worker_serves_health_while_training(tmp_path: Path) -> None:
             time.sleep(0.05)
         worker = subprocess.Popen(
             [sys.executable, "-m", "elasticps", "worker", f"--ps_addrs=127.0.0.1:{int(port_file.read_text())}",
-             "--model_def=elasticps.zoo.mlp", "--data_reader=npz", f"--training_data={train}",
+             "--model_def=elasticps.backends.keras.zoo.mlp", "--data_reader=npz", f"--training_data={train}",
              f"--health_port={health_port}", "--num_epochs=20"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )

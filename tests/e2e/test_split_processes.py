@@ -18,7 +18,7 @@ import pytest
 from bench.ps_processes import PSProcesses as Shards
 from local_jobs import write_data
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.client import ModelMismatch, PSClient
+from elasticps.psclient.client import ModelMismatch, PSClient
 
 pytestmark = pytest.mark.slow
 

@@ -47,7 +47,7 @@ class Training:
             time.sleep(0.05)
         self.address = f"127.0.0.1:{port_file.read_text().strip()}"
         self.worker = start(
-            ["worker", f"--ps_addrs={self.address}", "--model_def=elasticps.zoo.mlp", "--minibatch_size=32", *data],
+            ["worker", f"--ps_addrs={self.address}", "--model_def=elasticps.backends.keras.zoo.mlp", "--minibatch_size=32", *data],
             tmp_path / "worker.log",
         )
         self.status = CoordinatorClient(self.address, worker="test")

@@ -1,5 +1,5 @@
 """The ElasticDL-style example's path end to end, small: `elasticps run` of a job with
-``reader: tfrecord`` and ``elasticps.zoo.mnist_functional`` (a dict input, BatchNormalization,
+``reader: tfrecord`` and ``elasticps.backends.keras.zoo.mnist_functional`` (a dict input, BatchNormalization,
 ``dataset_fn`` parsing ``tf.train.Example``), 2 PS + 2 workers, over a few hundred generated
 records in the module's layout, read from a glob under ``~`` as ``examples/mnist-tfrecord.yaml``
 reads MNIST; it trains, evaluates, checkpoints BatchNorm's statistics and exports."""
@@ -33,7 +33,7 @@ def images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_records(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
-    from elasticps.zoo.mnist_functional import example  # TensorFlow, for tf.train.Example
+    from elasticps.backends.keras.zoo.mnist_functional import example  # TensorFlow, for tf.train.Example
 
     path.write_bytes(b"".join(frame(example(image, int(label))) for image, label in zip(pixels, labels)))
 
@@ -54,7 +54,7 @@ def test_a_tfrecord_job_of_the_zoo_module(tmp_path: Path, monkeypatch: pytest.Mo
         "metadata": {"name": "zootfr"},
         "spec": {
             "output": "model",
-            "model": {"modelDef": "elasticps.zoo.mnist_functional"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mnist_functional"},
             "data": {"reader": "tfrecord", "training": "~/data/train-*.tfrecord", "validation": "~/data/test.tfrecord"},
             "training": {"minibatchSize": 16, "numEpochs": 3, "recordsPerTask": 160, "checkpointSteps": 10},
             "ps": {"replicas": 2},

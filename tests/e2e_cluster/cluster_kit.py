@@ -101,7 +101,7 @@ def phases(pods: list[dict[str, Any]]) -> dict[str, str]:
 def training_job(name: str, workers: int = 2, n_ps: int = 1, **spec: Any) -> dict[str, Any]:
     """A small valid TrainingJob; ``spec`` entries are merged over the defaults one level deep."""
     body: dict[str, Any] = {
-        "model": {"modelDef": "elasticps.zoo.mlp"},
+        "model": {"modelDef": "elasticps.backends.keras.zoo.mlp"},
         "data": {"training": "/data/train"},
         "ps": {"replicas": n_ps},
         "worker": {"replicas": workers},

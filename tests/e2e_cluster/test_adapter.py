@@ -15,7 +15,11 @@ from elasticps.operator.cluster_api import ApiError
 from elasticps.operator.counting import RequestCounter, describe
 from elasticps.operator.executing import JobRef, Outcome, execute
 from elasticps.operator.observing import observe_pod, coordinator_running
-from elasticps.operator.rendering import CreateNetworkPolicy, CreatePod, CreateService, DeletePod
+from elasticps.api.spec import SchedulingPolicy, TrainingJob
+from elasticps.operator.rendering import (
+    CreateGroup, CreateNetworkPolicy, CreatePod, CreateService, DeleteGroup, DeletePod, Renderer,
+)  # fmt: skip
+from elasticps.operator.scheduling import GroupObject, PodDecoration
 from elasticps.planning.actions import Event, Recheck, SetStatus
 from elasticps.planning.observed import PodPhase
 from elasticps.planning.progress import job_progress
@@ -405,3 +409,86 @@ def test_a_finished_job_is_not_resynced_but_still_served_on_request() -> None:
         return passes
 
     assert len(asyncio.run(scenario()).calls) == 2
+
+
+# ---- scheduling policies: the executor creates and deletes their group objects --------------------------
+class GroupApi(FakeApi):
+    def delete(self, namespace: str, plural: str, api_version: str, name: str) -> bool:
+        self.calls.append((f"delete {plural}", f"{api_version} {name}"))
+        if name in self.refuse:
+            raise self.refuse[name]
+        return name in self.existing
+
+
+GROUP = CreateGroup("podgroups", {"apiVersion": "scheduling.example.io/v1", "kind": "PodGroup", "metadata": {"name": "tj"}})
+
+
+def test_the_group_is_created_before_anything_else_of_the_pass() -> None:
+    api = GroupApi()
+    actions = [CreateNetworkPolicy({"metadata": {"name": "tj-ps"}}), GROUP, pod_action("tj-ps-0", "ps"), SetStatus({"phase": "Created"})]
+    outcome = execute(actions, api, JobRef("ns", "tj", UID), {}, now=0.0)  # type: ignore[arg-type]
+    assert [c for c in api.calls if c[0] != "create events"] == [
+        ("patch status", "['phase']"), ("create podgroups", "tj"), ("create networkpolicies", "tj-ps"), ("create pods", "tj-ps-0"),
+    ]  # fmt: skip
+    assert [e[1:] for e in api.events][:2] == [("SuccessfulCreatePodGroup", "Created PodGroup: tj"),
+                                               ("SuccessfulCreateNetworkPolicy", "Created network policy: tj-ps")]  # fmt: skip
+    assert outcome == Outcome()
+    again = GroupApi(existing=("tj",))  # a later pass: 409, no Event, no retry
+    assert execute([GROUP], again, JobRef("ns", "tj", UID), {}, now=0.0) == Outcome()  # type: ignore[arg-type]
+    assert again.events == []
+
+
+def test_a_group_the_api_refuses_is_retried_and_reported() -> None:
+    api = GroupApi(refuse={"tj": ApiError(404, "NotFound", "the server could not find the requested resource")})
+    outcome = execute([GROUP, pod_action("tj-ps-0", "ps")], api, JobRef("ns", "tj", UID), {}, now=0.0)  # type: ignore[arg-type]
+    assert outcome.retry and "creating PodGroup tj" in outcome.errors[0]
+    assert ("FailedCreatePodGroup", "Error creating PodGroup tj: the server could not find the requested resource") in [e[1:] for e in api.events]
+
+
+def test_the_group_of_a_finished_job_is_deleted() -> None:
+    api = GroupApi(existing=("tj",))
+    delete = DeleteGroup("scheduling.example.io/v1", "podgroups", "PodGroup", "tj")
+    actions = [SetStatus({"phase": "Succeeded"}), delete, DeletePod("tj-worker-0", "cleanPodPolicy All")]
+    assert execute(actions, api, JobRef("ns", "tj", UID), {}, now=0.0) == Outcome()  # type: ignore[arg-type]
+    assert [c for c in api.calls if c[0] != "create events"] == [
+        ("delete pods", "tj-worker-0@"), ("delete podgroups", "scheduling.example.io/v1 tj"), ("patch status", "['phase']"),
+    ]  # fmt: skip
+    assert ("SuccessfulDeletePodGroup", "Deleted PodGroup tj: the job finished.") in [e[1:] for e in api.events]
+    gone = GroupApi()  # already deleted: no Event
+    assert execute([delete], gone, JobRef("ns", "tj", UID), {}, now=0.0) == Outcome() and gone.events == []  # type: ignore[arg-type]
+    failing = GroupApi(refuse={"tj": ApiError(500, "InternalError", "etcd")})
+    assert execute([delete], failing, JobRef("ns", "tj", UID), {}, now=0.0).retry  # type: ignore[arg-type]
+    assert [e[1] for e in failing.events] == ["FailedDeletePodGroup"]
+
+
+class OneGroup:
+    """A test-only policy: every pod goes to ``gang`` and waits at a gate; one PodGroup per job."""
+
+    def pod(self, job: TrainingJob, role: Role, index: int) -> PodDecoration:
+        return PodDecoration(scheduler_name="gang", labels={"group": job.name}, scheduling_gates=("example.io/admit",))
+
+    def groups(self, job: TrainingJob) -> tuple[GroupObject, ...]:
+        return (GroupObject("podgroups", {"apiVersion": "scheduling.example.io/v1", "kind": "PodGroup", "metadata": {"name": job.name}}),)
+
+
+class CreatedApi(JobApi):
+    def __init__(self, spec: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        super().__init__(spec, pods)
+        self.manifests: dict[str, dict[str, Any]] = {}
+
+    def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
+        self.manifests[manifest["metadata"].get("name", "")] = manifest
+        return super().create(namespace, plural, manifest)
+
+
+def test_a_pass_under_a_policy_creates_its_group_then_its_decorated_pods() -> None:
+    spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}, "worker": {"replicas": 1}}
+    api = CreatedApi(spec, [])
+    renderer = Renderer(policies={SchedulingPolicy.NONE: OneGroup()})
+    Reconcile(api, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9, renderer=renderer)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+    creates = [c for c in api.calls if c[0].startswith("create") and c[0] != "create events"]
+    assert creates[0] == ("create podgroups", "tj") and ("create pods", "tj-worker-0") in creates
+    assert api.manifests["tj"]["metadata"]["ownerReferences"][0]["uid"] == UID
+    pod = api.manifests["tj-worker-0"]
+    assert pod["spec"]["schedulerName"] == "gang" and pod["spec"]["schedulingGates"] == [{"name": "example.io/admit"}]
+    assert pod["metadata"]["labels"]["group"] == "tj"

@@ -72,7 +72,7 @@ def test_a_short_local_job_inside_the_image(docker_env: dict[str, str], tmp_path
         "kind": "TrainingJob",
         "metadata": {"name": "in-image"},
         "spec": {
-            "model": {"modelDef": "elasticps.zoo.mlp"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mlp"},
             "data": {"reader": "npz", "training": "/data/train.npz", "validation": "/data/validation.npz"},
             "training": {"numEpochs": 2, "recordsPerTask": 500, "minibatchSize": 32},
             "ps": {"replicas": 2},

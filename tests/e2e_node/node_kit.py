@@ -166,7 +166,7 @@ def mnist_job(name: str, data: Path, *, use_async: bool = False, workers: int = 
         "metadata": {"name": name},
         "spec": {
             "image": IMAGE,
-            "model": {"modelDef": "elasticps.zoo.mnist_cnn"},
+            "model": {"modelDef": "elasticps.backends.keras.zoo.mnist_cnn"},
             "data": {"reader": "idx", "training": "/data/mnist/train", "validation": "/data/mnist/t10k"},
             "training": {
                 "useAsync": use_async, "learningRate": 0.05, "minibatchSize": 64, "numEpochs": epochs,

@@ -23,9 +23,9 @@ from bench.malformed import INVALID, OK, Target, push_head, stream, t
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps import routes
+from elasticps.psclient import routes
 from elasticps.ps.bulk import BulkServer
-from elasticps.ps.client import Behind, Dropped, PSClient, Pulled
+from elasticps.psclient.client import Behind, Dropped, PSClient, Pulled
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps

@@ -1,7 +1,7 @@
 """Sync joins over PS 0's bulk channel (``ps/bulk.py`` with a joiner): a worker writes its join behind
 its push, and the pull behind the join; the coordinator's answers are the ones gRPC gives.
 
-The job here is one sync shard with a real store, the coordinator servicer committing rounds on it
+The job here is one sync shard with a real store, the coordinator's engine committing rounds on it
 in-process (as ``ps/main.py`` wires PS 0), and no coordinator gRPC server at all: every join that is
 answered went over the bulk channel."""
 
@@ -21,12 +21,14 @@ from elasticps.api.modes import LocalSGD, TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
+from elasticps.coordinator.bulk import BulkJoins
+from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.shards import Shards
-from elasticps.coordinator.tasks import QueueSettings
+from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.bulk import BulkServer
-from elasticps.ps.client import PSClient, Pushed
+from elasticps.psclient.client import PSClient, Pushed
 from elasticps.ps.main import LocalShard
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
@@ -43,7 +45,7 @@ JOIN_CASES = [name for name, case in COORD_CASES.items() if case.method == "Join
 class Job:
     address: str  # PS 0's gRPC address (DescribeShard tells clients its bulk port)
     store: ParameterStore
-    coordinator: CoordinatorServicer
+    coordinator: CoordinatorServicer  # over the engine that PS 0's bulk channel joins reach too
     rounds: Rounds
     server: BulkServer
 
@@ -63,19 +65,20 @@ def make_job(grpc_servers: Callable[..., int]) -> Iterator[Callable[..., Job]]:
         store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=rule)))
         metrics = PSMetrics(CollectorRegistry(), 0)
         rounds = Rounds(grads_to_wait=grads_to_wait, periods=periods)
-        coordinator = CoordinatorServicer(
+        engine = Coordinator(
             QueueSettings(num_records=64, records_per_task=8, num_epochs=1),
             version_fn=lambda: store.version,
             rounds=rounds if sync else None,
             shards=Shards([LocalShard(store, metrics)]) if sync else None,
         )
         if sync:
-            coordinator._first_recovery()  # ready: the shard was asked what it holds
-        server = BulkServer(store, metrics, ServerLimits(), "127.0.0.1", 0, coordinator.join_waiting if joins else None)
+            engine.first_recovery()  # ready: the shard was asked what it holds
+        coordinator = CoordinatorServicer(engine)
+        server = BulkServer(store, metrics, ServerLimits(), "127.0.0.1", 0, BulkJoins(engine) if joins else None)
         server.start()
         servicer = ParameterServerServicer(store, metrics=metrics)
         servicer.bulk_port = server.port
-        stops.extend([server.stop, coordinator.stop])
+        stops.extend([server.stop, engine.stop])
         job = Job(f"127.0.0.1:{grpc_servers(lambda s: add_ps(servicer, s))}", store, coordinator, rounds, server)
         setup = PSClient([job.address], worker="setup", deadline_s=10, timeout_s=10)
         setup.push_model(MODEL, OptimizerConfig("sgd", {"learning_rate": LR}))
@@ -166,9 +169,10 @@ def test_a_bad_join_over_the_bulk_channel_gets_the_grpc_status_and_the_rounds_ar
     job = make_job(grads_to_wait=1, sync=spec.sync or not case.startswith("join: async"))
     code, _ = malformed.bulk_call(job.server.port, "JoinRound", spec.request)
     assert code is spec.code
-    if job.coordinator._rounds is None:
+    sync = job.coordinator.engine.sync
+    if sync is None:
         return
-    assert job.rounds.version == 0 and job.coordinator._joined == {}
+    assert job.rounds.version == 0 and sync.joined == {}
     client = job.client("w0")  # and the next join, behind a push, is counted
     try:
         reply = push(client, 0.1, "m").behind.join(pb.JoinRequest(worker="w0", version=0, wait_ms=5_000))  # type: ignore[union-attr]

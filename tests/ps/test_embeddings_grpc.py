@@ -17,7 +17,8 @@ from elasticps.api.embedding import TableSpec, initial_rows
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient, RowGrads
+from elasticps.api.embedding import RowGrads
+from elasticps.psclient.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc import frames

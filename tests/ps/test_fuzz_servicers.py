@@ -26,13 +26,15 @@ from bench.malformed import (
     model_head, push_head, stream, t,
 )  # fmt: skip
 from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.coordinator.engine import Coordinator as Engine
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import Shards, ShardView
-from elasticps.coordinator.tasks import MAX_COUNT, QueueSettings, TaskQueue
+from elasticps.coordinator.tasks.base import MAX_COUNT, QueueSettings
+from elasticps.coordinator.tasks.queue import TaskQueue
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -490,7 +492,7 @@ def make_coordinator(grpc_servers: Callable[..., int]) -> Iterator[Callable[[boo
         settings = QueueSettings(num_records=40, records_per_task=10, num_epochs=2, validation_records=10,
                                  evaluation_steps=1)  # fmt: skip
         rounds, shards = (Rounds(), Shards([StillShard()])) if sync else (None, None)
-        servicer = CoordinatorServicer(settings, version_fn=lambda: 0, rounds=rounds, shards=shards)
+        servicer = CoordinatorServicer(Engine(settings, version_fn=lambda: 0, rounds=rounds, shards=shards))
         address = f"127.0.0.1:{grpc_servers(lambda s: add_coordinator(servicer, s))}"
         coordinator = Coordinator(create_channel(address))
         made.append(coordinator)
@@ -545,11 +547,11 @@ def test_150_waiting_joins_starve_no_coordinator_call_and_one_more_is_resource_e
     grpc_servers: Callable[..., int]
 ) -> None:
     settings = QueueSettings(num_records=40, records_per_task=10, num_epochs=2)
-    servicer = CoordinatorServicer(settings, version_fn=lambda: 0, rounds=Rounds(grads_to_wait=1000),
-                                   shards=Shards([StillShard()]), limits=ServerLimits(max_long_polls=150))  # fmt: skip
+    engine = Engine(settings, version_fn=lambda: 0, rounds=Rounds(grads_to_wait=1000), shards=Shards([StillShard()]))
+    servicer = CoordinatorServicer(engine, ServerLimits(max_long_polls=150))
     address = f"127.0.0.1:{grpc_servers(lambda s: add_coordinator(servicer, s))}"
     c, joiners = Coordinator(create_channel(address)), create_channel(address)
-    servicer.start()
+    engine.start()
     try:
         until(lambda: c.call("GetTask", pb.GetTaskRequest(worker="w1").SerializeToString())[0] is OK)
         join = joiners.unary_unary(f"/{COORDINATOR}/JoinRound", IDENT, IDENT)
@@ -567,12 +569,12 @@ def test_150_waiting_joins_starve_no_coordinator_call_and_one_more_is_resource_e
         status = c.status()
         assert_sane(status)
         assert status.records_done == 10
-        servicer.stop()  # the waiting joins answer PENDING at once
+        engine.stop()  # the waiting joins answer PENDING at once
         replies = [pb.JoinReply.FromString(j.result(timeout=60)) for j in joins]
         assert {r.outcome for r in replies} == {pb.JOIN_OUTCOME_PENDING}
         assert servicer.waiting_joins == 0
     finally:
-        servicer.stop()
+        engine.stop()
         joiners.close()
         c.channel.close()
 

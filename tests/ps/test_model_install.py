@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.client import ModelMismatch, PSClient
+from elasticps.psclient.client import ModelMismatch, PSClient
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
 from elasticps.ps.store import ParameterStore, StoreSettings

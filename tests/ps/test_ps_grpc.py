@@ -18,11 +18,11 @@ import pytest
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
-from elasticps.ps.client import ModelMismatch, PSClient, Pulled, ShardsUninitialized
+from elasticps.psclient.client import ModelMismatch, PSClient, Pulled, ShardsUninitialized
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import Piece, Placed, Placement, place, tensor_infos
+from elasticps.psclient.sharding import Piece, Placed, Placement, place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server

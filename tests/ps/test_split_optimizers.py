@@ -8,7 +8,7 @@ import pytest
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.ps.sharding import place, tensor_infos
+from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 
 OPTIMIZERS = [

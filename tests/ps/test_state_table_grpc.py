@@ -16,9 +16,9 @@ import pytest
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import PSClient
+from elasticps.psclient.client import PSClient
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
-from elasticps.ps.sharding import place, tensor_infos
+from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
 

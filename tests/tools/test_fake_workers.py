@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticps.ps.sharding import place, tensor_infos
+from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.tools.fake_trainer import NumpyTrainer, counters, initial_model, layout, records
 from elasticps.tools.scale_job import summarize
 

@@ -12,7 +12,8 @@ import yaml
 
 from elasticps import cli
 from elasticps.ps import checkpoint
-from elasticps.worker.checkpoint_export import ExportProblem, Variable, join_slices, match
+from elasticps.backends.api import Variable
+from elasticps.worker.checkpoint_export import ExportProblem, join_slices, match
 
 SHAPES = {"mlp/dense/kernel": (8, 16), "mlp/dense/bias": (16,), "mlp/dense_1/kernel": (16, 2), "mlp/dense_1/bias": (2,)}
 SHARD_OF = {"mlp/dense/kernel": 0, "mlp/dense/bias": 1, "mlp/dense_1/kernel": 1, "mlp/dense_1/bias": 0}
@@ -46,7 +47,7 @@ def job(tmp_path: Path) -> Path:
         "apiVersion": "elasticps.io/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": "tiny"},
-        "spec": {"model": {"modelDef": "elasticps.zoo.mlp"}, "data": {"reader": "npz", "training": str(tmp_path / "train.npz")}},
+        "spec": {"model": {"modelDef": "elasticps.backends.keras.zoo.mlp"}, "data": {"reader": "npz", "training": str(tmp_path / "train.npz")}},
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -183,7 +184,7 @@ def test_match_takes_non_trainable_state_and_skips_what_the_ps_does_not_keep() -
 
 
 def test_row_slices_of_a_split_variable_are_joined_and_gaps_refused() -> None:
-    """Checkpoints of shards that each hold row slices of a variable (``ps/sharding.py``)."""
+    """Checkpoints of shards that each hold row slices of a variable (``psclient/sharding.py``)."""
     kernel = np.arange(40, dtype=np.float32).reshape(10, 4)
     tensors = {
         "var/mlp/dense/kernel#rows5:10": kernel[5:],

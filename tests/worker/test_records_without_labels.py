@@ -1,5 +1,5 @@
 """Records that carry their own labels (serialized tf.train.Example, labels None) through the
-ElasticDL-style zoo module ``elasticps.zoo.mnist_functional``: the trainer's batches, gradients and
+ElasticDL-style zoo module ``elasticps.backends.keras.zoo.mnist_functional``: the trainer's batches, gradients and
 evaluation, and the worker's loop counting records when features are a dict."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import worker_fakes
 from elasticps.api.modes import TrainingMode
 from elasticps.api.spec import TrainingSpec
-from elasticps.worker.keras_trainer import KerasTrainer
+from elasticps.backends.keras.trainer import KerasTrainer
 from elasticps.worker.metrics import WorkerMetrics
-from elasticps.worker.model_loading import load_model_module
+from elasticps.backends.keras.model_loading import load_model_module
 from elasticps.worker.training import Worker, records_in
-from elasticps.zoo.mnist_functional import example
+from elasticps.backends.keras.zoo.mnist_functional import example
 from prometheus_client import CollectorRegistry
 from worker_fakes import FakeCoordinator, FakePS, evaluation_task, training_task
 
@@ -61,7 +61,7 @@ def data() -> ExampleReader:
 
 
 def trainer(minibatch: int = 16) -> KerasTrainer:
-    return KerasTrainer(load_model_module("elasticps.zoo.mnist_functional"), {}, minibatch_size=minibatch)
+    return KerasTrainer(load_model_module("elasticps.backends.keras.zoo.mnist_functional"), {}, minibatch_size=minibatch)
 
 
 def test_batches_parse_the_records_into_named_features_and_labels(data: ExampleReader) -> None:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.ps.client import Dropped
+from elasticps.psclient.client import Dropped
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.modes import LocalSGD

@@ -34,10 +34,11 @@ from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.spec import TrainingSpec
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.ps.client import Dropped, Pulled, Pushed, ShardsUninitialized
+from elasticps.psclient.client import Dropped, Pulled, Pushed, ShardsUninitialized
 from elasticps.worker.exporting import Exporter
 from elasticps.worker.metrics import WorkerMetrics
-from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike, Trainer
+from elasticps.backends.api import Trainer
+from elasticps.worker.ports import CoordinatorLike, PSClientLike, RoundsLike
 from elasticps.worker.local_model import Counters, LocalModel
 from elasticps.worker.training import Prediction, Worker
 from prometheus_client import CollectorRegistry
@@ -88,7 +89,7 @@ class LandingFuture(Future[Pushed]):
 
 
 class FakeBehind:
-    """A pull sent behind a push (``ps.client.Behind``): answered when first read, as a shard
+    """A pull sent behind a push (``psclient.client.Behind``): answered when first read, as a shard
     answers once the push is done (sync: once the round is committed), and recorded as
     ``("behind", versions)``; ``("behind_dropped", versions)`` when dropped unread."""
 

@@ -1,0 +1,159 @@
+"""Sync rounds as the coordinator drives them: joins admitted, rounds committed on every shard.
+
+``rounds.py`` decides (pure); this module acts on its decisions. A join looks at the rounds
+(:meth:`SyncRounds.join_step`): it first commits a round that is due, then asks to join with the
+worker's gradient, or, once joined, whether its round counted it. A round that reaches its quorum
+is committed on every shard (``shards.py``) by the thread that closed it, under the rounds' lock,
+so rounds are applied one at a time and in order; every commit, abort and reset notifies
+:attr:`SyncRounds.changes`, which wakes the waiting joins (``rpc/waking.py``). At every
+``checkpoint_steps``-th version the ledger is saved beside the shards' checkpoints
+(``journal.py``): what a rollback (``watching.py``) goes back to.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from enum import Enum
+
+import grpc
+
+from elasticps.coordinator.journal import Journals
+from elasticps.coordinator.ledger import Ledger
+from elasticps.coordinator.rounds import Admission, Period, Rounds
+from elasticps.coordinator.shards import RoundAborted, ShardRefused, Shards
+from elasticps.rpc.waking import Changes
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(Enum):
+    COMMITTED = "committed"  # the worker's gradient is in a committed round
+    REFUSED = "refused"  # not taken: the worker pulls and trains that minibatch again
+    PENDING = "pending"  # its round is still open: the worker asks again
+
+
+@dataclass(frozen=True)
+class Join:
+    """A worker asks to count the gradient it staged on every shard, computed on ``version``."""
+
+    worker: str
+    version: int
+    period: Period | None = None  # LocalSGD: the period the gradient ends
+
+
+@dataclass(frozen=True)
+class JoinAnswer:
+    outcome: Outcome
+    version: int  # the rounds' version
+    local_steps: int = 0  # committed, LocalSGD: the workers' next period
+
+
+class CommitFailed(Exception):
+    """A shard did not commit a closed round (it refused, or could not be reached)."""
+
+
+class SyncRounds:
+    def __init__(
+        self, rounds: Rounds, shards: Shards, ledger: Ledger, journals: Journals | None, checkpoint_steps: int
+    ) -> None:
+        self.rounds = rounds
+        self.shards = shards
+        self._ledger = ledger
+        self._journals = journals
+        self._checkpoint_steps = checkpoint_steps
+        self.lock = threading.Condition()  # guards rounds and joined (a lock: joins wait on changes)
+        self.changes = Changes()  # notified per commit, abort, recovery and tick: waiting joins look again
+        self.joined: dict[str, tuple[int, int]] = {}  # worker -> (version computed on, round joined)
+        self.shard_problem = ""  # what the status says about shards that lost their model
+        self.incarnation = 0  # bumped by every rollback; saved with the ledger
+
+    def join_step(self, join: Join) -> tuple[JoinAnswer | None, int]:
+        """One look at the rounds for a join: commits a round that is due, admits the worker's
+        gradient; its answer, or None while its round is open, and the rounds' version.
+        :class:`CommitFailed` when a due round could not be committed."""
+        rounds, worker, version = self.rounds, join.worker, join.version
+        with self.lock:
+            while True:
+                try:
+                    self.advance_locked()
+                except (ShardRefused, grpc.RpcError) as err:
+                    log.warning("round %d could not be committed: %s", rounds.version, err)
+                    raise CommitFailed(str(err)) from err
+                joined = self.joined.get(worker)
+                if joined is None or joined[0] != version:  # a new gradient: ask to join
+                    with self._ledger.lock:
+                        self._ledger.queue.heartbeat(worker)
+                        live = len(self._ledger.queue.live_workers())
+                    admission = rounds.join(worker, version, live, join.period)
+                    if admission is Admission.REFUSED:
+                        return JoinAnswer(Outcome.REFUSED, rounds.version), rounds.version
+                    if admission is Admission.ADMITTED:
+                        self.joined[worker] = (version, rounds.version)
+                        continue  # the join may complete the quorum
+                else:
+                    counted = rounds.counted(worker, joined[1])
+                    if counted is True:
+                        committed = JoinAnswer(Outcome.COMMITTED, rounds.version, rounds.period_after(joined[1]))
+                        return committed, rounds.version
+                    if counted is False or not rounds.is_member(worker):  # taken out: its task went back
+                        del self.joined[worker]  # its next gradient, even of this version, may join
+                        return JoinAnswer(Outcome.REFUSED, rounds.version), rounds.version
+                return None, rounds.version
+
+    def advance(self) -> None:
+        """Closes and commits the open round if it is due (from any thread, logging failures)."""
+        with self.lock:
+            try:
+                self.advance_locked()
+            except (ShardRefused, grpc.RpcError) as err:
+                log.warning("round %d could not be committed: %s", self.rounds.version, err)
+
+    def advance_locked(self) -> None:
+        rounds = self.rounds
+        with self._ledger.lock:
+            for worker in self._ledger.queue.take_requeued_workers():
+                rounds.drop(worker)
+            can_train = self._ledger.queue.can_train()
+        closed = rounds.closing or rounds.due(can_train)
+        if closed is None:
+            return
+        try:
+            versions = self.shards.commit(closed.round, closed.members)
+        except RoundAborted as err:
+            # Checked before anything was applied: the round is dropped, its members train again.
+            log.warning("round %d aborted: %s", closed.round, err)
+            rounds.abort(closed)
+            self.changes.notify()
+            return
+        rounds.committed(closed)
+        if any(v != rounds.version for v in versions):
+            self.shard_problem = f"after round {closed.round} the shards are at versions {versions}"
+            log.error("%s", self.shard_problem)
+        self._save_ledger(rounds.version)
+        self.changes.notify()
+
+    def reset(self, version: int) -> None:
+        """The rounds go on from ``version`` (after a recovery or a repair); joins start over.
+        Under :attr:`lock`."""
+        self.rounds.reset(version)
+        self.joined.clear()
+
+    @property
+    def local_steps(self) -> int:
+        """LocalSGD: the workers' current period (0 in other modes). Read without the rounds'
+        lock, which a commit holds through its calls to every shard: one int, for display."""
+        periods = self.rounds.periods
+        return 0 if periods is None else periods.current
+
+    def _save_ledger(self, version: int) -> None:
+        """At a version the shards checkpoint, the ledger too: what a rollback to it goes back to."""
+        steps = self._checkpoint_steps
+        if self._journals is None or steps <= 0 or version % steps:
+            return
+        state = {**self._ledger.state(), "incarnation": self.incarnation}
+        try:
+            self._journals.write(version, state)
+        except OSError as err:
+            log.error("cannot save the ledger at version %d: %s", version, err)

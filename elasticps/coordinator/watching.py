@@ -1,0 +1,108 @@
+"""Shard watching and recovery (sync): every shard and the ledger at one version, again and again.
+
+At start-up (PS 0 may have restarted) and whenever a shard restarts (its boot number changes),
+``recovery.py`` (pure) picks the version to go on from; here it is carried out: every shard rolls
+back to it under a new incarnation and the ledger is restored from the journal saved at it, or,
+without a checkpoint, the rounds go on from the shards' version and the status says what was lost.
+A shard that a worker repaired at its own version after it lost its model is followed too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from elasticps.coordinator.journal import Journals
+from elasticps.coordinator.ledger import Ledger
+from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
+from elasticps.coordinator.shards import ShardRefused, ShardView
+from elasticps.coordinator.syncing import SyncRounds
+
+log = logging.getLogger(__name__)
+
+_RECOVERY_ERRORS = (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError)
+
+
+class ShardWatch:
+    def __init__(self, sync: SyncRounds, ledger: Ledger, journals: Journals | None) -> None:
+        self._sync = sync
+        self._ledger = ledger
+        self._journals = journals
+        self._boots: list[int | None] = [None] * len(sync.shards)
+        self.rollbacks = 0
+
+    def first_recovery(self, deadline_s: float, stopped: threading.Event) -> None:
+        """Brings the shards and the ledger to one version, trying again every second until it
+        could (or ``stopped``); the shards have ``deadline_s`` to answer each time."""
+        while not stopped.is_set():
+            try:
+                views = self._sync.shards.describe_all(deadline_s)
+                with self._sync.lock:
+                    self._recover_locked(views)
+                return
+            except _RECOVERY_ERRORS as err:
+                log.error("cannot bring the shards to one version yet: %s", err)
+                stopped.wait(1.0)
+
+    def watch(self) -> None:
+        """Rolls every shard back when one restarted (its boot number changed), and follows shards
+        that a worker repaired at its version after they lost their model."""
+        sync = self._sync
+        with sync.lock:
+            views = sync.shards.describe()
+            if any(v is None for v in views):
+                return  # a shard is down: it is looked at again once it answers
+            known = [v for v in views if v is not None]
+            if needs_recovery(self._boots, known):
+                restarted = [i for i, (b, v) in enumerate(zip(self._boots, known)) if b is not None and b != v.boot]
+                log.warning("PS shards %s restarted", restarted)
+                try:
+                    self._recover_locked(known)
+                except _RECOVERY_ERRORS as err:
+                    log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
+                return
+            held = {v.version for v in known if v.initialized}
+            if len(held) == 1 and all(v.initialized for v in known) and sync.rounds.closing is None:
+                (version,) = held
+                if version != sync.rounds.version:  # outside a commit only a repair moves a shard
+                    sync.shard_problem = (
+                        f"the PS shards lost their model (restarted without a checkpoint); a worker's copy "
+                        f"of version {version} replaced it, without the optimizer's state"
+                    )
+                    log.warning("%s", sync.shard_problem)
+                    sync.reset(version)
+                    sync.changes.notify()
+
+    def _recover_locked(self, views: list[ShardView]) -> None:
+        """Brings every shard and the ledger to one version (see ``recovery.py``). Under the
+        rounds' lock."""
+        sync = self._sync
+        journals = self._journals.versions() if self._journals is not None else []
+        decision = decide(views, journals)
+        if isinstance(decision, Rollback):
+            assert self._journals is not None
+            state = self._journals.read(decision.version)
+            incarnation = max([int(state.get("incarnation", 0)), sync.incarnation, *(v.incarnation for v in views)]) + 1
+            views = sync.shards.roll_back(decision.version, incarnation)
+            self._journals.discard_after(decision.version)
+            self._ledger.roll_back(state)
+            sync.incarnation = incarnation
+            sync.reset(decision.version)
+            sync.shard_problem = ""  # one version everywhere again
+            self.rollbacks += 1
+            log.warning(
+                "every shard and the task ledger rolled back to version %d (incarnation %d)",
+                decision.version, incarnation,
+            )  # fmt: skip
+        else:
+            sync.reset(decision.version)
+            if decision.lost:
+                sync.shard_problem = (
+                    f"PS shards {list(decision.lost)} restarted without a checkpoint and lost their model "
+                    f"(optimizer state included); the workers' copy of version {decision.version} replaces it"
+                )
+                log.warning("%s", sync.shard_problem)
+        self._boots = [v.boot for v in views]
+        sync.changes.notify()
