@@ -35,7 +35,7 @@ from elasticps.api.embedding import TableSpec, mix_ids
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.embedding import RowGrads
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "embeddings.json"
@@ -83,7 +83,7 @@ def run_ps(dim: int, batches: list[np.ndarray], work: Path) -> dict[str, Any]:
             grads = rng.normal(0, 0.01, (ids.size, dim)).astype(np.float32)
             began = time.perf_counter()
             pulled = client.pull_embeddings({table.name: ids})
-            client.push_gradients(zero, [k, k], embeddings={table.name: RowGrads(ids, grads)})
+            client.push(PushRequest(zero, [k, k], embeddings={table.name: RowGrads(ids, grads)})).result()
             seconds.append(time.perf_counter() - began)
             assert pulled.rows[table.name].shape == (ids.size, dim)
             rows += ids.size

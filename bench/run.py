@@ -9,7 +9,7 @@ noise hits every case alike:
   views of the received buffer (``bench.tcp_apply``);
 * ``grpc_raw``: the same call shapes as the PS over gRPC carrying raw byte chunks, without protobuf,
   frames or a store (``bench.grpc_raw``): the floor of grpcio's Python message path;
-* ``ps_bulk``: ``push_gradients`` of an N-byte model with a pull right behind it (``pull_behind_ms``,
+* ``ps_bulk``: a push of an N-byte model with a pull right behind it (``PushRequest.pull_behind``,
   as an async worker steps: both in one write, the pull answered once the push is applied) against a
   real ``elasticps ps --use_async`` process, through :class:`elasticps.psclient.client.PSClient`, over the
   PS's bulk channel (raw TCP, ``elasticps/rpc/bulk.py``);
@@ -62,7 +62,7 @@ from bench import report, stages  # noqa: E402
 from bench.grpc_raw import RawClient  # noqa: E402
 from bench.tcp_apply import ApplyClient  # noqa: E402
 from bench.tcp_echo import EchoClient  # noqa: E402
-from elasticps.psclient.client import PSClient  # noqa: E402
+from elasticps.psclient.client import PSClient, PullBehind, PushRequest  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.rpc.frames import CHUNK_BYTES  # noqa: E402
 
@@ -220,7 +220,7 @@ class PSCase:
 
     def round_trip(self) -> None:
         # As an async worker steps: the pull goes right behind the push (its model includes the push).
-        pushed = self.client.push_gradients(self.gradients, self.versions, pull_behind_ms=0)
+        pushed = self.client.push(PushRequest(self.gradients, self.versions, pull_behind=PullBehind(0))).result()
         if pushed.behind is None:
             raise RuntimeError("the push sent no pull behind it")
         pulled = pushed.behind.result()

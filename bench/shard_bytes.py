@@ -24,7 +24,7 @@ import numpy as np
 
 from bench.ps_processes import PSProcesses
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.psclient.sharding import Piece, Placed, Placement, TensorInfo, place
 
 F32 = np.dtype(np.float32)
@@ -65,7 +65,7 @@ def measure(placement: Placement, work: Path) -> dict[str, list[int]]:
         try:
             client.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.01}))
             gradient = {name: np.zeros_like(value) for name, value in model.items()}
-            if not client.push_gradients(gradient, [0] * count).all_accepted:
+            if not client.push(PushRequest(gradient, [0] * count)).result().all_accepted:
                 raise RuntimeError("a push was not accepted")
             pulled = client.pull([-1] * count)
             if any(not np.array_equal(pulled.tensors[n], v) for n, v in model.items()):

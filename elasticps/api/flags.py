@@ -128,11 +128,17 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
     Refuses the mode combinations a TrainingJob refuses (``TrainingMode.problems``): prints
     ``error: --<flag>: <why>`` and exits 2, as argparse does for a bad value.
     """
+    return training_and_mode_from_args(args)[0]
+
+
+def training_and_mode_from_args(args: argparse.Namespace) -> tuple[TrainingSpec, TrainingMode]:
+    """:func:`training_from_args` with the training mode it was checked against (derived once)."""
     spec = _spec_from_args(TrainingSpec, args)
-    for field, why in TrainingMode.of(spec).problems():
+    mode = TrainingMode.of(spec)
+    for field, why in mode.problems():
         print(f"error: --{snake(field)}: {why}", file=sys.stderr)
         raise SystemExit(2)
-    return spec
+    return spec, mode
 
 
 def training_args(spec: TrainingSpec) -> list[str]:

@@ -19,15 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from elasticps.api.flags import (
-    add_data_flags,
-    add_prediction_flags,
-    add_training_flags,
-    data_from_args,
-    prediction_from_args,
-    training_from_args,
-)
-from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
+from elasticps.api.context import RoleContext, add_job_flags, context_from_args
+from elasticps.api.replicas import Role
 from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.servicer import CoordinatorServicer, add_to_server
@@ -49,20 +42,14 @@ class CoordinatorConfig:
     host: str
     port: int
     port_file: str
-    data: DataSpec
-    training: TrainingSpec
-    output: str = ""
-    prediction: PredictionSpec = PredictionSpec()
+    job: RoleContext
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--port", type=int, default=2222, help="port to listen on (0: any free port)")
     parser.add_argument("--port_file", default="", help="write the bound port to this file once serving")
-    parser.add_argument("--output", default="", help="the job's output (spec.output): where the final model goes")
-    add_data_flags(parser)
-    add_training_flags(parser)
-    add_prediction_flags(parser)
+    add_job_flags(parser, "the job's output (spec.output): where the final model goes")
 
 
 def config_from_args(args: argparse.Namespace) -> CoordinatorConfig:
@@ -70,26 +57,24 @@ def config_from_args(args: argparse.Namespace) -> CoordinatorConfig:
         host=args.host,
         port=args.port,
         port_file=args.port_file,
-        data=data_from_args(args),
-        training=training_from_args(args),
-        output=args.output,
-        prediction=prediction_from_args(args),
+        job=context_from_args(args, Role.COORDINATOR),
     )
 
 
 def run(config: CoordinatorConfig) -> int:
     try:
-        settings = queue_settings(config.data, config.training, config.prediction, config.output)
-        if config.output:
-            check_output(config.output)
+        job = config.job
+        settings = queue_settings(job.data, job.training, job.prediction, job.output)
+        if job.output:
+            check_output(job.output)
     except (DataError, OutputError) as err:
         print(f"coordinator: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     iterations = Iterations()
-    t = config.training
+    t = job.training
     journal = Path(t.checkpoint_dir) / "coordinator.json" if t.checkpoint_dir else None
     coordinator = Coordinator(settings, version_fn=lambda: iterations.newest, journal=journal,
-                              output=config.output, iterations=iterations)
+                              output=job.output, iterations=iterations)
     server = AsyncServer(WORK_THREADS)
     add_to_server(CoordinatorServicer(coordinator), server)
     coordinator.start()

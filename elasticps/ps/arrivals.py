@@ -30,17 +30,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from elasticps.ps.errors import GradientError
 from elasticps.ps.layout import Described
 from elasticps.ps.optimizers import finite
+from elasticps.ps.outcomes import PushOutcome
 from elasticps.ps.tables import DenseSum
-
-if TYPE_CHECKING:
-    from elasticps.ps.rules import PushOutcome
 
 FIRST_PAUSE = 4  # rounds without sum on arrival after a first mismatch
 LONGEST_PAUSE = 256

@@ -22,16 +22,9 @@ from types import FrameType
 from prometheus_client import REGISTRY, start_http_server
 
 from elasticps import allocator
-from elasticps.api.flags import (
-    add_data_flags,
-    add_prediction_flags,
-    add_training_flags,
-    data_from_args,
-    prediction_from_args,
-    training_from_args,
-)
-from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.api.spec import DataSpec, PredictionSpec, TrainingSpec
+from elasticps.api.context import RoleContext, add_job_flags, context_from_args
+from elasticps.api.modes import UpdateRule
+from elasticps.api.replicas import Role
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.local_steps import LocalSteps
 from elasticps.coordinator.rounds import Rounds
@@ -65,19 +58,15 @@ ROUND_LOG_ENV = "ELASTICPS_ROUND_LOG"
 
 @dataclass(frozen=True)
 class PSConfig:
-    ps_id: int
+    job: RoleContext  # the job, and which shard this is (job.index; 0 also coordinates)
     num_ps: int
     host: str
     port: int
     port_file: str
     ps_addrs: tuple[str, ...]  # PS 0: every shard's address, in order (it coordinates sync rounds)
-    data: DataSpec  # spec.data: PS 0 opens it to count the records
     rpc_threads: int
     metrics_port: int
-    training: TrainingSpec
     chunk_bytes: int = CHUNK_BYTES  # payload bytes per pulled frame (docs/benchmarks.md compares sizes)
-    output: str = ""  # PS 0: spec.output, where the workers export the model ("": no export)
-    prediction: PredictionSpec = PredictionSpec()  # PS 0: spec.prediction, the data it cuts into prediction tasks
     limits: ServerLimits = ServerLimits()  # calls in flight, stream deadlines and sizes (rpc/limits.py)
     bulk_port: int = 0  # the raw-TCP tensor channel (ps/bulk.py): 0 any free port, -1 off
 
@@ -106,16 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     allocator.add_flag(parser)
     parser.add_argument("--metrics_port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument(
-        "--output",
-        default="",
-        help="PS 0: the job's output (spec.output); the final model is exported there, the training curves go to its tensorboard/",
-    )
-    parser.add_argument(
         "--chunk_bytes", type=int, default=CHUNK_BYTES, help="tensor bytes per streamed frame of a pull (default: 1 MiB)"
     )
-    add_data_flags(parser)  # PS 0 cuts the training data into tasks
-    add_training_flags(parser)
-    add_prediction_flags(parser)  # ... and the prediction data
+    # PS 0 opens the data to cut it into tasks (the prediction data too), and exports at the end
+    add_job_flags(
+        parser,
+        "PS 0: the job's output (spec.output); the final model is exported there, the training curves go to its tensorboard/",
+    )
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -174,34 +160,30 @@ def config_from_args(args: argparse.Namespace) -> PSConfig:
     if args.malloc_arenas < 0:  # applied already, before the imports (cli.main)
         raise SystemExit(f"error: --malloc_arenas must be >= 0, got {args.malloc_arenas}")
     return PSConfig(
-        ps_id=args.ps_id,
+        job=context_from_args(args, Role.PS, args.ps_id),
         num_ps=args.num_ps,
         host=args.host,
         port=args.port,
         port_file=args.port_file,
         ps_addrs=ps_addrs,
-        data=data_from_args(args),
         rpc_threads=args.rpc_threads,
         metrics_port=args.metrics_port,
-        training=training_from_args(args),
         chunk_bytes=args.chunk_bytes,
-        output=args.output,
-        prediction=prediction_from_args(args),
         limits=limits_from_args(args),
         bulk_port=args.bulk_port,
     )
 
 
 def store_settings(config: PSConfig) -> StoreSettings:
-    t = config.training
+    t = config.job.training
     return StoreSettings(
-        shard=config.ps_id,
-        mode=TrainingMode.of(t),
+        shard=config.job.index,
+        mode=config.job.mode,
         sync_version_tolerance=t.sync_version_tolerance,
         checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,
         checkpoint_steps=t.checkpoint_steps,
         keep_checkpoint_max=t.keep_checkpoint_max,
-        round_log=_round_log(config.ps_id),
+        round_log=_round_log(config.job.index),
     )
 
 
@@ -252,8 +234,8 @@ def rounds_and_shards(
     and LocalSGD have rounds; LocalSGD's also decide each worker's next period)."""
     links: list[ShardLink] = [LocalShard(store, metrics)]
     links += [RemoteShard(i, address, stopping) for i, address in enumerate(config.ps_addrs) if i > 0]
-    t = config.training
-    mode = TrainingMode.of(t)
+    t = config.job.training
+    mode = config.job.mode
     if not mode.rounds:
         return None, Shards(links)
     periods = LocalSteps(mode.local_sgd) if mode.rule is UpdateRule.LOCAL_SGD else None
@@ -266,26 +248,26 @@ def rounds_and_shards(
 def run(config: PSConfig) -> int:
     store = ParameterStore(store_settings(config))
     if store.restore():
-        log.info("PS %d resumes at version %d%s", config.ps_id, store.version, _rows_line(store))
+        log.info("PS %d resumes at version %d%s", config.job.index, store.version, _rows_line(store))
     server = AsyncServer(config.rpc_threads)
-    metrics = PSMetrics(REGISTRY, config.ps_id)
+    metrics = PSMetrics(REGISTRY, config.job.index)
     metrics.model_version.set(store.version)
     servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
     add_ps_to_server(servicer, server)
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
     coordinator: Coordinator | None = None
-    if config.ps_id == 0:
+    if config.job.index == 0:
         try:
-            settings = queue_settings(config.data, config.training, config.prediction, config.output)
-            if config.output:
-                check_output(config.output)
+            settings = queue_settings(config.job.data, config.job.training, config.job.prediction, config.job.output)
+            if config.job.output:
+                check_output(config.job.output)
         except (DataError, OutputError) as err:
             print(f"ps-0: error: {err}", file=sys.stderr)
             server.stop(grace=None).wait()
             return EXIT_USER_ERROR
-        journal = Path(config.training.checkpoint_dir) / "coordinator.json" if config.training.checkpoint_dir else None
+        journal = Path(config.job.training.checkpoint_dir) / "coordinator.json" if config.job.training.checkpoint_dir else None
         rounds, shards = rounds_and_shards(config, store, stopped, metrics)
-        t = config.training
+        t = config.job.training
         journals = Journals(Path(t.checkpoint_dir) / "coordinator", 2 * t.keep_checkpoint_max) if t.checkpoint_dir else None
         coordinator = Coordinator(
             settings,
@@ -296,8 +278,8 @@ def run(config: PSConfig) -> int:
             journals=journals,
             checkpoint_steps=t.checkpoint_steps,
             checkpoint_dir=t.checkpoint_dir,
-            output=config.output,
-            curves=open_curves(config.output, metrics.staleness_counts) if config.output and settings.trains else None,
+            output=config.job.output,
+            curves=open_curves(config.job.output, metrics.staleness_counts) if config.job.output and settings.trains else None,
             staleness=metrics.staleness_counts,
         )
         add_coordinator(CoordinatorServicer(coordinator, config.limits), server)
@@ -316,7 +298,7 @@ def run(config: PSConfig) -> int:
     health.serving()
     if config.port_file:
         write_atomically(Path(config.port_file), f"{port}\n")
-    log.info("PS %d/%d serving on %s:%d", config.ps_id, config.num_ps, config.host, port)
+    log.info("PS %d/%d serving on %s:%d", config.job.index, config.num_ps, config.host, port)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         stopped.set()
@@ -333,7 +315,7 @@ def run(config: PSConfig) -> int:
     store.flush_checkpoints()
     if store.rows_held():
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
-        log.info("PS %d stops at version %d%s; peak resident memory %.0f MB", config.ps_id, store.version,
+        log.info("PS %d stops at version %d%s; peak resident memory %.0f MB", config.job.index, store.version,
                  _rows_line(store), peak_mb)
     return 0
 

@@ -59,18 +59,11 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.arrivals import Arrivals, Pause, PushHead, Stream
 from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model, Update
+from elasticps.ps.outcomes import PushOutcome
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.staleness import LearningRate, StalenessAware, as_given, staleness
 from elasticps.ps.tables import DENSE, Accumulator, DenseSum, Staged
 from elasticps.ps.versions import ModelVersion
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    accepted: bool  # async: applied; sync: staged for the round
-    version: int  # the store's version after this push
-    staleness: int
-    learning_rate: float  # the learning rate this push was (or will be) applied with (0 when refused)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
 from elasticps.ps.layout import Described, Layout
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
-from elasticps.ps.rules import CommitOutcome, Gradient, PushOutcome, RoundError, Rule, make_rule
+from elasticps.ps.outcomes import PushOutcome
+from elasticps.ps.rules import CommitOutcome, Gradient, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.state_table import STATE, StateTable
 from elasticps.ps.tables import DENSE, FLOATS, DenseTable

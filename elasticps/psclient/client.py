@@ -7,7 +7,7 @@ back into whole tensors and returns only what changed.
 
 The placement is computed from the model: :meth:`PSClient.place` (the worker calls it with its
 model before its first pull), else the first :meth:`PSClient.push_model` or
-:meth:`PSClient.push_gradients` places the tensors it is given. A client that has placed nothing
+:meth:`PSClient.push` places the tensors it is given. A client that has placed nothing
 (an observer) pulls the tensors as the shards hold them, slices under their own names.
 Transient failures (a PS not up yet, restarting) are retried with backoff until ``deadline_s``, so
 a worker that starts before its PS waits instead of failing. A shard that lost its model (restarted
@@ -22,6 +22,10 @@ model to every shard; :meth:`PSClient.pull_embeddings` asks each shard for the r
 (``id mod N``), all shards at once, and puts them back in the order asked; a push's row
 gradients (:class:`RowGrads`, per table) are split the same way and ride with the shard's dense
 part.
+
+A push is one :class:`PushRequest` and comes back as a :class:`PushHandle` (ps-lite's shape:
+``KVWorker::Push`` returns a timestamp that ``Wait`` waits on): the request says what rides behind
+it (:class:`PullBehind`) and where it runs, in the caller's thread or on the client's push thread.
 
 Pushes and pulls of a shard travel over its bulk channel (raw TCP, ``rpc/bulk.py``) when it has
 one that connects, as gRPC frames otherwise (``psclient/routes.py``); the answers, and their retries,
@@ -115,6 +119,45 @@ class PulledRows:
 
 
 @dataclass(frozen=True)
+class PullBehind:
+    """A pull sent right behind a push on each shard's bulk connection, in the same write, answered
+    once the push is done there (:attr:`Pushed.behind` reads it): async, the model with the push in
+    it, for one round trip instead of two; sync, the round's model, sent by each shard as soon as
+    it commits the round."""
+
+    wait_ms: int = 0  # how long each shard waits for a model newer than the push's versions
+    # Sync: shard 0's pull is held back, to go behind the round's join there (Behind.join: PS 0
+    # hosts the coordinator).
+    join: bool = False
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays do not compare as booleans
+class PushRequest:
+    """One push of a worker's gradients to every shard (:meth:`PSClient.push`).
+
+    Async, every shard applies its part; sync, every shard stages it for the round the worker then
+    joins. The mappings and sequences are read while the push travels: a caller must not change
+    them before its handle is done."""
+
+    gradients: Mapping[str, np.ndarray]
+    versions: Sequence[int]  # per shard: the model the gradients were computed at
+    learning_rate: float = 0.0
+    minibatch: str = ""  # names the push in the shards' audit log (sync)
+    incarnations: Sequence[int] | None = None  # per shard; None: all 0
+    state: Mapping[str, np.ndarray] | None = None  # the worker's state tensors, each to its shard
+    embeddings: Mapping[str, RowGrads] | None = None  # row gradients per table, each shard its ids' rows
+    pull_behind: PullBehind | None = None
+    # Where the push runs: False, in the caller's thread (its handle is done on return); True, on
+    # the client's push thread, one push at a time in order, so the caller computes meanwhile;
+    # a pull behind it is then read there too, and Pushed.behind has its answer.
+    background: bool = False
+
+    def __post_init__(self) -> None:
+        if self.background and self.pull_behind is not None and self.pull_behind.join:
+            raise ValueError("a push whose pull waits for a join runs in the caller's thread")
+
+
+@dataclass(frozen=True)
 class Pushed:
     accepted: list[bool]  # per shard
     versions: list[int]  # per shard, after the push
@@ -125,12 +168,37 @@ class Pushed:
         return all(self.accepted)
 
 
+class PushHandle:
+    """A push sent (:meth:`PSClient.push`): :meth:`result` waits for every shard's answer and
+    returns it, or raises what the push raised; :meth:`done` says whether it has come."""
+
+    def __init__(self, future: Future[Pushed]) -> None:
+        self._future = future
+
+    @classmethod
+    def now(cls, send: Callable[[], Pushed]) -> PushHandle:
+        """Runs ``send`` in the caller's thread: the handle is done on return, holding its
+        answer or its error."""
+        future: Future[Pushed] = Future()
+        try:
+            future.set_result(send())
+        except Exception as err:  # noqa: BLE001 - raised again by result(), as a pool's future would
+            future.set_exception(err)
+        return cls(future)
+
+    def result(self, timeout: float | None = None) -> Pushed:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
 class Dropped(Exception):
     """The pulls behind a push were dropped (:meth:`Behind.cancel`) before their answers came."""
 
 
 class Behind:
-    """The pull a push sent right behind itself (``PSClient.push_gradients`` with ``pull_behind_ms``):
+    """The pull a push sent right behind itself (a :class:`PushRequest` with :class:`PullBehind`):
     on each shard reached over its bulk channel, the request is on the connection the push used,
     answered once the push is done there (``rpc/bulk.py``); :meth:`result` reads the answers (and
     pulls the other shards, and any whose answer did not come, as :meth:`PSClient.pull` does), once.
@@ -197,9 +265,7 @@ class Behind:
                 if self._dropped:
                     raise Dropped("the pulls behind the push were dropped")
                 self._send_held_back()
-                self._pulled = self._client.pull(
-                    self._versions, self._wait_ms, incarnations=self._incarnations, behind=self
-                )
+                self._pulled = self._client._pull(self._versions, self._wait_ms, None, self._incarnations, self)
             return self._pulled
 
     def _send_held_back(self) -> None:
@@ -275,7 +341,7 @@ class PSClient:
             for shard, address in enumerate(addresses)
         ]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")
-        # push_gradients_async runs its pushes here, one at a time in order: a push waits on fan-out
+        # Background pushes (PushRequest.background) run here, one at a time in order: a push waits on fan-out
         # calls in _pool, so running it in _pool itself would deadlock once pushes fill that pool.
         self._push_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-push")
         self.tables: tuple[TableSpec, ...] = ()  # the model's embedding tables (declare_tables)
@@ -358,7 +424,6 @@ class PSClient:
         wait_ms: int = 0,
         only: Sequence[int] | None = None,
         incarnations: Sequence[int] | None = None,
-        behind: Behind | None = None,
     ) -> Pulled:
         """Pulls every shard whose (incarnation, version) differs from the caller's (-1: "I have nothing").
 
@@ -370,12 +435,20 @@ class PSClient:
         (after a first full pull, whenever a shard holding a slice had a newer model); its rows
         from shards that had nothing newer are those they answered last. A shard holding tensors
         the placement puts elsewhere raises :class:`ModelMismatch`.
-
-        ``behind``: pulls already sent behind a push (:meth:`Behind.result`): a shard's answer is
-        read from the connection holding it, and asked again as any pull when it does not come,
-        unless the answers were dropped meanwhile (:class:`Dropped`).
         """
+        return self._pull(versions, wait_ms, only, incarnations, None)
 
+    def _pull(
+        self,
+        versions: Sequence[int],
+        wait_ms: int,
+        only: Sequence[int] | None,
+        incarnations: Sequence[int] | None,
+        behind: Behind | None,
+    ) -> Pulled:
+        """:meth:`pull`; ``behind``: pulls already sent behind a push (:meth:`Behind.result`): a
+        shard's answer is read from the connection holding it, and asked again as any pull when it
+        does not come, unless the answers were dropped meanwhile (:class:`Dropped`)."""
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         joined = self._joined
 
@@ -428,40 +501,41 @@ class PSClient:
             state=state,
         )
 
-    def push_gradients(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        minibatch: str = "",
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, RowGrads] | None = None,
-        pull_behind_ms: int | None = None,
-        join_behind: bool = False,
-    ) -> Pushed:
-        """Async: every shard applies its part. Sync: every shard stages it for the round the worker
-        then joins (``CoordinatorClient.join_round``); ``minibatch`` names it in the shards' audit log.
-        ``state``: the worker's current state tensors, each sent to its shard with the gradients.
-        ``embeddings``: row gradients per table, each shard sent the rows of its ids.
+    def push(self, request: PushRequest) -> PushHandle:
+        """Sends ``request`` to every shard, split by the placement (made from its gradients and
+        state when there is none yet), where the request says: in the caller's thread, or on the
+        client's push thread (``background``). With a :class:`PullBehind`, :attr:`Pushed.behind`
+        reads its answers (a shard the push reached over gRPC frames is pulled there instead)."""
+        if not request.background:
+            return PushHandle.now(lambda: self._send(request))
 
-        ``pull_behind_ms``: a pull (from ``versions``, waiting up to that long for a newer model)
-        is sent right behind the push on each shard's bulk connection, in the same write, and
-        :attr:`Pushed.behind` reads its answers: async, the model with this push in it, for one
-        round trip instead of two; sync, the round's model, sent by each shard as soon as it
-        commits the round. A shard the push reached over gRPC frames is pulled by :meth:`Behind.result`.
+        def travel() -> Pushed:
+            pushed = self._send(request)
+            if pushed.behind is not None:
+                try:
+                    pushed.behind.result()
+                except Exception:
+                    pass  # raised again by the caller's result(), which pulls again
+            return pushed
 
-        ``join_behind`` (sync, with ``pull_behind_ms``): shard 0's pull is held back, to go behind
-        the round's join there (:meth:`Behind.join`: PS 0 hosts the coordinator)."""
+        return PushHandle(self._push_pool.submit(travel))
+
+    def _send(self, request: PushRequest) -> Pushed:
+        """The push itself, in whichever thread :meth:`push` runs it (a subclass timing pushes
+        wraps this)."""
+        gradients, versions, state = request.gradients, request.versions, request.state
+        learning_rate, minibatch, behind_spec = request.learning_rate, request.minibatch, request.pull_behind
+        join_behind = behind_spec is not None and behind_spec.join
         placement = self._placed(gradients, state)
         parts = placement.split(gradients)
         state_parts = placement.split(state or {})
-        row_parts = self._split_rows(embeddings or {})
-        held = list(incarnations) if incarnations is not None else [0] * self.num_shards
+        row_parts = self._split_rows(request.embeddings or {})
+        held = list(request.incarnations) if request.incarnations is not None else [0] * self.num_shards
         waiting: list[bulk.BulkConnection | None] = [None] * self.num_shards
         pulls = [
-            None if pull_behind_ms is None else
-            pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=pull_behind_ms, incarnation=held[shard])
+            None if behind_spec is None else
+            pb.PullRequest(worker=self.worker, version=versions[shard], wait_ms=behind_spec.wait_ms,
+                           incarnation=held[shard])
             for shard in range(self.num_shards)
         ]  # fmt: skip
 
@@ -478,7 +552,7 @@ class PSClient:
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard], row_parts[shard])
 
-            joining = join_behind and pull_behind_ms is not None and shard == 0
+            joining = join_behind and shard == 0
             behind = None if joining else pulls[shard]  # shard 0's goes behind the join
 
             def attempt() -> pb.PushReply:
@@ -500,8 +574,8 @@ class PSClient:
             Behind(self, versions, held, 0, waiting).cancel()
             raise
         behind = None
-        if pull_behind_ms is not None:
-            behind = Behind(self, versions, held, pull_behind_ms, waiting, pulls[0] if join_behind else None)
+        if behind_spec is not None:
+            behind = Behind(self, versions, held, behind_spec.wait_ms, waiting, pulls[0] if join_behind else None)
         return Pushed([r.accepted for r in replies], [r.version for r in replies], behind)
 
     def _split_rows(self, embeddings: Mapping[str, RowGrads]) -> list[dict[str, dict[str, np.ndarray]]]:
@@ -573,34 +647,6 @@ class PSClient:
             order = np.argsort(ids, kind="stable")
             out[table] = (ids[order], rows[order])
         return out
-
-    def push_gradients_async(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, RowGrads] | None = None,
-        pull_behind: bool = False,
-    ) -> Future[Pushed]:
-        """The same push, returned as a future so the caller can compute while it travels.
-        ``pull_behind``: with a pull right behind it (no waiting), whose answer is read in the push's
-        thread too: :attr:`Pushed.behind` then has it (or raises what reading it raised)."""
-        held = None if incarnations is None else list(incarnations)
-
-        def push() -> Pushed:
-            pushed = self.push_gradients(
-                gradients, list(versions), learning_rate, "", held, state, embeddings, 0 if pull_behind else None
-            )
-            if pushed.behind is not None:
-                try:
-                    pushed.behind.result()
-                except Exception:
-                    pass  # raised again by the caller's result(), which pulls again
-            return pushed
-
-        return self._push_pool.submit(push)
 
     def close(self) -> None:
         self._push_pool.shutdown(wait=True)

@@ -11,7 +11,7 @@ stopped (SIGTERM: the calls in flight then are not counted; the soak stops its w
 * ``calls``: every attempt of every gRPC call, by method and status code (a gRPC interceptor on
   the clients, so the retries the clients make on transient failures are counted too);
 * ``pushes``, ``pushes_accepted``, ``pushes_rejected`` and ``push_seconds`` (each push to every
-  shard, as ``LocalModel`` makes it, timed around ``PSClient.push_gradients``);
+  shard, as ``LocalModel`` makes it, timed around each push the client sends);
 * ``steps``, ``pulls``, ``rejected`` (the workers' own counters) and ``errors`` (a worker whose
   loop raised: its type and message).
 
@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -47,8 +47,7 @@ from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.data.readers import ReaderOptions, open_reader
 from elasticps.files import write_atomically
-from elasticps.api.embedding import RowGrads
-from elasticps.psclient.client import PSClient, Pushed
+from elasticps.psclient.client import PSClient, Pushed, PushRequest
 from elasticps.tools.fake_trainer import NumpyTrainer
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.training import Worker
@@ -122,24 +121,11 @@ class TimedPSClient(PSClient):
         self._pushes = pushes
         self._push_delay_s = push_delay_s
 
-    def push_gradients(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        minibatch: str = "",
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, RowGrads] | None = None,
-        pull_behind_ms: int | None = None,
-        join_behind: bool = False,
-    ) -> Pushed:
+    def _send(self, request: PushRequest) -> Pushed:
         started = time.monotonic()
         if self._push_delay_s > 0:
             time.sleep(self._push_delay_s)
-        pushed = super().push_gradients(
-            gradients, versions, learning_rate, minibatch, incarnations, state, embeddings, pull_behind_ms, join_behind
-        )
+        pushed = super()._send(request)
         self._pushes.add(time.monotonic() - started, pushed)
         return pushed
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import Behind, Pulled, Pushed, ShardsUninitialized
+from elasticps.psclient.client import Behind, Pulled, PullBehind, Pushed, PushHandle, PushRequest, ShardsUninitialized
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.worker.pacing import Pace
 from elasticps.backends.api import Trainer
@@ -87,7 +87,7 @@ class LocalModel:
         self._pace = pace  # spec.training.slowdown: sleeps after each computation
         self._versions = [-1] * ps.num_shards  # per shard; -1: nothing yet
         self._incarnations = [0] * ps.num_shards  # per shard: the timeline its version counts on
-        self._in_flight: Future[Pushed] | None = None
+        self._in_flight: PushHandle | None = None
         self._placed = False  # whether the client has this model's placement (before any pull)
         self._ahead: Ahead | None = None  # a pull started early or sent behind a push, not yet taken
         self._ahead_pool: ThreadPoolExecutor | None = None
@@ -139,8 +139,8 @@ class LocalModel:
         self._ahead = self._background().submit(self._ps.pull, versions, 0, None, incarnations)
 
     def pull_behind(self, pushed: Pushed) -> None:
-        """:meth:`pull_ahead` for a push sent with pulls behind it (:meth:`push` with
-        ``pull_behind_ms``; sync: its round was committed): the next pull takes their answers, read
+        """:meth:`pull_ahead` for a push sent with pulls behind it (:meth:`push` with a
+        ``pull_behind``; sync: its round was committed): the next pull takes their answers, read
         in the background since the push (each shard sent its model as soon as it committed the
         round). Without them, a pull is started ahead."""
         reading, self._reading = self._reading, None
@@ -279,21 +279,22 @@ class LocalModel:
         return self._trainer.optimizer_config(self._learning_rate).params["learning_rate"]
 
     # ---- pushes ------------------------------------------------------------------------------
-    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "", pull_behind_ms: int | None = None,
-             join_behind: bool = False) -> Pushed:  # fmt: skip
-        """Pushes and waits for every shard's answer, tagged with the local copy's versions.
+    def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "",
+             pull_behind: PullBehind | None = None) -> Pushed:  # fmt: skip
+        """Pushes in the caller's thread and waits for every shard's answer, tagged with the local
+        copy's versions.
 
-        ``pull_behind_ms``: with a pull behind it on each shard (``PSClient.push_gradients``), whose
+        ``pull_behind``: with a pull behind it on each shard (``psclient.client.PullBehind``), whose
         answers are read in the background from now on; the caller then takes them
-        (:meth:`pull_behind`) or drops them (:meth:`drop_behind`). ``join_behind`` (sync): shard 0's
-        pull waits for the round's join (:meth:`join`), and the reading starts there.
+        (:meth:`pull_behind`) or drops them (:meth:`drop_behind`). With its ``join`` (sync): shard
+        0's pull waits for the round's join (:meth:`join`), and the reading starts there.
 
         A shard that lost its model gets ours pushed again (and pulled); the push then counts as
         rejected on every shard, so the caller trains the minibatch again on the fresh copy.
         """
         try:
             with self.metrics.push_seconds.time():
-                pushed = self._ps.push_gradients(
+                request = PushRequest(
                     gradients,
                     self._versions,
                     self._learning_rate,
@@ -301,10 +302,10 @@ class LocalModel:
                     self._incarnations,
                     state=self._trainer.state(),
                     embeddings=self._trainer.row_gradients(),
-                    pull_behind_ms=pull_behind_ms,
-                    join_behind=join_behind,
+                    pull_behind=pull_behind,
                 )
-            if pushed.behind is not None and not join_behind:
+                pushed = self._ps.push(request).result()
+            if pushed.behind is not None and not (pull_behind is not None and pull_behind.join):
                 self._read_behind(pushed)
             return pushed
         except ShardsUninitialized as err:
@@ -313,7 +314,7 @@ class LocalModel:
 
     def join(self, pushed: Pushed, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0,
              learning_rate: float = 0.0) -> pb.JoinReply | None:  # fmt: skip
-        """Sync, after :meth:`push` with ``join_behind``: joins the round behind the push on PS 0
+        """Sync, after :meth:`push` with a joining ``pull_behind``: joins the round behind the push on PS 0
         (``Behind.join``), then reads the pulls behind in the background; the coordinator's answer,
         or None when the join could not go that way (the caller joins over gRPC)."""
         if pushed.behind is None or not pushed.all_accepted:
@@ -333,18 +334,20 @@ class LocalModel:
         """Sends a push that travels while the caller computes; one push in flight at a time.
 
         The push is tagged with the versions the gradients were computed at, taken before the
-        previous push is settled (settling may repair a shard and pull). ``pull_behind``: a pull
-        travels right behind it (``PSClient.push_gradients_async``); once the push is settled, the
-        next pull that takes what is ahead (``pull(take_ahead=True)``) takes its answer.
+        previous push is settled (settling may repair a shard and pull). It runs on the client's
+        push thread (``PushRequest.background``). ``pull_behind``: a pull travels right behind it;
+        once the push is settled, the next pull that takes what is ahead (``pull(take_ahead=True)``)
+        takes its answer.
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
         state = self._trainer.state()  # now: settling may pull, replacing it with the PS's
         rows = self._trainer.row_gradients()
         self.settle()
-        self._in_flight = self._ps.push_gradients_async(
-            gradients, versions, self._learning_rate, incarnations, state=state, embeddings=rows,
-            pull_behind=pull_behind,
+        request = PushRequest(
+            gradients, versions, self._learning_rate, incarnations=incarnations, state=state, embeddings=rows,
+            pull_behind=PullBehind() if pull_behind else None, background=True,
         )  # fmt: skip
+        self._in_flight = self._ps.push(request)
 
     def settle(self) -> None:
         """Waits for the push in flight, if any; a shard that lost its model gets ours pushed again.

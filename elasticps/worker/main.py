@@ -1,8 +1,9 @@
 """``elasticps worker``: flags -> a frozen config -> a Worker, run until the job is done.
 
-The training mode is derived here, once (``TrainingMode.of``); the Worker picks its step from it.
+The job's flags are parsed once, with the training mode (``api/context.py``); the Worker picks its
+step from the mode. The model is built by the backend of ``--framework`` (``backends/registry.py``).
 A job that predicts with an exported model (``--prediction_model``) has no training data: the
-exported ``model.keras`` is loaded here (a missing or unreadable one is a user error, exit 2).
+exported model is loaded here (a missing or unreadable one is a user error, exit 2).
 
 Exit codes: 0 when the job is finished, 2 for a bad model module or bad data (a user error the
 runner must not retry), 143 when stopped by SIGTERM (its task reported failed, so it is handed out
@@ -28,19 +29,12 @@ from typing import Any
 
 import grpc
 
-from elasticps.api.flags import (
-    add_data_flags,
-    add_decentralized_flags,
-    decentralized_from_args,
-    add_prediction_flags,
-    add_training_flags,
-    data_from_args,
-    prediction_from_args,
-    training_from_args,
-)
-from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.context import RoleContext, add_job_flags, context_from_args
+from elasticps.api.flags import add_decentralized_flags, decentralized_from_args
+from elasticps.api.modes import UpdateRule
 from elasticps.api.output import exported_job
-from elasticps.api.spec import DataSpec, DecentralizedSpec, Framework, ModelSpec, PredictionSpec, Strategy, TrainingSpec
+from elasticps.api.replicas import Role
+from elasticps.api.spec import DecentralizedSpec, Framework, ModelSpec, Strategy
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
@@ -61,17 +55,13 @@ EXIT_GRACE_S = 15.0
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    worker_id: int
+    job: RoleContext  # the job, and which worker this is (job.index)
     ps_addrs: tuple[str, ...]
     model: ModelSpec
-    data: DataSpec
     num_threads: int
     metrics_port: int
     health_port: int
-    training: TrainingSpec
-    output: str = ""  # spec.output: where this worker writes an export it is handed ("": none)
     job_name: str = ""  # the job's name, for job.json
-    prediction: PredictionSpec = PredictionSpec()  # spec.prediction: what prediction tasks read and use
     strategy: Strategy = Strategy.PARAMETER_SERVER
     coordinator_addr: str = ""  # the coordinator (PS 0's address under the PS strategy)
     peer_addrs: tuple[str, ...] = ()  # decentralized: every worker's Peer service, in worker order
@@ -114,11 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--health_port", type=int, default=0, help="serve the gRPC health-checking service on this port (0: off)"
     )
-    parser.add_argument("--output", default="", help="the job's output (spec.output): where exports are written")
     parser.add_argument("--job_name", default="", help="the job's name (written into an export's job.json)")
-    add_data_flags(parser)
-    add_training_flags(parser)
-    add_prediction_flags(parser)
+    add_job_flags(parser, "the job's output (spec.output): where exports are written")
     add_decentralized_flags(parser)
 
 
@@ -146,23 +133,20 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             decentralized.graph_for(len(peers))
         except ValueError as err:
             raise SystemExit(f"error: --graph: {err}") from None
-    prediction = prediction_from_args(args)
+    job = context_from_args(args, Role.WORKER, args.worker_id)
+    prediction = job.prediction
     if not args.training_data and not prediction.standalone:
         raise SystemExit("error: --training_data: required (unless --prediction_model and --prediction_data are given)")
     if prediction.enabled and not args.output:
         raise SystemExit("error: --prediction_data: needs --output (the predictions go to <output>/predictions/)")
     return WorkerConfig(
-        worker_id=args.worker_id,
+        job=job,
         ps_addrs=addrs,
         model=ModelSpec(model_def=args.model_def, framework=Framework(args.framework), params=params),
-        data=data_from_args(args),
         num_threads=args.num_threads,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
-        training=training_from_args(args),
-        output=args.output,
         job_name=args.job_name,
-        prediction=prediction,
         strategy=strategy,
         coordinator_addr=args.coordinator_addr or (addrs[0] if addrs else ""),
         peer_addrs=peers,
@@ -197,14 +181,14 @@ def _run_until_stopped(config: WorkerConfig, stopping: threading.Event) -> int:
     try:
         return _run(config, stopping)
     except Stopped:  # its message, raised inside a traced data function, may carry TensorFlow's trace
-        log.info("worker-%d: stopped by signal SIGTERM", config.worker_id)
+        log.info("worker-%d: stopped by signal SIGTERM", config.job.index)
         return EXIT_STOPPED
     except Exception as err:
         # Raised while TensorFlow binds a tf.function's inputs, Stopped comes out as its TypeError
         # ("Binding inputs to tf.function failed due to `stopped by signal SIGTERM`"): still a stop.
         if not stopping.is_set():
             raise
-        log.info("worker-%d: stopped by signal SIGTERM (%s)", config.worker_id, type(err).__name__)
+        log.info("worker-%d: stopped by signal SIGTERM (%s)", config.job.index, type(err).__name__)
         return EXIT_STOPPED
 
 
@@ -265,25 +249,25 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     from elasticps.worker.predicting import PredictionWriter
     from elasticps.worker.training import Prediction, Worker
 
-    name = f"worker-{config.worker_id}"
+    name = f"worker-{config.job.index}"
     try:
         backend = backend_for(config.model.framework)
         backend.configure_threads(config.num_threads or available_cpus())
         module = backend.load_model(config.model.model_def)
-        data, options = config.data, ReaderOptions.of(config.data)
+        data, options = config.job.data, ReaderOptions.of(config.job.data)
         training = open_reader(data.reader, data.training, options) if data.training else None
         validation = open_reader(data.reader, data.validation, options) if data.validation else None
-        spec = config.prediction
+        spec = config.job.prediction
         to_predict = open_reader(data.reader, spec.data, options) if spec.enabled else None
         # A reader of tabular data that knows its columns names them (ElasticDL's metadata).
         columns = getattr(training if training is not None else to_predict, "column_names", None)
-        mode = TrainingMode.of(config.training)
+        mode = config.job.mode
         # Embedding tables live on the PS in the modes that push gradients; a decentralized
         # worker keeps them local (its model is its own), LocalSGD refuses them below.
         trainer_options = TrainerOptions(
-            config.training.minibatch_size,
-            seed=config.worker_id * 7919,
-            learning_rate=config.training.learning_rate,
+            config.job.training.minibatch_size,
+            seed=config.job.index * 7919,
+            learning_rate=config.job.training.learning_rate,
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
@@ -293,22 +277,22 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
                 f"{config.model.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
                 "LocalSGD averages whole models every few steps: drop spec.training.localSGDSteps"
             )
-        problem = TrainingMode.of(config.training).optimizer_problem(
-            trainer.optimizer_config(config.training.learning_rate).name
+        problem = mode.optimizer_problem(
+            trainer.optimizer_config(config.job.training.learning_rate).name
         )
         if problem:
             raise OptimizerError(problem)
         if spec.standalone:
             trainer.load_exported(spec.model)
-        if config.output:
-            check_output(config.output)  # a path under a file, an unknown scheme: not at the end
+        if config.job.output:
+            check_output(config.job.output)  # a path under a file, an unknown scheme: not at the end
     except (ModelError, DataError, OptimizerError, OutputError) as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     metrics = WorkerMetrics(REGISTRY, name)
-    pace = pace_for(config.training.slowdown, config.worker_id)
+    pace = pace_for(config.job.training.slowdown, config.job.index)
     peer = _peer(config, trainer, metrics, pace) if config.strategy is Strategy.DECENTRALIZED else None
-    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.training.split_bytes) if peer is None else None
+    ps = PSClient(config.ps_addrs, worker=name, split_bytes=config.job.training.split_bytes) if peer is None else None
     if ps is not None and trainer.tables():
         ps.declare_tables(trainer.tables())
         client = ps
@@ -321,10 +305,10 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     prediction = (
         None
         if to_predict is None
-        else Prediction(to_predict, PredictionWriter(config.output), standalone=spec.standalone)
+        else Prediction(to_predict, PredictionWriter(config.job.output), standalone=spec.standalone)
     )
     worker = Worker(
-        config.training,
+        config.job.training,
         mode,
         trainer,
         ps,
@@ -363,15 +347,15 @@ def _peer(config: WorkerConfig, trainer: Any, metrics: Any, pace: Any) -> Any:
     """A decentralized worker's Peer service, serving from now on, and its model and step."""
     from elasticps.worker.peer_wiring import start_peer
 
-    return start_peer(config.worker_id, config.peer_addrs, config.peer_port, config.decentralized, trainer, metrics, pace)
+    return start_peer(config.job.index, config.peer_addrs, config.peer_port, config.decentralized, trainer, metrics, pace)
 
 
 def _exporter(config: WorkerConfig) -> Exporter | None:
     """Where an export task's model goes, and the job.json it carries (None: the job has no output)."""
-    if not config.output or config.prediction.standalone:
+    if not config.job.output or config.job.prediction.standalone:
         return None
     name = config.job_name or "trainingjob"
-    return Exporter(config.output, exported_job(name, config.model, config.data, config.training, config.output))
+    return Exporter(config.job.output, exported_job(name, config.model, config.job.data, config.job.training, config.job.output))
 
 
 def _serve_health(port: int) -> grpc.Server:

@@ -12,7 +12,6 @@ insides (sharding, retries, transport) freely as long as these stay.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,8 +19,7 @@ import numpy as np
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.api.embedding import RowGrads
-from elasticps.psclient.client import Pulled, Pushed
+from elasticps.psclient.client import Pulled, PushHandle, PushRequest
 
 
 class PSClientLike(Protocol):
@@ -48,29 +46,8 @@ class PSClientLike(Protocol):
         incarnations: Sequence[int] | None = None,
     ) -> Pulled: ...
 
-    def push_gradients(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        minibatch: str = "",
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, RowGrads] | None = None,
-        pull_behind_ms: int | None = None,
-        join_behind: bool = False,
-    ) -> Pushed: ...
-
-    def push_gradients_async(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, RowGrads] | None = None,
-        pull_behind: bool = False,
-    ) -> Future[Pushed]: ...
+    def push(self, request: PushRequest) -> PushHandle:
+        """Sends a push where the request says (the caller's thread, or in the background)."""
 
     def push_model(
         self,

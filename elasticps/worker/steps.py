@@ -37,7 +37,7 @@ import numpy as np
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import Pushed
+from elasticps.psclient.client import PullBehind, Pushed
 from elasticps.worker.local_model import LocalModel
 from elasticps.worker.ports import RoundsLike
 
@@ -47,6 +47,8 @@ from elasticps.worker.ports import RoundsLike
 JOIN_WAIT_MS = 5_000
 ALIGN_WAIT_MS = 1_000
 BEHIND_WAIT_MS = 10_000
+# Sync: the pull behind a gradient (or delta), shard 0's held back to go behind the round's join.
+JOIN_BEHIND = PullBehind(BEHIND_WAIT_MS, join=True)
 
 
 class Step(Protocol):
@@ -99,7 +101,7 @@ class SyncStep:
             loss, gradients = model.gradients(x, y)
             # A pull goes behind the gradient on each shard, answered as soon as that shard commits the
             # round; on PS 0 the join goes first, behind the gradient, on the same connection.
-            pushed = model.push(gradients, minibatch, BEHIND_WAIT_MS if self._pull_ahead else None, join_behind=True)
+            pushed = model.push(gradients, minibatch, JOIN_BEHIND if self._pull_ahead else None)
             if pushed.all_accepted and joined(model, self._rounds, pushed, version) is not None:
                 if self._pull_ahead:
                     model.pull_behind(pushed)  # committed: the next step's model, read while the loop goes on
@@ -168,7 +170,7 @@ class LocalSGDStep:
         while True:
             trained = model.weights()
             delta = {name: start - trained[name] for name, start in self._start.items()}
-            pushed = model.push(delta, minibatch, BEHIND_WAIT_MS, join_behind=True)
+            pushed = model.push(delta, minibatch, JOIN_BEHIND)
             if pushed.all_accepted:
                 loss = sum(self._losses) / len(self._losses)
                 reply = joined(model, self._rounds, pushed, self._version, len(self._trained), loss, model.learning_rate)

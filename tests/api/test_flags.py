@@ -18,7 +18,8 @@ from elasticps.api.flags import (
     training_from_args,
 )
 from elasticps.api.parsing import parse_job
-from elasticps.api.replicas import ps_replica, worker_replica
+from elasticps.api.modes import TrainingMode
+from elasticps.api.replicas import Role, ps_replica, worker_replica
 from elasticps.api.spec import DataSpec, TrainingSpec
 from elasticps.ps import main as ps_main
 from elasticps.worker import main as worker_main
@@ -248,8 +249,8 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     parser = argparse.ArgumentParser()
     ps_main.add_arguments(parser)
     config = ps_main.config_from_args(parser.parse_args(list(ps.args[1:])))
-    assert config.training == dataclasses.replace(expected, checkpoint_dir="/run/ckpt")
-    assert (config.ps_id, config.num_ps, config.data) == (1, 2, job.spec.data)
+    assert config.job.training == dataclasses.replace(expected, checkpoint_dir="/run/ckpt")
+    assert (config.job.role, config.job.index, config.num_ps, config.job.data) == (Role.PS, 1, 2, job.spec.data)
     assert "--num_workers" not in " ".join(ps.args)  # no snapshot of the worker count that can go stale
     ps0 = ps_replica(job, 0, host="127.0.0.1", port=0, ps_addresses=["a:1", "b:2"])
     assert "--ps_addrs=a:1,b:2" in ps0.args
@@ -259,9 +260,10 @@ def test_replica_command_lines_carry_the_jobs_training_settings() -> None:
     parser = argparse.ArgumentParser()
     worker_main.add_arguments(parser)
     wconfig = worker_main.config_from_args(parser.parse_args(list(worker.args[1:])))
-    assert wconfig.training == expected
+    assert wconfig.job.training == expected
+    assert (wconfig.job.role, wconfig.job.index, wconfig.job.mode) == (Role.WORKER, 2, TrainingMode.of(expected))
     assert (wconfig.ps_addrs, wconfig.model.model_def, wconfig.model.params) == (("a:1", "b:2"), "elasticps.backends.keras.zoo.mlp", {"hidden": 8})
-    assert wconfig.data == job.spec.data
+    assert wconfig.job.data == job.spec.data
 
 
 # ---- data flags ---------------------------------------------------------------------------------------
@@ -326,4 +328,4 @@ def test_replica_command_lines_carry_the_jobs_data_settings() -> None:
     for main, replica in ((ps_main, ps_replica(job, 0, host="h", port=0)), (worker_main, worker_replica(job, 0, ["a:1"]))):
         parser = argparse.ArgumentParser()
         main.add_arguments(parser)
-        assert main.config_from_args(parser.parse_args(list(replica.args[1:]))).data == job.spec.data
+        assert main.config_from_args(parser.parse_args(list(replica.args[1:]))).job.data == job.spec.data

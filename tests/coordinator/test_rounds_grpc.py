@@ -31,7 +31,7 @@ from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.ps.bulk import BulkServer
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PullBehind, PushRequest
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.main import LocalShard
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -177,9 +177,9 @@ def train(job: SyncJob, worker: str, trained: list[str], records_per_minibatch: 
                     versions = ps.pull(versions).versions
                     while len(set(versions)) > 1:  # a commit between the shards: wait for the lagging one
                         versions = ps.pull(versions, wait_ms=200).versions
-                    wait_ms = None if behind is None else 2000
-                    pushed = ps.push_gradients(gradient(minibatch), versions, minibatch=minibatch,
-                                               pull_behind_ms=wait_ms, join_behind=behind is not None)  # fmt: skip
+                    pull_behind = None if behind is None else PullBehind(2000, join=True)
+                    pushed = ps.push(PushRequest(gradient(minibatch), versions, minibatch=minibatch,
+                                                 pull_behind=pull_behind)).result()  # fmt: skip
                     if not pushed.all_accepted:
                         if pushed.behind is not None:
                             pushed.behind.cancel()
@@ -282,7 +282,7 @@ def test_a_lone_worker_commits_its_round_at_once_and_the_status_shows_it(make_jo
     job = make_job(grads_to_wait=0, num_records=4, records_per_task=4)
     ps, coordinator = job.ps_client("w0"), job.coordinator("w0")
     assert coordinator.get_task().type == pb.TASK_TYPE_TRAINING
-    assert ps.push_gradients(gradient("m"), [0, 0], minibatch="m").all_accepted
+    assert ps.push(PushRequest(gradient("m"), [0, 0], minibatch="m")).result().all_accepted
     reply = coordinator.join_round(0, 5000)
     assert (reply.outcome, reply.version) == (pb.JOIN_OUTCOME_COMMITTED, 1)
     assert coordinator.join_round(0, 0).outcome == pb.JOIN_OUTCOME_COMMITTED  # asked again: the same answer
@@ -301,10 +301,10 @@ def test_a_localsgd_join_is_answered_with_the_next_period(make_job: Callable[...
     job = make_job(grads_to_wait=0, num_records=8, records_per_task=8, periods=LocalSteps(LocalSGD(steps=8, adaptive=True)))
     ps, coordinator = job.ps_client("w0"), job.coordinator("w0")
     coordinator.get_task()
-    assert ps.push_gradients(gradient("p1"), [0, 0], minibatch="p1").all_accepted
+    assert ps.push(PushRequest(gradient("p1"), [0, 0], minibatch="p1")).result().all_accepted
     reply = coordinator.join_round(0, 5000, local_steps=1, loss=2.0, learning_rate=0.1)
     assert (reply.outcome, reply.version, reply.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 1, 8)
-    assert ps.push_gradients(gradient("p2"), [1, 1], minibatch="p2").all_accepted
+    assert ps.push(PushRequest(gradient("p2"), [1, 1], minibatch="p2")).result().all_accepted
     reply = coordinator.join_round(1, 5000, local_steps=8, loss=0.5, learning_rate=0.1)
     assert reply.local_steps == 4  # int(8 * sqrt(0.5 / 2.0))
     again = coordinator.join_round(1, 0)  # asked again: the same answer
@@ -336,7 +336,7 @@ def test_a_join_of_an_old_gradient_is_refused(make_job: Callable[..., SyncJob]) 
     job = make_job(grads_to_wait=1, num_records=4, records_per_task=4)
     ps, coordinator = job.ps_client("w0"), job.coordinator("w0")
     coordinator.get_task()
-    ps.push_gradients(gradient("a"), [0, 0], minibatch="a")
+    ps.push(PushRequest(gradient("a"), [0, 0], minibatch="a")).result()
     assert coordinator.join_round(0, 5000).outcome == pb.JOIN_OUTCOME_COMMITTED
     other = job.coordinator("w1")
     reply = other.join_round(0, 0)  # computed on version 0, the round is 1 now
@@ -379,7 +379,7 @@ def test_a_leaving_worker_lets_the_round_close_without_it(make_job: Callable[...
     a, b = job.coordinator("a"), job.coordinator("b")
     a.get_task()
     b.get_task()
-    job.ps_client("a").push_gradients(gradient("a/1"), [0, 0], minibatch="a/1")
+    job.ps_client("a").push(PushRequest(gradient("a/1"), [0, 0], minibatch="a/1")).result()
     assert a.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING  # b can still join
     b.leave()
     assert b.status().live_workers == 1
@@ -394,7 +394,7 @@ def test_a_member_whose_task_went_back_is_refused(make_job: Callable[..., SyncJo
     w1, w2 = job.coordinator("w1"), job.coordinator("w2")
     w1.get_task()
     w2.get_task()
-    job.ps_client("w1").push_gradients(gradient("w1/1"), [0, 0], minibatch="w1/1")
+    job.ps_client("w1").push(PushRequest(gradient("w1/1"), [0, 0], minibatch="w1/1")).result()
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING
     clock.now += 11  # w1 fell silent past the timeout; w2 did not
     w2.heartbeat()
@@ -410,7 +410,7 @@ def test_a_dropped_member_that_retrains_on_the_same_version_joins_again(make_job
     ps1 = job.ps_client("w1")
     w1.get_task()
     w2.get_task()
-    ps1.push_gradients(gradient("w1/1"), [0, 0], minibatch="w1/1")
+    ps1.push(PushRequest(gradient("w1/1"), [0, 0], minibatch="w1/1")).result()
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING
     clock.now += 11
     w2.heartbeat()
@@ -418,9 +418,9 @@ def test_a_dropped_member_that_retrains_on_the_same_version_joins_again(make_job
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_REFUSED  # dropped: its task went back
     # w1 goes on: it takes a task, trains a minibatch on the model it has (round 0 is still open) and joins.
     assert w1.get_task().type == pb.TASK_TYPE_TRAINING
-    ps1.push_gradients(gradient("w1/2"), [0, 0], minibatch="w1/2")
+    ps1.push(PushRequest(gradient("w1/2"), [0, 0], minibatch="w1/2")).result()
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING  # admitted, waiting for a second gradient
-    job.ps_client("w2").push_gradients(gradient("w2/1"), [0, 0], minibatch="w2/1")
+    job.ps_client("w2").push(PushRequest(gradient("w2/1"), [0, 0], minibatch="w2/1")).result()
     assert w2.join_round(0, 5000).outcome == pb.JOIN_OUTCOME_COMMITTED
     assert [e["minibatches"] for e in job.round_log(0)] == [["w1/2", "w2/1"]]
 
@@ -431,7 +431,7 @@ def test_the_ticker_closes_a_round_whose_missing_member_died(make_job: Callable[
     w1, w2 = job.coordinator("w1"), job.coordinator("w2")
     w1.get_task()
     w2.get_task()
-    job.ps_client("w1").push_gradients(gradient("w1/1"), [0, 0], minibatch="w1/1")
+    job.ps_client("w1").push(PushRequest(gradient("w1/1"), [0, 0], minibatch="w1/1")).result()
     assert w1.join_round(0, 0).outcome == pb.JOIN_OUTCOME_PENDING
     assert job.rounds.version == 0
     clock.now += 11  # w2 died; w1 is still waiting in its round (its join is its heartbeat)

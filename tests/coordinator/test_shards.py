@@ -11,7 +11,7 @@ import pytest
 
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.shards import RemoteShard, RoundAborted, ShardRefused, Shards, ShardView
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -63,8 +63,8 @@ def job(grpc_servers: Callable[..., int]) -> Iterator[Job]:
 
 
 def test_a_round_is_applied_on_every_shard(job: Job) -> None:
-    assert job.client("a").push_gradients(ones(1.0), [0, 0]).all_accepted
-    assert job.client("b").push_gradients(ones(3.0), [0, 0]).all_accepted
+    assert job.client("a").push(PushRequest(ones(1.0), [0, 0])).result().all_accepted
+    assert job.client("b").push(PushRequest(ones(3.0), [0, 0])).result().all_accepted
     assert job.shards.commit(0, ["a", "b"]) == [1, 1]
     assert [s.version for s in job.stores] == [1, 1]
     for name, value in job.params().items():
@@ -72,7 +72,7 @@ def test_a_round_is_applied_on_every_shard(job: Job) -> None:
 
 
 def test_a_shard_missing_a_members_gradient_aborts_the_round_and_no_shard_applies_it(job: Job) -> None:
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     # b's gradient reached shard 0 only (its push to shard 1 was lost).
     job.stores[0].push({"dense/kernel:0": ones(5.0)["dense/kernel:0"]}, version=0, worker="b")
     with pytest.raises(RoundAborted, match="shard 1"):
@@ -84,21 +84,21 @@ def test_a_shard_missing_a_members_gradient_aborts_the_round_and_no_shard_applie
     # gone there, and a round naming a is refused until a pushes again; then it commits everywhere.
     with pytest.raises(RoundAborted, match="shard 0.*no staged gradient of \\['a'\\]"):
         job.shards.commit(0, ["a"])
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     assert job.shards.commit(0, ["a"]) == [1, 1]
     for name, value in job.params().items():
         np.testing.assert_array_equal(value, MODEL[name] - np.float32(0.5), err_msg=name)
 
 
 def test_a_shard_behind_the_round_aborts_it(job: Job) -> None:
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     with pytest.raises(RoundAborted, match="ahead"):
         job.shards.commit(1, ["a"])
     assert [s.version for s in job.stores] == [0, 0]
 
 
 def test_a_retried_commit_is_idempotent(job: Job) -> None:
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     assert job.shards.commit(0, ["a"]) == [1, 1]
     after = job.params()
     assert job.shards.commit(0, ["a"]) == [1, 1]
@@ -110,7 +110,7 @@ def test_a_retried_commit_is_idempotent(job: Job) -> None:
 def test_a_commit_that_reached_one_shard_is_completed_by_its_retry(job: Job) -> None:
     """The coordinator lost its answer after shard 0 applied the round: retrying it applies the round
     on shard 1 and leaves shard 0 alone."""
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     job.stores[0].commit(0, ["a"])
     assert [s.version for s in job.stores] == [1, 0]
     assert job.shards.commit(0, ["a"]) == [1, 1]
@@ -129,7 +129,7 @@ def test_remote_shard_refusals_name_the_shard(job: Job) -> None:
 
 
 def test_describe_tells_every_shards_state(job: Job) -> None:
-    job.client("a").push_gradients(ones(1.0), [0, 0])
+    job.client("a").push(PushRequest(ones(1.0), [0, 0])).result()
     job.shards.commit(0, ["a"])
     views = job.shards.describe()
     kernel, bias = MODEL["dense/kernel:0"].nbytes, MODEL["dense/bias:0"].nbytes  # the push's tensor bytes

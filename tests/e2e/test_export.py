@@ -185,7 +185,7 @@ def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data:
     """Async shards count their own pushes: one push that reached only shard 1 (as from a worker
     killed between its pushes to the two shards) leaves their versions apart for good. The job
     still ends, with the model exported under the oldest shard's version."""
-    from elasticps.psclient.client import PSClient
+    from elasticps.psclient.client import PSClient, PushRequest
 
     out = tmp_path / "model"
     document = job_document("apart", *data, useAsync=True)
@@ -209,7 +209,7 @@ def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data:
             wait_for(trained, timeout=120, what="shard 1 to take a push")
             assert pulled is not None
             zeros = {name: np.zeros_like(value) for name, value in pulled.tensors.items()}
-            assert shard.push_gradients(zeros, pulled.versions).accepted == [True]
+            assert shard.push(PushRequest(zeros, pulled.versions)).result().accepted == [True]
         finally:
             shard.close()
         _, stderr = process.communicate(timeout=300)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PullBehind, PushRequest
 
 from local_jobs import write_data
 
@@ -112,8 +112,8 @@ def test_ps_0_takes_a_sync_join_behind_a_push_on_its_bulk_channel(tmp_path: Path
         try:
             ps.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.5}))
             assert coordinator.get_task().type == pb.TASK_TYPE_TRAINING  # live: the round waits for w0 alone
-            pushed = ps.push_gradients({"w": np.full(1000, 0.1, np.float32)}, [0], minibatch="m",
-                                       pull_behind_ms=5_000, join_behind=True)  # fmt: skip
+            pushed = ps.push(PushRequest({"w": np.full(1000, 0.1, np.float32)}, [0], minibatch="m",
+                                         pull_behind=PullBehind(5_000, join=True))).result()  # fmt: skip
             assert pushed.all_accepted and pushed.behind is not None
             reply = pushed.behind.join(pb.JoinRequest(worker="w0", version=0, wait_ms=5_000))
             assert reply is not None and (reply.outcome, reply.version) == (pb.JOIN_OUTCOME_COMMITTED, 1)

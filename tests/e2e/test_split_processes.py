@@ -18,7 +18,7 @@ import pytest
 from bench.ps_processes import PSProcesses as Shards
 from local_jobs import write_data
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.psclient.client import ModelMismatch, PSClient
+from elasticps.psclient.client import ModelMismatch, PSClient, PushRequest
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def test_a_split_variable_trains_on_two_shards_as_on_one(shards: tuple[Shards, S
         steps = 4
         for step in range(steps):
             mean = {"net/norm/moving_mean": np.full(40, float(step), np.float32)}
-            assert two.push_gradients(gradients(step), [step, step], 0.0, state=mean).all_accepted
-            assert one.push_gradients(gradients(step), [step], 0.0, state=mean).all_accepted
+            assert two.push(PushRequest(gradients(step), [step, step], 0.0, state=mean)).result().all_accepted
+            assert one.push(PushRequest(gradients(step), [step], 0.0, state=mean)).result().all_accepted
         joined, held = two.pull([-1, -1]), one.pull([-1])
         assert joined.versions == [steps, steps] and held.versions == [steps]
         assert sorted(joined.tensors) == sorted(variables) and sorted(joined.state) == sorted(state)

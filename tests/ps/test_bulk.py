@@ -25,7 +25,7 @@ from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.psclient import routes
 from elasticps.ps.bulk import BulkServer
-from elasticps.psclient.client import Behind, Dropped, PSClient, Pulled
+from elasticps.psclient.client import Behind, Dropped, PSClient, Pulled, PullBehind, PushRequest
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
@@ -213,7 +213,7 @@ def test_pushes_and_pulls_over_the_bulk_channel_train_as_over_grpc(
         expected = model()
         for step in range(3):
             for i, client in enumerate(clients):
-                pushed = client.push_gradients(gradient(0.1 * (i + 1)), versions, minibatch=f"m{step}.{i}")
+                pushed = client.push(PushRequest(gradient(0.1 * (i + 1)), versions, minibatch=f"m{step}.{i}")).result()
                 assert pushed.all_accepted
             if mode == "sync":
                 store.commit(versions[0], ["w0", "w1"])
@@ -245,7 +245,7 @@ def test_a_blocked_bulk_port_falls_back_to_grpc_frames(
         client = PSClient([address], worker="w", deadline_s=10)
         try:
             versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
-            assert client.push_gradients(gradient(0.1), versions).all_accepted
+            assert client.push(PushRequest(gradient(0.1), versions)).result().all_accepted
             pulled = client.pull(versions=[-1])
             np.testing.assert_allclose(pulled.tensors["a"], model()["a"] - np.float32(0.1) * np.float32(0.5), rtol=1e-6)
             route = client._routes[0]
@@ -264,12 +264,12 @@ def test_a_shard_without_a_bulk_channel_is_served_by_grpc_frames(
     client = PSClient([address], worker="w", deadline_s=10)
     try:
         versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
-        assert client.push_gradients(gradient(0.1), versions).all_accepted
+        assert client.push(PushRequest(gradient(0.1), versions)).result().all_accepted
         assert store.version == 1
         route = client._routes[0]
         assert route is not None and route.fallbacks == 1  # asked once, then not for RETRY_AFTER_S
         # A pull asked behind a push is sent after it, over gRPC frames too.
-        pushed = client.push_gradients(gradient(0.1), [1], pull_behind_ms=0)
+        pushed = client.push(PushRequest(gradient(0.1), [1], pull_behind=PullBehind(0))).result()
         assert pushed.behind is not None and pushed.behind.sent == 0
         pulled = pushed.behind.result()
         assert pulled.versions == [2]
@@ -286,15 +286,16 @@ def test_a_refusal_over_the_bulk_channel_is_the_grpc_status(
     never answered, and the client's next push and pull are whole."""
     address, store, server = ps("async", None)
     client = PSClient([address], worker="w", deadline_s=10)
+    behind = None if pull_behind_ms is None else PullBehind(pull_behind_ms)
     try:
         versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
         bad = gradient(0.1)
         bad["a"][7] = np.nan
         with pytest.raises(grpc.RpcError) as caught:
-            client.push_gradients(bad, versions, pull_behind_ms=pull_behind_ms)
+            client.push(PushRequest(bad, versions, pull_behind=behind)).result()
         assert isinstance(caught.value, grpc.Call) and caught.value.code() is INVALID
         assert store.version == 0
-        pushed = client.push_gradients(gradient(0.1), versions, pull_behind_ms=pull_behind_ms)
+        pushed = client.push(PushRequest(gradient(0.1), versions, pull_behind=behind)).result()
         assert pushed.all_accepted
         if pushed.behind is not None:
             assert pushed.behind.result().versions == [1]
@@ -491,7 +492,7 @@ def test_an_async_pull_behind_a_push_brings_the_model_with_the_push_in_one_round
         versions = client.push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
         expected = model()
         for step in range(3):
-            pushed = client.push_gradients(gradient(0.1), versions, pull_behind_ms=0)
+            pushed = client.push(PushRequest(gradient(0.1), versions, pull_behind=PullBehind(0))).result()
             assert pushed.all_accepted and pushed.behind is not None and pushed.behind.sent == 1
             pulled = pushed.behind.result()
             assert pushed.behind.result() is pulled  # read once
@@ -518,7 +519,8 @@ def test_a_sync_pull_behind_a_gradient_is_answered_when_the_round_is_committed(
         versions = clients[0].push_model(model(), OptimizerConfig("sgd", {"learning_rate": 0.5}))
         behinds = []
         for i, client in enumerate(clients):
-            pushed = client.push_gradients(gradient(0.1 * (i + 1)), versions, minibatch=f"m{i}", pull_behind_ms=5_000)
+            request = PushRequest(gradient(0.1 * (i + 1)), versions, minibatch=f"m{i}", pull_behind=PullBehind(5_000))
+            pushed = client.push(request).result()
             assert pushed.all_accepted and pushed.behind is not None
             behinds.append(pushed.behind)
         answers: list[object] = []
@@ -555,7 +557,7 @@ def sync_client(
 
 def staged(client: PSClient, wait_ms: int) -> Behind:
     """A gradient staged for round 0, and the pull behind it."""
-    pushed = client.push_gradients(gradient(0.1), [0], minibatch="m", pull_behind_ms=wait_ms)
+    pushed = client.push(PushRequest(gradient(0.1), [0], minibatch="m", pull_behind=PullBehind(wait_ms))).result()
     assert pushed.all_accepted and pushed.behind is not None
     return pushed.behind
 

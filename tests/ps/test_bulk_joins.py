@@ -28,7 +28,7 @@ from elasticps.coordinator.shards import Shards
 from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.bulk import BulkServer
-from elasticps.psclient.client import PSClient, Pushed
+from elasticps.psclient.client import PSClient, PullBehind, Pushed, PushRequest
 from elasticps.ps.main import LocalShard
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import ParameterServerServicer
@@ -95,7 +95,8 @@ def gradient(scale: float) -> dict[str, np.ndarray]:
 
 
 def push(client: PSClient, scale: float, minibatch: str) -> Pushed:
-    pushed = client.push_gradients(gradient(scale), [0], minibatch=minibatch, pull_behind_ms=5_000, join_behind=True)
+    request = PushRequest(gradient(scale), [0], minibatch=minibatch, pull_behind=PullBehind(5_000, join=True))
+    pushed = client.push(request).result()
     assert pushed.all_accepted and pushed.behind is not None
     return pushed
 

@@ -18,7 +18,7 @@ from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.embedding import RowGrads
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc import frames
@@ -56,8 +56,8 @@ def test_a_push_updates_each_row_on_its_shard(cluster: tuple[list[ParameterStore
     ids = np.array([1, 2, 3, 4], np.int64)
     before = client.pull_embeddings({"items": ids}).rows["items"]
     grads = np.arange(16, dtype=np.float32).reshape(4, 4)
-    assert client.push_gradients({"w": np.ones(3, np.float32)}, [0, 0],
-                                 embeddings={"items": RowGrads(ids, grads)}).all_accepted
+    assert client.push(PushRequest({"w": np.ones(3, np.float32)}, [0, 0],
+                                   embeddings={"items": RowGrads(ids, grads)})).result().all_accepted
     after = client.pull_embeddings({"items": ids})
     np.testing.assert_allclose(after.rows["items"], before - grads, rtol=1e-6)
     assert after.versions == [1, 1]
@@ -110,7 +110,7 @@ def test_a_push_of_rows_with_nan_or_of_another_table_changes_nothing(
         ({"other": RowGrads(ids, np.ones((2, 4), np.float32))}, "no embedding table 'other'"),
     ):
         with pytest.raises(grpc.RpcError) as caught:
-            client.push_gradients({"w": np.ones(3, np.float32)}, [0, 0], embeddings=rows)
+            client.push(PushRequest({"w": np.ones(3, np.float32)}, [0, 0], embeddings=rows)).result()
         assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
         assert message in (caught.value.details() or "")  # type: ignore[attr-defined]
     after = client.pull_embeddings({"items": ids})

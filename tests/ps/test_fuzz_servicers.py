@@ -34,7 +34,7 @@ from elasticps.coordinator.shards import Shards, ShardView
 from elasticps.coordinator.tasks.base import MAX_COUNT, QueueSettings
 from elasticps.coordinator.tasks.queue import TaskQueue
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.servicer import ParameterServerServicer
 from elasticps.ps.servicer import add_to_server as add_ps
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -441,7 +441,7 @@ def test_the_ps_client_retries_a_resource_exhausted_push_until_a_slot_is_free(
     until(lambda: shard.servicer.in_flight()[0] == 2)  # type: ignore[union-attr]
     client = PSClient([shard.address], worker="w1", deadline_s=60)
     try:
-        pushed = client.push_gradients(grads(), versions=[1], state={"bn/mean": np.ones(3, np.float32)})
+        pushed = client.push(PushRequest(grads(), versions=[1], state={"bn/mean": np.ones(3, np.float32)})).result()
     finally:
         client.close()
     assert pushed.all_accepted and pushed.versions == [2]

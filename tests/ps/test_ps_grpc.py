@@ -18,7 +18,7 @@ import pytest
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
-from elasticps.psclient.client import ModelMismatch, PSClient, Pulled, ShardsUninitialized
+from elasticps.psclient.client import ModelMismatch, PSClient, Pulled, PushRequest, ShardsUninitialized
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -150,7 +150,7 @@ def test_pull_with_current_versions_returns_no_tensors(make_cluster: Callable[..
 def test_second_push_model_keeps_the_first(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster()
     c.client.push_model(model(), SGD)
-    c.client.push_gradients(gradients(), [0, 0])
+    c.client.push(PushRequest(gradients(), [0, 0])).result()
     assert c.commit(0) == [1, 1]
     other = {n: v + 1 for n, v in model().items()}
     assert c.client.push_model(other, OptimizerConfig("adam", {})) == [1, 1]
@@ -168,10 +168,10 @@ def test_push_model_of_another_model_is_a_model_mismatch_naming_the_difference(
     assert_tensors(c.client.pull([-1, -1]).tensors, model())
 
 
-def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]) -> None:
+def test_a_push_updates_every_shard(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster()
     c.client.push_model(model(), SGD)
-    pushed = c.client.push_gradients(gradients(), [0, 0])
+    pushed = c.client.push(PushRequest(gradients(), [0, 0])).result()
     assert pushed.accepted == [True, True]
     assert pushed.all_accepted
     assert pushed.versions == [0, 0]  # staged: nothing moves before the round is committed
@@ -183,24 +183,24 @@ def test_push_gradients_updates_every_shard(make_cluster: Callable[..., Cluster]
     assert_tensors(pulled.tensors, expected)
 
     # A stale gradient (sync, tolerance 0) is rejected by every shard and changes nothing.
-    stale = c.client.push_gradients(gradients(5.0), [0, 0])
+    stale = c.client.push(PushRequest(gradients(5.0), [0, 0])).result()
     assert stale.accepted == [False, False]
     assert not stale.all_accepted
     assert stale.versions == [1, 1]
     assert_tensors(c.client.pull([-1, -1]).tensors, expected)
 
     # The push's learning rate travels.
-    c.client.push_gradients(gradients(), [1, 1], learning_rate=0.5)
+    c.client.push(PushRequest(gradients(), [1, 1], learning_rate=0.5)).result()
     c.commit(1)
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(expected, gradients(), 0.5))
 
 
-def test_push_gradients_async_many_in_flight(make_cluster: Callable[..., Cluster]) -> None:
-    """More async pushes in flight than the client's fan-out threads: no deadlock, applied in order."""
+def test_background_pushes_many_in_flight(make_cluster: Callable[..., Cluster]) -> None:
+    """More background pushes in flight than the client's fan-out threads: no deadlock, applied in order."""
     c = make_cluster(rule=UpdateRule.ASYNC)
     c.client.push_model(model(), SGD)
     pushes = 8  # > 2 x num_shards, the fan-out pool's size
-    futures = [c.client.push_gradients_async(gradients(), [0, 0]) for _ in range(pushes)]
+    futures = [c.client.push(PushRequest(gradients(), [0, 0], background=True)) for _ in range(pushes)]
     results = [f.result(timeout=120) for f in futures]  # a deadlock fails here instead of hanging
     assert [r.versions for r in results] == [[i, i] for i in range(1, pushes + 1)]
     assert all(r.all_accepted for r in results)
@@ -225,7 +225,7 @@ def test_long_poll_pull_answers_when_the_version_moves(make_cluster: Callable[..
 
     poller = threading.Thread(target=poll)
     poller.start()
-    c.client.push_gradients(gradients(), [0])
+    c.client.push(PushRequest(gradients(), [0])).result()
     c.commit(0)
     poller.join(60)
     assert not poller.is_alive()
@@ -248,7 +248,7 @@ def test_bad_gradient_is_invalid_argument_and_changes_nothing(make_cluster: Call
     c = make_cluster()
     c.client.push_model(model(), SGD)
     with pytest.raises(grpc.RpcError) as raised:
-        c.client.push_gradients(bad_everywhere(kind), [0, 0])
+        c.client.push(PushRequest(bad_everywhere(kind), [0, 0])).result()
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     pulled = c.client.pull([-1, -1])
     assert pulled.versions == [0, 0]
@@ -259,9 +259,9 @@ def test_infinite_learning_rate_is_invalid_argument(make_cluster: Callable[..., 
     c = make_cluster()
     c.client.push_model(model(), SGD)
     with pytest.raises(grpc.RpcError) as raised:
-        c.client.push_gradients(gradients(), [0, 0], learning_rate=float("inf"))
+        c.client.push(PushRequest(gradients(), [0, 0], learning_rate=float("inf"))).result()
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert c.client.push_gradients(gradients(), [0, 0]).all_accepted
+    assert c.client.push(PushRequest(gradients(), [0, 0])).result().all_accepted
     c.commit(0)
     assert_tensors(c.client.pull([-1, -1]).tensors, sgd_step(model(), gradients(), 0.1))
 
@@ -274,7 +274,7 @@ def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Ca
     grads = gradients()
     grads["dense/bias:0"] = np.array([1.0, np.nan, 0.0], dtype=np.float32)  # shard 1
     with pytest.raises(grpc.RpcError) as raised:
-        c.client.push_gradients(grads, [0, 0])
+        c.client.push(PushRequest(grads, [0, 0])).result()
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert commit_round(c.addresses[0], 0, ["worker-0"], dry_run=True) == 0
     with pytest.raises(grpc.RpcError) as refused:
@@ -286,7 +286,7 @@ def test_bad_gradient_for_one_shard_leaves_that_shard_unchanged(make_cluster: Ca
     a = make_cluster(rule=UpdateRule.ASYNC)
     a.client.push_model(model(), SGD)
     with pytest.raises(grpc.RpcError):
-        a.client.push_gradients(grads, [0, 0])
+        a.client.push(PushRequest(grads, [0, 0])).result()
     assert [s.version for s in a.stores] == [1, 0]
     expected = {n: (sgd_step({n: v}, grads, 0.1)[n] if home(n) == 0 else v) for n, v in model().items()}
     assert_tensors(a.client.pull([-1, -1]).tensors, expected)
@@ -298,7 +298,7 @@ def test_uninitialised_shards(make_cluster: Callable[..., Cluster]) -> None:
     assert pulled.uninitialized == [0, 1]
     assert pulled.tensors == {}
     with pytest.raises(ShardsUninitialized) as raised:
-        c.client.push_gradients(gradients(), [0, 0])
+        c.client.push(PushRequest(gradients(), [0, 0])).result()
     assert raised.value.shards == [0, 1]
     assert [s.initialized for s in c.stores] == [False, False]
 
@@ -309,21 +309,21 @@ def test_one_uninitialised_shard_is_named(make_cluster: Callable[..., Cluster]) 
     c.stores[0].initialize(PLACEMENT.split(model())[0], SGD)
     assert c.client.pull([-1, -1]).uninitialized == [1]
     with pytest.raises(ShardsUninitialized) as raised:
-        c.client.push_gradients(gradients(), [0, 0])
+        c.client.push(PushRequest(gradients(), [0, 0])).result()
     assert raised.value.shards == [1]
     # Re-pushing the model initialises shard 1 and leaves shard 0's model alone.
     assert c.client.push_model(model(), SGD) == [0, 0]
-    assert c.client.push_gradients(gradients(), [0, 0]).accepted == [True, True]
+    assert c.client.push(PushRequest(gradients(), [0, 0])).result().accepted == [True, True]
 
 
 def test_one_shard_client(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster(shards=1)
     with pytest.raises(ShardsUninitialized) as raised:
-        c.client.push_gradients(gradients(), [0])
+        c.client.push(PushRequest(gradients(), [0])).result()
     assert raised.value.shards == [0]
     c.client.push_model(model(), SGD)
     assert_tensors(stored(c.stores[0]), model())
-    assert c.client.push_gradients(gradients(), [0]).versions == [0]
+    assert c.client.push(PushRequest(gradients(), [0])).result().versions == [0]
     assert c.commit(0) == [1]
 
 
@@ -336,7 +336,7 @@ def test_a_20_mb_variable_round_trips_in_chunks(make_cluster: Callable[..., Clus
     c.client.push_model(tensors, SGD)
     assert_tensors(c.client.pull([-1, -1]).tensors, tensors)
     grads = {"big/kernel:0": np.full(5_000_000, 2.0, dtype=np.float32), "dense/bias:0": np.ones(3, dtype=np.float32)}
-    assert c.client.push_gradients(grads, [0, 0]).all_accepted
+    assert c.client.push(PushRequest(grads, [0, 0])).result().all_accepted
     if rule is UpdateRule.SYNC:
         c.commit(0)
     pulled = c.client.pull([-1, -1])
@@ -371,7 +371,7 @@ def test_client_with_a_placement_made_by_hand_pushes_and_pulls_through_it(grpc_s
         assert_tensors(stored(stores[0]), {})  # shard 0 initialised with nothing
         assert_tensors(stored(stores[1]), model())
         assert_tensors(client.pull([-1, -1]).tensors, model())
-        pushed = client.push_gradients(gradients(), [0, 0])
+        pushed = client.push(PushRequest(gradients(), [0, 0])).result()
         assert pushed.accepted == [True, True]
         assert [commit_round(a, 0, ["w"]) for a in addresses] == [1, 1]
         expected = sgd_step(model(), gradients(), 0.1)
@@ -540,7 +540,7 @@ def test_a_commit_the_shard_refuses_is_failed_precondition_and_changes_nothing(
 ) -> None:
     c = make_cluster(shards=1)
     c.client.push_model(model(), SGD)
-    c.client.push_gradients(gradients(), [0])
+    c.client.push(PushRequest(gradients(), [0])).result()
     with pytest.raises(grpc.RpcError) as raised:
         c.commit(round_, workers)
     assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
@@ -559,7 +559,7 @@ def test_commit_round_on_an_empty_shard_is_failed_precondition(make_cluster: Cal
 def test_a_retried_commit_round_answers_the_version_and_applies_nothing(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster()
     c.client.push_model(model(), SGD)
-    c.client.push_gradients(gradients(), [0, 0])
+    c.client.push(PushRequest(gradients(), [0, 0])).result()
     assert c.commit(0, dry_run=True) == [0, 0]
     assert c.commit(0) == [1, 1]
     assert c.commit(0) == [1, 1]
@@ -577,7 +577,7 @@ def test_describe_shard_tells_initialised_version_boot_incarnation_and_checkpoin
         assert empty.boot == c.stores[0].boot != 0
         assert list(empty.checkpoints) == []  # this shard writes none
         c.client.push_model(model(), SGD)
-        c.client.push_gradients(gradients(), [0])
+        c.client.push(PushRequest(gradients(), [0])).result()
         c.commit(0)
         state: pb.ShardState = stub.DescribeShard(pb.DescribeRequest(), timeout=30)
         assert (state.initialized, state.version, state.boot, state.incarnation) == (True, 1, empty.boot, 0)
@@ -592,7 +592,7 @@ def test_push_model_at_a_version_initialises_the_shard_there(make_cluster: Calla
     c.stores[0].initialize(PLACEMENT.split(model())[0], SGD, version=4)
     assert c.client.push_model(model(), SGD, versions=[4, 4]) == [4, 4]
     assert [s.version for s in c.stores] == [4, 4]
-    assert c.client.push_gradients(gradients(), [4, 4]).all_accepted
+    assert c.client.push(PushRequest(gradients(), [4, 4])).result().all_accepted
     assert c.commit(4) == [5, 5]
     pulled = c.client.pull([-1, -1])
     assert pulled.versions == [5, 5]
@@ -619,7 +619,7 @@ def test_the_pushed_minibatch_name_reaches_the_round_log(grpc_servers: Callable[
     client = PSClient([address], worker="w-1", deadline_s=30.0)
     try:
         client.push_model(model(), SGD)
-        assert client.push_gradients(gradients(), [0], minibatch="w-1/s/1").all_accepted
+        assert client.push(PushRequest(gradients(), [0], minibatch="w-1/s/1")).result().all_accepted
     finally:
         client.close()
     assert commit_round(address, 0, ["w-1"]) == 1
@@ -659,8 +659,8 @@ def test_a_waiting_pull_of_another_incarnation_answers_at_once(make_cluster: Cal
 def test_a_push_from_another_incarnation_is_refused_over_the_wire(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster()
     c.client.push_model(model(), SGD, versions=[3, 3], incarnation=2)
-    assert not any(c.client.push_gradients(gradients(), [3, 3], incarnations=[1, 1]).accepted)
-    assert c.client.push_gradients(gradients(), [3, 3], incarnations=[2, 2]).all_accepted
+    assert not any(c.client.push(PushRequest(gradients(), [3, 3], incarnations=[1, 1])).result().accepted)
+    assert c.client.push(PushRequest(gradients(), [3, 3], incarnations=[2, 2])).result().all_accepted
     assert c.commit(3) == [4, 4]
     assert [(s.incarnation, s.version) for s in c.stores] == [(2, 4), (2, 4)]
 
@@ -674,7 +674,7 @@ def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
     channel, stub = raw_stub(address)
     try:
         client.push_model(model(), SGD)
-        assert client.push_gradients(gradients(), [0]).all_accepted
+        assert client.push(PushRequest(gradients(), [0])).result().all_accepted
         commit_round(address, 0, ["w"])
         store.flush_checkpoints()
         state: pb.ShardState = stub.RestoreShard(pb.RestoreRequest(version=1, incarnation=5), timeout=30)
@@ -710,7 +710,7 @@ def test_a_split_variable_joins_new_rows_from_the_newer_shard_with_the_rows_pull
         np.testing.assert_array_equal(first.tensors["big/kernel"], kernel)
         kept = first.tensors["big/kernel"]
         grads = {name: np.ones_like(value) for name, value in tensors.items()}
-        assert client.push_gradients(grads, [0, 0]).all_accepted
+        assert client.push(PushRequest(grads, [0, 0])).result().all_accepted
         assert commit_round(addresses[1], 0, ["worker-0"]) == 1  # shard 1 only
         pulled = client.pull([0, 0])
         assert pulled.versions == [0, 1]

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
@@ -36,7 +36,7 @@ def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[...
         client.push_model(model, OptimizerConfig("sgd", {"learning_rate": 0.1}))
         client.pull([-1])  # full
         client.pull([0])  # current
-        assert client.push_gradients(gradient, [0]).all_accepted  # staged for round 0
+        assert client.push(PushRequest(gradient, [0])).result().all_accepted  # staged for round 0
         assert value(registry, "elasticps_ps_model_version") == 0
         channel = create_channel(f"127.0.0.1:{port}")
         try:
@@ -44,9 +44,9 @@ def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[...
             assert stub.CommitRound(pb.CommitRequest(round=0, workers=["w"]), timeout=30).version == 1
         finally:
             channel.close()
-        assert not client.push_gradients(gradient, [0]).all_accepted  # stale by one: rejected
+        assert not client.push(PushRequest(gradient, [0])).result().all_accepted  # stale by one: rejected
         with pytest.raises(grpc.RpcError):
-            client.push_gradients({"w": np.full(1000, np.nan, dtype=np.float32)}, [1])
+            client.push(PushRequest({"w": np.full(1000, np.nan, dtype=np.float32)}, [1])).result()
     finally:
         client.close()
     assert value(registry, "elasticps_ps_pulls_total", kind="full") == 1

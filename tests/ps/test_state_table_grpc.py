@@ -16,7 +16,7 @@ import pytest
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import PSClient
+from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.psclient.sharding import place, tensor_infos
 from elasticps.ps.store import ParameterStore, StoreSettings
@@ -124,8 +124,10 @@ def test_the_model_push_carries_the_state_and_a_pull_returns_it_apart(make_clust
 def test_sync_a_round_of_two_members_averages_their_state_on_both_shards(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster()
     c.clients["a"].push_model(model(), SGD, state=state())
-    assert c.clients["a"].push_gradients(grads(1.0), [0, 0], minibatch="a/1", state=state(2.0, 3.0)).all_accepted
-    assert c.clients["b"].push_gradients(grads(3.0), [0, 0], minibatch="b/1", state=state(4.0, 5.0)).all_accepted
+    a = PushRequest(grads(1.0), [0, 0], minibatch="a/1", state=state(2.0, 3.0))
+    b = PushRequest(grads(3.0), [0, 0], minibatch="b/1", state=state(4.0, 5.0))
+    assert c.clients["a"].push(a).result().all_accepted
+    assert c.clients["b"].push(b).result().all_accepted
     assert_same(c.held_state(), state())  # staged with the gradients, not applied
     assert c.commit(0, ["a", "b"]) == [1, 1]
     pulled = c.clients["a"].pull([0, 0])
@@ -137,13 +139,13 @@ def test_sync_a_round_of_two_members_averages_their_state_on_both_shards(make_cl
 def test_async_the_latest_push_sets_the_state(make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster(UpdateRule.ASYNC)
     c.clients["a"].push_model(model(), SGD, state=state())
-    c.clients["a"].push_gradients(grads(), [0, 0], state=state(2.0, 3.0))
-    c.clients["b"].push_gradients(grads(), [0, 0], state=state(7.0, 8.0))
+    c.clients["a"].push(PushRequest(grads(), [0, 0], state=state(2.0, 3.0))).result()
+    c.clients["b"].push(PushRequest(grads(), [0, 0], state=state(7.0, 8.0))).result()
     pulled = c.clients["a"].pull([-1, -1])
     assert pulled.versions == [2, 2]
     assert_same(pulled.state, state(7.0, 8.0))
     # The future-returning push carries it too.
-    c.clients["a"].push_gradients_async(grads(), [2, 2], state=state(1.0, 1.5)).result(timeout=60)
+    c.clients["a"].push(PushRequest(grads(), [2, 2], state=state(1.0, 1.5), background=True)).result(timeout=60)
     assert_same(c.clients["b"].pull([-1, -1]).state, state(1.0, 1.5))
 
 
@@ -170,14 +172,14 @@ def test_a_bad_state_tensor_is_invalid_argument_and_its_shard_changes_nothing(
     values = bad(kind)
     if kind == "unknown":  # the client places no tensor outside the model: refused before sending
         with pytest.raises(ValueError, match="bn_2/moving_mean"):
-            c.clients["a"].push_gradients(grads(), [0, 0], state=values)
+            c.clients["a"].push(PushRequest(grads(), [0, 0], state=values)).result()
         assert [s.version for s in c.stores] == [0, 0]
         return
     culprit = {home(n) for n, v in values.items() if v.dtype != np.float32 or v.shape != (4,) or not np.isfinite(v).all()}
     assert len(culprit) == 1
     (refusing,) = culprit
     with pytest.raises(grpc.RpcError) as raised:
-        c.clients["a"].push_gradients(grads(), [0, 0], state=values)
+        c.clients["a"].push(PushRequest(grads(), [0, 0], state=values)).result()
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert c.stores[refusing].version == 0
     with c.stores[refusing].reading_model() as found:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
-from elasticps.psclient.client import Dropped
+from elasticps.psclient.client import Dropped, PullBehind
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.modes import LocalSGD
@@ -418,7 +418,7 @@ def test_sync_drops_the_pull_behind_a_gradient_its_round_refused_and_pulls_again
 
 def test_a_sync_pull_behind_that_waits_is_ended_when_dropped() -> None:
     ps, _, model = ready(UpdateRule.SYNC)
-    pushed = model.push({n: np.ones(v.shape) for n, v in initial_weights().items()}, "m", 1_000)
+    pushed = model.push({n: np.ones(v.shape) for n, v in initial_weights().items()}, "m", PullBehind(1_000))
     assert model._reading is not None
     reading = model._reading[1]
     time.sleep(0.05)

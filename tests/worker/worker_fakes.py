@@ -34,7 +34,7 @@ from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.spec import TrainingSpec
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.psclient.client import Dropped, Pulled, Pushed, ShardsUninitialized
+from elasticps.psclient.client import Dropped, Pulled, Pushed, PushHandle, PushRequest, ShardsUninitialized
 from elasticps.worker.exporting import Exporter
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.backends.api import Trainer
@@ -268,24 +268,21 @@ class FakePS:
             shard.incarnation = incarnation
         return [shard.version for shard in self.shards]
 
-    def push_gradients(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        minibatch: str = "",
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, Any] | None = None,
-        pull_behind_ms: int | None = None,
-        join_behind: bool = False,
-    ) -> Pushed:
-        assert not embeddings  # the fakes train no embedding tables
-        self.events.append(("push", list(versions)))
-        self.minibatches.append(minibatch)
-        sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
-        pushed = self._land(dict(gradients), list(versions), learning_rate, incarnations=incarnations, state=sent_state)
-        return self._behind(pushed, versions, incarnations, pull_behind_ms)
+    def push(self, request: PushRequest) -> PushHandle:
+        assert not request.embeddings  # the fakes train no embedding tables
+        wait_ms = None if request.pull_behind is None else request.pull_behind.wait_ms
+        if request.background:
+            return PushHandle(self._push_later(request, wait_ms))
+
+        def land() -> Pushed:
+            self.events.append(("push", list(request.versions)))
+            self.minibatches.append(request.minibatch)
+            sent_state = {n: np.array(v, copy=True) for n, v in (request.state or {}).items()}
+            pushed = self._land(dict(request.gradients), list(request.versions), request.learning_rate,
+                                incarnations=request.incarnations, state=sent_state)  # fmt: skip
+            return self._behind(pushed, request.versions, request.incarnations, wait_ms)
+
+        return PushHandle.now(land)
 
     def _behind(
         self, pushed: Pushed, versions: Sequence[int], incarnations: Sequence[int] | None, wait_ms: int | None
@@ -295,25 +292,15 @@ class FakePS:
         behind: Any = FakeBehind(self, list(versions), None if incarnations is None else list(incarnations), wait_ms)
         return dataclasses.replace(pushed, behind=behind)
 
-    def push_gradients_async(
-        self,
-        gradients: Mapping[str, np.ndarray],
-        versions: Sequence[int],
-        learning_rate: float = 0.0,
-        incarnations: Sequence[int] | None = None,
-        state: Mapping[str, np.ndarray] | None = None,
-        embeddings: Mapping[str, Any] | None = None,
-        pull_behind: bool = False,
-    ) -> Future[Pushed]:
-        assert not embeddings  # the fakes train no embedding tables
-        self.events.append(("push_async", list(versions)))
-        sent, at = {n: np.array(g, copy=True) for n, g in gradients.items()}, list(versions)
-        sent_state = {n: np.array(v, copy=True) for n, v in (state or {}).items()}
-        held = None if incarnations is None else list(incarnations)
+    def _push_later(self, request: PushRequest, wait_ms: int | None) -> LandingFuture:
+        self.events.append(("push_async", list(request.versions)))
+        sent, at = {n: np.array(g, copy=True) for n, g in request.gradients.items()}, list(request.versions)
+        sent_state = {n: np.array(v, copy=True) for n, v in (request.state or {}).items()}
+        held = None if request.incarnations is None else list(request.incarnations)
 
         def land() -> Pushed:
-            pushed = self._land(sent, at, learning_rate, note="landed", incarnations=held, state=sent_state)
-            pushed = self._behind(pushed, at, held, 0 if pull_behind else None)
+            pushed = self._land(sent, at, request.learning_rate, note="landed", incarnations=held, state=sent_state)
+            pushed = self._behind(pushed, at, held, wait_ms)
             if pushed.behind is not None:
                 pushed.behind.result()  # read with the push, as the real client does
             return pushed
