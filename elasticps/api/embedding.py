@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from elasticps.api.table_kinds import DECLARED, DEFAULT_KIND, TableKind
+
 IdArray = npt.NDArray[np.int64]
 INITIALIZERS = ("uniform", "normal", "zeros")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -46,23 +48,42 @@ class EmbeddingError(ValueError):
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One embedding table. ``initializer``: ``uniform`` (in [-scale, scale), Keras's default
-    for ``Embedding`` with scale 0.05), ``normal`` (standard deviation ``scale``) or ``zeros``."""
+    """One declared table. ``initializer``: ``uniform`` (in [-scale, scale), Keras's default
+    for ``Embedding`` with scale 0.05), ``normal`` (standard deviation ``scale``) or ``zeros``.
+    ``kind``: what the table is (``api/table_kinds.py``), an embedding table unless it says."""
 
     name: str
     dim: int
     initializer: str = "uniform"
     scale: float = 0.05
     seed: int = 0
+    kind: TableKind = DEFAULT_KIND
 
     def __post_init__(self) -> None:
+        if isinstance(self.kind, str) and not isinstance(self.kind, TableKind):  # "embedding" from JSON or a caller
+            object.__setattr__(self, "kind", kind_of(self.kind, f"table {self.name!r}"))
         problem = table_problem(self)
         if problem:
             raise EmbeddingError(problem)
 
 
+def kind_of(value: str, where: str) -> TableKind:
+    """The kind ``value`` names (``""``: an embedding table, as everything written before kinds),
+    or :class:`EmbeddingError` naming ``where`` it was found and the value."""
+    if not value:
+        return DEFAULT_KIND
+    try:
+        return TableKind(value)
+    except ValueError:
+        known = ", ".join(sorted(kind.value for kind in DECLARED))
+        raise EmbeddingError(f"{where}: table kind {value!r} is unknown (known: {known})") from None
+
+
 def table_problem(spec: TableSpec) -> str:
     """Why ``spec`` is not a table, or ``""``."""
+    if not isinstance(spec.kind, TableKind) or spec.kind not in DECLARED:
+        return (f"table {spec.name!r}: kind {spec.kind!r} cannot be declared "
+                f"(declared kinds: {', '.join(sorted(kind.value for kind in DECLARED))})")
     if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         return f"embedding table name {spec.name!r} must be 1-128 letters, digits or _ . - /"
     if isinstance(spec.dim, bool) or not isinstance(spec.dim, int) or not 1 <= spec.dim <= MAX_DIM:

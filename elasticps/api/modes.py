@@ -107,6 +107,17 @@ class TrainingMode:
             return f"adaptiveLocalSGD needs an SGD optimizer (K follows its learning rate), the model's is {optimizer}"
         return None
 
+    def tables_problem(self, served_tables: bool) -> str | None:
+        """Why a model with embedding tables served from the PS cannot train this mode, or None:
+        the tables are trained by pushed gradients (sync, async), while LocalSGD averages whole
+        models every few steps."""
+        if served_tables and self.rule is UpdateRule.LOCAL_SGD:
+            return (
+                "embedding tables on the PS are trained by pushed gradients (sync, async); "
+                "LocalSGD averages whole models every few steps: drop spec.training.localSGDSteps"
+            )
+        return None
+
     def problems(self) -> list[tuple[str, str]]:
         """Combinations that cannot run, as (field, why), the field in the spec's spelling."""
         found: list[tuple[str, str]] = []

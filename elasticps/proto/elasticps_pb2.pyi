@@ -191,6 +191,7 @@ class EmbeddingTable(_message.Message):
     INITIALIZER_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """1-128 of A-Z a-z 0-9 _ . - /"""
     dim: _builtins.int
@@ -201,6 +202,10 @@ class EmbeddingTable(_message.Message):
     """finite, >= 0"""
     seed: _builtins.int
     """0..2^63-1"""
+    kind: _builtins.str
+    """What the table is (api/table_kinds.py): "embedding"; empty (a peer from before kinds) means
+    embedding. A kind the receiver does not know is INVALID_ARGUMENT naming it.
+    """
     def __init__(
         self,
         *,
@@ -209,10 +214,11 @@ class EmbeddingTable(_message.Message):
         initializer: _builtins.str = ...,
         scale: _builtins.float = ...,
         seed: _builtins.int = ...,
+        kind: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "initializer", b"initializer", "name", b"name", "scale", b"scale", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "initializer", b"initializer", "kind", b"kind", "name", b"name", "scale", b"scale", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

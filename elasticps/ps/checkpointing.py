@@ -19,7 +19,9 @@ is the schedule around it:
   checkpoint written before shards kept state (no such entry) restores with a table that adopts
   the state the workers push next (``state_table.py``). Embedding tables are saved whole, every row
   held with its slots and count (``emb/<name>/`` keys), their specs and the job's shard count in
-  ``meta["tables"]`` and ``meta["shards"]``.
+  ``meta["tables"]`` and ``meta["shards"]``. Each table comes back through its kind's entry in
+  ``kinds.py``: the dense and state tables always, each declared table by the ``kind`` its spec
+  was saved with (a spec saved before kinds has none: an embedding table).
 """
 
 from __future__ import annotations
@@ -27,18 +29,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from elasticps.api.embedding import EmbeddingError, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.api.table_kinds import TableKind
 from elasticps.ps import checkpoint
-from elasticps.ps.embeddings import EmbeddingTable, table_key
+from elasticps.ps.kinds import KINDS, Restoring
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import make_optimizer
 from elasticps.ps.settings import StoreSettings
-from elasticps.ps.state_table import StateTable
-from elasticps.ps.tables import DenseTable
+from elasticps.ps.tables import Table
 
 log = logging.getLogger(__name__)
 
@@ -55,25 +58,39 @@ def capture(model: Model, version: int, shard: int) -> checkpoint.Checkpoint:
     meta = {"shard": shard, "optimizer": {"name": config.name, "params": dict(config.params)}, "state_table": True}
     tables = list(model.embeddings.values())
     if tables:
-        meta["tables"] = [dataclasses.asdict(table.spec) for table in tables]
+        meta["tables"] = [spec_meta(table.spec) for table in tables]
         meta["shards"] = tables[0].shards
     return checkpoint.Checkpoint(version=version, arrays=arrays, meta=meta)
+
+
+def spec_meta(spec: TableSpec) -> dict[str, Any]:
+    """A declared table's spec as a checkpoint's meta records it, its kind by name."""
+    return {**dataclasses.asdict(spec), "kind": spec.kind.value}
+
+
+def spec_from_meta(saved: Mapping[str, Any]) -> TableSpec:
+    """The spec :func:`spec_meta` recorded; one without ``kind`` (saved before kinds) is an
+    embedding table's. EmbeddingError names an unknown kind; TypeError an unknown field."""
+    return TableSpec(**{**saved, "kind": str(saved.get("kind", "") or "")})
 
 
 def rebuild(found: checkpoint.Checkpoint, shard: int) -> Model:
     """The model :func:`capture` saved: tables, optimizer and its state (OptimizerError if they differ)."""
     spec = found.meta.get("optimizer", {})
     config = OptimizerConfig(name=str(spec.get("name")), params=dict(spec.get("params", {})))
-    state = StateTable.restored(found.arrays, shard, saved=bool(found.meta.get("state_table", False)))
     optimizer = make_optimizer(config)
+    tables: dict[str, Table[Any]] = {}
+    for kind in (TableKind.DENSE, TableKind.STATE):  # implicit in every model
+        tables[KINDS[kind].key(None)] = KINDS[kind].restore(Restoring(shard, 1, optimizer, found.arrays, found.meta))
     try:
-        specs = [TableSpec(**spec) for spec in found.meta.get("tables", [])]
+        specs = [spec_from_meta(spec) for spec in found.meta.get("tables", [])]
         shards = int(found.meta.get("shards", 1))
-        tables = {table_key(spec.name): EmbeddingTable.restored(spec, optimizer, found.arrays, shard, shards)
-                  for spec in specs}
+        for spec in specs:  # each by the kind it was saved with
+            saved = Restoring(shard, shards, optimizer, found.arrays, found.meta, spec)
+            tables[KINDS[spec.kind].key(spec)] = KINDS[spec.kind].restore(saved)
     except (EmbeddingError, TypeError, ValueError) as err:
-        raise checkpoint.CheckpointError("-", f"its embedding tables cannot be restored: {err}") from None
-    model = Model(DenseTable.restored(found.arrays, shard), optimizer, tables, state=state)
+        raise checkpoint.CheckpointError("-", f"its declared tables cannot be restored: {err}") from None
+    model = Model.of(tables, optimizer)
     model.optimizer.load_state(
         {key.removeprefix(_OPTIMIZER): value for key, value in found.arrays.items() if key.startswith(_OPTIMIZER)}
     )

@@ -5,7 +5,9 @@ Built by the store (``store.py``) when a worker pushes a model and by the checkp
 apply an :data:`Update` (each table's gradient, keyed by table name) through it. The dense table is
 always there, under :data:`~elasticps.ps.tables.DENSE`, and so is the model's non-trainable state,
 under :data:`~elasticps.ps.state_table.STATE` (``state_table.py``: empty for a model without any);
-other tables sit beside them: the embedding tables (``embeddings.py``), keyed ``emb/<name>``.
+other tables sit beside them: the declared tables, each keyed by its kind (``kinds.py``): the
+embedding tables (``embeddings.py``), keyed ``emb/<name>``. :meth:`Model.of` takes them all as
+the kinds' factories made them.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elasticps.api.embedding import TableSpec
-from elasticps.ps.embeddings import EmbeddingTable
 from elasticps.ps.errors import GradientError
 from elasticps.ps.layout import Layout
 from elasticps.ps.optimizers import Optimizer
 from elasticps.ps.state_table import STATE, StateTable
-from elasticps.ps.tables import DENSE, Accumulator, DenseTable, Staged, Table
+from elasticps.ps.tables import DENSE, Accumulator, DenseTable, RowTable, Staged, Table
 
 # One push's gradients: table name -> that table's gradient (its own type; see tables.py).
 Update = Mapping[str, Any]
@@ -41,6 +42,18 @@ class Model:
         for table in self.tables.values():
             table.register(optimizer)
 
+    @classmethod
+    def of(cls, tables: Mapping[str, Table[Any]], optimizer: Optimizer) -> Model:
+        """The model of ``tables`` by key: a dense table under ``dense``, its state under ``state``
+        (an empty one when absent), every other table beside them."""
+        dense, state = tables.get(DENSE), tables.get(STATE)
+        if not isinstance(dense, DenseTable):
+            raise TypeError(f"a model's {DENSE!r} table must be a DenseTable, got {type(dense).__name__}")
+        if state is not None and not isinstance(state, StateTable):
+            raise TypeError(f"a model's {STATE!r} table must be a StateTable, got {type(state).__name__}")
+        others = {key: table for key, table in tables.items() if key not in (DENSE, STATE)}
+        return cls(dense, optimizer, others, state=state)
+
     @functools.cached_property
     def layout(self) -> Layout:
         """What a stream to this model may carry, as the model was installed (a state table that
@@ -49,9 +62,14 @@ class Model:
         return Layout.of(self.dense.variables, self.state.values, adopts_state=self.state.adopts_new, tables=specs)
 
     @functools.cached_property
-    def embeddings(self) -> dict[str, EmbeddingTable]:
-        """The embedding tables, by their own names."""
-        return {t.spec.name: t for t in self.tables.values() if isinstance(t, EmbeddingTable)}
+    def embeddings(self) -> dict[str, RowTable]:
+        """The declared tables whose rows are pulled by id (embedding tables), by their own names."""
+        return {t.spec.name: t for t in self.tables.values() if isinstance(t, RowTable)}
+
+    @functools.cached_property
+    def keys(self) -> dict[str, str]:
+        """Each declared table's key in :attr:`tables`, by its own name."""
+        return {t.spec.name: key for key, t in self.tables.items() if isinstance(t, RowTable)}
 
     @property
     def empty(self) -> bool:

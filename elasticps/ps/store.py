@@ -40,16 +40,18 @@ from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.arrivals import PushHead, Stream
 from elasticps.ps.checkpointing import Checkpointing, capture
-from elasticps.ps.embeddings import EmbeddingTable, RowGradient, table_key
+from elasticps.api.table_kinds import TableKind
+from elasticps.ps.embeddings import RowGradient, table_key
 from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
 from elasticps.ps.layout import Described, Layout
+from elasticps.ps.kinds import KINDS, Making
 from elasticps.ps.model import Model
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.outcomes import PushOutcome
 from elasticps.ps.rules import CommitOutcome, Gradient, RoundError, Rule, make_rule
 from elasticps.ps.settings import StoreSettings
-from elasticps.ps.state_table import STATE, StateTable
-from elasticps.ps.tables import DENSE, FLOATS, DenseTable
+from elasticps.ps.state_table import STATE
+from elasticps.ps.tables import DENSE, FLOATS, Table
 from elasticps.ps.versions import ModelVersion
 
 __all__ = [
@@ -194,12 +196,14 @@ class ParameterStore:
         ``received``: ``tensors`` were received into this PS's own buffers, for this call alone:
         the shard may keep them as its variables rather than copy them."""
         _check_offer(version, tensors, state, tables)
-        dense = DenseTable.create(tensors, self.settings.shard, received=received)
-        held_state = StateTable.create(state, self.settings.shard)
+        shard = self.settings.shard
         built = make_optimizer(self._rule.optimizer(optimizer))
+        made: dict[str, Table[Any]] = {}
+        for kind, part in ((TableKind.DENSE, tensors), (TableKind.STATE, state)):  # implicit in every model
+            made[KINDS[kind].key(None)] = KINDS[kind].create(Making(shard, shards, built, tensors=part, received=received))
         try:
-            rows = {table_key(spec.name): EmbeddingTable(spec, built, np.float32, self.settings.shard, shards)
-                    for spec in tables}
+            for spec in tables:
+                made[KINDS[spec.kind].key(spec)] = KINDS[spec.kind].create(Making(shard, shards, built, spec=spec))
         except EmbeddingError as err:
             raise GradientError(str(err)) from None
         with self._installing:
@@ -211,7 +215,7 @@ class ParameterStore:
                 return False
             if held is not None:
                 version, incarnation = self._version.value, self.incarnation
-            self._install(Model(dense, built, rows, state=held_state), version, incarnation)
+            self._install(Model.of(made, built), version, incarnation)
         log.info(
             "shard %d initialised at version %d: %d variables, %d state tensors, %d parameter bytes, "
             "%d embedding tables, %s",
@@ -351,7 +355,7 @@ class ParameterStore:
         _disjoint(gradients, state)
         update: dict[str, object] = {DENSE: gradients, STATE: state} if state else {DENSE: gradients}
         for name, parts in embeddings.items():
-            update[table_key(name)] = _row_gradient(name, parts)
+            update[model.keys.get(name, table_key(name))] = _row_gradient(name, parts)
         model.check(update)
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
         return self._rule.push(model, self._version, Gradient(update, version, base_lr, worker, minibatch, received))

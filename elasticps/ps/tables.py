@@ -38,15 +38,16 @@ import math
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from elasticps.api.embedding import IdArray, TableSpec
 from elasticps.ps.errors import GradientError
 from elasticps.ps.optimizers import APPLY_ROOMS, Optimizer, Scratch, finite, magnitude
 
-__all__ = ["APPLY_ROOMS", "DENSE", "FLOATS", "Accumulator", "DenseSum", "DenseTable", "Staged", "Table", "finite"]
+__all__ = ["APPLY_ROOMS", "DENSE", "FLOATS", "Accumulator", "DenseSum", "DenseTable", "RowTable", "Staged", "Table", "finite"]
 
 Array = npt.NDArray[Any]
 G = TypeVar("G")
@@ -104,6 +105,29 @@ class Table(Protocol[G]):
 
     def snapshot(self) -> dict[str, Array]:
         """Copies of the parameters, keyed in the table's own checkpoint namespace."""
+        ...
+
+
+@runtime_checkable
+class RowTable(Protocol):
+    """A declared table (``TableSpec``) whose rows are keyed by id, split over the job's shards:
+    what the store serves its pulls with and a checkpoint records its spec from (the embedding
+    table; any kind of rows pulled by id, besides being a :class:`Table`)."""
+
+    spec: TableSpec
+    shards: int
+
+    @property
+    def rows_held(self) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+    def pull(self, ids: Any) -> Array:
+        """The rows of ``ids``, in their order; rows not held yet are made."""
+        ...
+
+    def held(self) -> tuple[IdArray, Array]:
+        """Every row held, sorted by id: the ids and the rows."""
         ...
 
 

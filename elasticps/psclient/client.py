@@ -21,7 +21,8 @@ Embedding tables (issue 17): the model's tables (:meth:`PSClient.declare_tables`
 model to every shard; :meth:`PSClient.pull_embeddings` asks each shard for the rows of its ids
 (``id mod N``), all shards at once, and puts them back in the order asked; a push's row
 gradients (:class:`RowGrads`, per table) are split the same way and ride with the shard's dense
-part.
+part. Each table is cut by its kind's splitter (``psclient/kinds.py``: the placement for the dense
+and state tensors, ``id mod N`` for embedding rows).
 
 A push is one :class:`PushRequest` and comes back as a :class:`PushHandle` (ps-lite's shape:
 ``KVWorker::Push`` returns a timestamp that ``Wait`` waits on): the request says what rides behind
@@ -44,9 +45,11 @@ import grpc
 import numpy as np
 
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.api.embedding import PART_GRADIENT, PART_IDS, PART_ROWS, IdArray, RowGrads, TableSpec
+from elasticps.api.embedding import PART_IDS, PART_ROWS, IdArray, RowGrads, TableSpec
+from elasticps.api.table_kinds import DEFAULT_KIND, TableKind
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.rpc.embedding_wire import all_request, ids_request, spec_message
+from elasticps.psclient.kinds import RowSplitter, by_id, placed
 from elasticps.psclient.routes import BulkRoute
 from elasticps.psclient.sharding import DEFAULT_SPLIT_BYTES, Joined, Misplaced, Placement, place, tensor_infos
 from elasticps.rpc import bulk, frames
@@ -330,7 +333,8 @@ class PSClient:
         self.worker = worker
         self.num_shards = len(addresses)
         self.split_bytes = split_bytes
-        self._joined: Joined | None = None if placement is None else Joined(placement)
+        self._dense, self._state = placed(TableKind.DENSE), placed(TableKind.STATE)  # psclient/kinds.py
+        self._joined: Joined | None = None if placement is None else self._dense.joiner(placement)
         self._chunk_bytes = chunk_bytes
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
@@ -355,7 +359,7 @@ class PSClient:
         """Places the model whose variables and state tensors these are (only names, shapes and
         dtypes are read); every later push is split and every pull joined by it."""
         placement = place(tensor_infos(variables, state), self.num_shards, self.split_bytes)
-        self._joined = Joined(placement)
+        self._joined = self._dense.joiner(placement)
         return placement
 
     @property
@@ -366,7 +370,7 @@ class PSClient:
         """``tensors`` as each shard takes them (pieces by held name); needs a placement."""
         if self._joined is None:
             raise RuntimeError("the PS client has placed no model yet (PSClient.place)")
-        return self._joined.placement.split(tensors)
+        return self._dense.split(tensors, self._joined.placement)
 
     def _placed(self, tensors: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray] | None) -> Placement:
         """The placement, made from ``tensors`` and ``state`` (a whole model) when there is none yet."""
@@ -389,8 +393,8 @@ class PSClient:
         model, version 0."""
         config = pb.OptimizerConfig(name=optimizer.name, params=dict(optimizer.params))
         placement = self._placed(tensors, state)
-        parts = placement.split(tensors)
-        state_parts = placement.split(state or {})
+        parts = self._dense.split(tensors, placement)
+        state_parts = self._state.split(state or {}, placement)
 
         def push(shard: int) -> int:
             version = max(0, versions[shard]) if versions is not None else 0
@@ -527,8 +531,8 @@ class PSClient:
         learning_rate, minibatch, behind_spec = request.learning_rate, request.minibatch, request.pull_behind
         join_behind = behind_spec is not None and behind_spec.join
         placement = self._placed(gradients, state)
-        parts = placement.split(gradients)
-        state_parts = placement.split(state or {})
+        parts = self._dense.split(gradients, placement)
+        state_parts = self._state.split(state or {}, placement)
         row_parts = self._split_rows(request.embeddings or {})
         held = list(request.incarnations) if request.incarnations is not None else [0] * self.num_shards
         waiting: list[bulk.BulkConnection | None] = [None] * self.num_shards
@@ -578,25 +582,30 @@ class PSClient:
             behind = Behind(self, versions, held, behind_spec.wait_ms, waiting, pulls[0] if join_behind else None)
         return Pushed([r.accepted for r in replies], [r.version for r in replies], behind)
 
+    def _rows_of(self, table: str) -> RowSplitter:
+        """The splitter of a declared table's rows, by its kind (``psclient/kinds.py``); a table
+        not declared is an embedding table, as before kinds."""
+        kind = next((spec.kind for spec in self.tables if spec.name == table), DEFAULT_KIND)
+        return by_id(kind)
+
     def _split_rows(self, embeddings: Mapping[str, RowGrads]) -> list[dict[str, dict[str, np.ndarray]]]:
-        """Each shard's part of the row gradients: the ids ``id mod N`` names it, with their rows."""
+        """Each shard's part of the row gradients, cut by each table's kind (embedding: the ids
+        ``id mod N`` names it, with their rows)."""
         out: list[dict[str, dict[str, np.ndarray]]] = [{} for _ in range(self.num_shards)]
         for table, part in embeddings.items():
-            owners = np.mod(part.ids, self.num_shards)
-            for shard in range(self.num_shards):
-                mine = owners == shard
-                if mine.any():
-                    out[shard][table] = {PART_IDS: part.ids[mine], PART_GRADIENT: part.grads[mine]}
+            for shard, piece in enumerate(self._rows_of(table).split(part, self.num_shards)):
+                if piece is not None:
+                    out[shard][table] = piece
         return out
 
     def pull_embeddings(self, ids: Mapping[str, IdArray]) -> PulledRows:
         """The rows of ``ids`` per table, in their order: each shard is asked for the ids it holds
-        (``id mod N``; the caller passes distinct ids), all shards at once."""
-        owners = {table: np.mod(values, self.num_shards) for table, values in ids.items()}
+        (embedding: ``id mod N``; the caller passes distinct ids), all shards at once."""
+        splitters = {table: self._rows_of(table) for table in ids}
+        asked = {table: splitters[table].ask(values, self.num_shards) for table, values in ids.items()}
 
         def pull(shard: int) -> tuple[int, int, dict[str, np.ndarray]]:
-            mine = {table: values[owners[table] == shard] for table, values in ids.items()}
-            mine = {table: values for table, values in mine.items() if values.size}
+            mine = {table: per_shard[shard] for table, per_shard in asked.items() if per_shard[shard].size}
             if not mine:
                 return -1, -1, {}
             request = ids_request(self.worker, mine)
@@ -616,16 +625,8 @@ class PSClient:
             return head.version, head.incarnation, rows
 
         results = self._fan_out(pull)
-        out: dict[str, np.ndarray] = {}
-        for table, values in ids.items():
-            parts = [(owners[table] == shard, results[shard][2].get(table)) for shard in range(self.num_shards)]
-            dim = next((p.shape[1] for _, p in parts if p is not None), 0)
-            dtype = next((p.dtype for _, p in parts if p is not None), np.dtype(np.float32))
-            rows = np.empty((values.size, dim), dtype)
-            for mask, part in parts:
-                if part is not None:
-                    rows[mask] = part
-            out[table] = rows
+        out = {table: splitters[table].join(values, self.num_shards, [r[2].get(table) for r in results])
+               for table, values in ids.items()}
         return PulledRows(out, [r[0] for r in results], [r[1] for r in results])
 
     def held_rows(self, tables: Sequence[str]) -> dict[str, tuple[IdArray, np.ndarray]]:

@@ -31,7 +31,6 @@ import grpc
 
 from elasticps.api.context import RoleContext, add_job_flags, context_from_args
 from elasticps.api.flags import add_decentralized_flags, decentralized_from_args
-from elasticps.api.modes import UpdateRule
 from elasticps.api.output import exported_job
 from elasticps.api.replicas import Role
 from elasticps.api.spec import DecentralizedSpec, Framework, ModelSpec, Strategy
@@ -263,7 +262,7 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
         columns = getattr(training if training is not None else to_predict, "column_names", None)
         mode = config.job.mode
         # Embedding tables live on the PS in the modes that push gradients; a decentralized
-        # worker keeps them local (its model is its own), LocalSGD refuses them below.
+        # worker keeps them local (its model is its own).
         trainer_options = TrainerOptions(
             config.job.training.minibatch_size,
             seed=config.job.index * 7919,
@@ -272,14 +271,11 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
         trainer = backend.trainer(module, config.model.params, trainer_options)
-        if trainer.tables() and mode.rule is UpdateRule.LOCAL_SGD:
-            raise ModelError(
-                f"{config.model.model_def}: embedding tables on the PS are trained by pushed gradients (sync, async); "
-                "LocalSGD averages whole models every few steps: drop spec.training.localSGDSteps"
-            )
-        problem = mode.optimizer_problem(
-            trainer.optimizer_config(config.job.training.learning_rate).name
-        )
+        # What the model and the mode cannot do together (api/modes.py says which combinations).
+        problem = mode.tables_problem(bool(trainer.tables()))
+        if problem:
+            raise ModelError(f"{config.model.model_def}: {problem}")
+        problem = mode.optimizer_problem(trainer.optimizer_config(config.job.training.learning_rate).name)
         if problem:
             raise OptimizerError(problem)
         if spec.standalone:

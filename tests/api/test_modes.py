@@ -146,3 +146,11 @@ def test_adaptive_localsgd_needs_an_sgd_optimizer() -> None:
         "adaptiveLocalSGD needs an SGD optimizer (K follows its learning rate), the model's is adam"
     )
     assert TrainingMode.of(TrainingSpec(local_sgd_steps=4)).optimizer_problem("adam") is None  # its own, between averagings
+
+
+def test_tables_served_from_the_ps_are_refused_by_local_sgd_only() -> None:
+    local = TrainingMode.of(TrainingSpec(local_sgd_steps=4))
+    assert "LocalSGD" in (local.tables_problem(True) or "")
+    assert local.tables_problem(False) is None
+    for spec in (TrainingSpec(), TrainingSpec(use_async=True), TrainingSpec(use_async=True, get_model_frequency=4)):
+        assert TrainingMode.of(spec).tables_problem(True) is None, spec

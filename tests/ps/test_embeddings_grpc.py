@@ -127,3 +127,35 @@ def test_frames_carry_table_parts_apart_from_the_variables() -> None:
     np.testing.assert_array_equal(decoded.embeddings["items"]["ids"], ids)
     np.testing.assert_array_equal(decoded.embeddings["items"]["gradient"], grads)
     assert frames.tensor_bytes(decoded) == 4 + ids.nbytes + grads.nbytes
+
+
+
+def push_model_raw(grpc_servers: Callable[..., int], table: pb.EmbeddingTable) -> tuple[ParameterStore, grpc.RpcError | None]:
+    """A fresh shard, and the status of a PushModel declaring ``table`` as a peer sends it (None: accepted)."""
+    store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=UpdateRule.ASYNC)))
+    port = grpc_servers(lambda server: add_to_server(ParameterServerServicer(store), server))
+    head = pb.Frame(model=pb.ModelHead(initialized=True, optimizer=pb.OptimizerConfig(name="sgd"), tables=[table], shards=1))
+    channel = create_channel(f"127.0.0.1:{port}")
+    try:
+        call = channel.stream_unary(f"/{frames.PS_SERVICE.full_name}/PushModel", request_serializer=None,
+                                    response_deserializer=pb.ModelHead.FromString)
+        call(frames.encode(head, DENSE, frames.CHUNK_BYTES), timeout=10)
+        return store, None
+    except grpc.RpcError as err:
+        return store, err
+    finally:
+        channel.close()
+
+
+def test_a_model_declaring_a_table_of_an_unknown_kind_is_refused_naming_it(grpc_servers: Callable[..., int]) -> None:
+    table = pb.EmbeddingTable(name="items", dim=4, initializer="uniform", scale=0.05, seed=3, kind="frobnicated")
+    store, err = push_model_raw(grpc_servers, table)
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "table kind 'frobnicated' is unknown" in (err.details() or "")  # type: ignore[attr-defined]
+    assert store.layout is None  # nothing installed
+
+
+def test_a_model_from_a_peer_before_kinds_declares_embedding_tables(grpc_servers: Callable[..., int]) -> None:
+    table = pb.EmbeddingTable(name="items", dim=4, initializer="uniform", scale=0.05, seed=3)  # no kind
+    store, err = push_model_raw(grpc_servers, table)
+    assert err is None and store.layout is not None and store.layout.tables == {"items": TABLE}
