@@ -134,7 +134,10 @@ def test_a_ps_killed_mid_job_restores_every_row_of_its_checkpoint(tmp_path: Path
     result = json.loads(result_file.read_text())
     assert result["epoch_records"] == [TRAIN, TRAIN]
     assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
-    assert result["metrics"]["auc"] > 0.8, result["metrics"]
+    # Learning goes on after the restore (chance is 0.5). Rolled back at a moment that varies, the
+    # job ends at AUC 0.80-0.84 (eight runs alone on 2 cores, before and after issue 32) and 0.798
+    # once in a loaded full suite: 0.8 is inside its spread, 0.75 clear of it.
+    assert result["metrics"]["auc"] > 0.75, result["metrics"]
     assert_rows_are_the_datas_ids(tmp_path, run_dir, "ctr-kill")
 
 
