@@ -2,9 +2,9 @@
 
 A model module (``--model_def``; ``elasticps/backends/keras/model_loading.py`` checks it) may give
 ``dataset_fn(dataset, mode, metadata)``, the data function of ElasticDL's model zoo, or
-``feed(dataset, mode)``. The worker's ``KerasTrainer`` calls it with these two. Both are importable
-as ``from elasticps import Mode, Metadata``, so an ElasticDL module changes one import line,
-``from elasticdl.python.common.constants import Mode``, and nothing else.
+``feed(dataset, mode)``. The worker's trainer (its framework's backend) calls it with these two.
+Both are importable as ``from elasticps import Mode, Metadata``, so an ElasticDL module changes one
+import line, ``from elasticdl.python.common.constants import Mode``, and nothing else.
 
 Standard library only: every process imports the ``elasticps`` package, the PS too.
 """

@@ -1,7 +1,7 @@
 """Writing one prediction task's outputs: a JSON-lines file that appears whole or not at all.
 
 Caller: the training loop, for a prediction task (``training.py``), with the model's outputs for
-records ``[start, end)`` of the prediction data (``KerasTrainer.predict``). No TensorFlow here:
+records ``[start, end)`` of the prediction data (the backend's ``Trainer.predict``). No framework here:
 outputs arrive as numpy arrays.
 
 Each task writes ``<output>/predictions/part-<start>-<end>.jsonl`` (``api/output.py`` names it),
