@@ -152,13 +152,22 @@ def peer_worker_replica(
     ])
 
 
+# A replica's exit code for a mistake in what it was given (a model module that cannot be imported,
+# data that is not there, an output it cannot write, a model the mode cannot train; argparse's too):
+# the same input fails the same way, so no policy replaces it (``elasticps/exits.py`` says it).
+USER_ERROR = 2
+
+
 def should_restart(policy: RestartPolicy, exit_code: int) -> bool:
-    """Whether a replica that exited with ``exit_code`` is started again (Kubeflow's rules).
+    """Whether a replica that exited with ``exit_code`` is started again (Kubeflow's rules, and
+    :data:`USER_ERROR` permanent under every policy).
 
     ExitCode: 1-127 are permanent errors (the program said no), 128 and above are signals
     (kill -9 is 137, an OOM kill too) and are retried. A clean exit (0) is never restarted except
     under Always.
     """
+    if exit_code == USER_ERROR:
+        return False
     if policy is RestartPolicy.ALWAYS:
         return True
     if exit_code == 0 or policy is RestartPolicy.NEVER:

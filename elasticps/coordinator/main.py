@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.servicer import CoordinatorServicer, add_to_server
 from elasticps.coordinator.settings import queue_settings
 from elasticps.data.readers import DataError
+from elasticps.exits import user_error
 from elasticps.files import write_atomically
 from elasticps.rpc.channels import bind
 from elasticps.rpc.health import add_async_health
@@ -34,7 +34,6 @@ from elasticps.storage import OutputError, check_output
 
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,7 @@ def run(config: CoordinatorConfig) -> int:
         if job.output:
             check_output(job.output)
     except (DataError, OutputError) as err:
-        print(f"coordinator: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return user_error("coordinator", err)
     iterations = Iterations()
     t = job.training
     journal = Path(t.checkpoint_dir) / "coordinator.json" if t.checkpoint_dir else None

@@ -151,8 +151,11 @@ class Fleet:
             ready = (slot.role is Role.WORKER or (slot.role is Role.PS and slot.index in self.ports)
                      or (slot.role is Role.COORDINATOR and self.coordinator_port is not None))
             return ObservedPod(slot.name, slot.role, slot.index, PodPhase.RUNNING, ready=ready, uid=slot.uid, deleted=deleted)
-        phase = PodPhase.SUCCEEDED if code == 0 else PodPhase.FAILED
-        return ObservedPod(slot.name, slot.role, slot.index, phase, exit_code=code, uid=slot.uid, deleted=deleted)
+        if code == 0:
+            return ObservedPod(slot.name, slot.role, slot.index, PodPhase.SUCCEEDED, exit_code=code, uid=slot.uid,
+                               deleted=deleted)
+        return ObservedPod(slot.name, slot.role, slot.index, PodPhase.FAILED, exit_code=code, uid=slot.uid,
+                           deleted=deleted, message=processes.termination_message(process))
 
     def _start_waiting(self, job: TrainingJob) -> None:
         # PS (or the coordinator) first: a worker created in the same pass may then find every address known.

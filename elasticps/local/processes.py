@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.replicas import Replica
+from elasticps.exits import TERMINATION_LOG_ENV, last_line
 from elasticps.files import write_atomically
 
 CHILD_ENV = {
@@ -30,6 +31,7 @@ class Process:
     replica: Replica
     log_path: Path
     popen: subprocess.Popen[bytes]
+    termination_path: Path
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
@@ -40,6 +42,10 @@ class Process:
 
 def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
     log_path = log_dir / f"{replica.name}.log"
+    # Where the replica writes its one-line reason before exiting on a user's mistake (exits.py);
+    # a replacement starts without its predecessor's.
+    termination_path = log_dir / f"{replica.name}.termination"
+    termination_path.unlink(missing_ok=True)
     with log_path.open("ab") as log:
         log.write(f"--- start {restarts}: elasticps {' '.join(replica.args)}\n".encode())
         log.flush()
@@ -48,13 +54,13 @@ def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **CHILD_ENV},
+            env={**os.environ, **CHILD_ENV, TERMINATION_LOG_ENV: str(termination_path)},
             start_new_session=True,  # Ctrl-C and SIGTERM reach the runner, which stops every child itself
         )
     # The pid file lets a person (or a fault-injection test) find a replica's process. Written
     # atomically: a reader polling for it never finds it empty (a replacement rewrites it).
     write_atomically(log_dir / f"{replica.name}.pid", f"{popen.pid}\n")
-    return Process(replica, log_path, popen, restarts)
+    return Process(replica, log_path, popen, termination_path, restarts)
 
 
 def stop_all(processes: list[Process], grace_s: float = 5.0) -> None:
@@ -93,3 +99,21 @@ def log_tail(process: Process, lines: int = 15) -> str:
     except OSError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def termination_message(process: Process) -> str:
+    """Why an exited replica ended, in one line: the message it wrote (``exits.user_error``), else its
+    log's last line (a crash, argparse's usage error), as Kubernetes' FallbackToLogsOnError does."""
+    for path in (process.termination_path, process.log_path):
+        try:
+            with path.open("rb") as file:
+                file.seek(max(0, file.seek(0, os.SEEK_END) - TAIL_BYTES))
+                line = last_line(file.read().decode(errors="replace"))
+        except OSError:
+            continue
+        if line:
+            return line
+    return ""
+
+
+TAIL_BYTES = 4096  # of a log, enough for its last line (a termination message is at most 1,000 characters)

@@ -180,11 +180,12 @@ class LocalRunner:
             )
 
     def _failure(self, slot: Slot | None) -> str:
-        """The Failed condition's reason and message, with the log tail of the replica that failed."""
+        """The Failed condition's reason and message, with the log tail of the replica that failed
+        (not for a user's mistake: the replica's own line says it, once)."""
         conditions: list[dict[str, Any]] = self.status.get("conditions", [])
         condition = next((c for c in conditions if c.get("type") == JobPhase.FAILED.value), {})
         message = f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}"
-        if slot is not None and slot.process is not None:
+        if slot is not None and slot.process is not None and condition.get("reason") != "UserError":
             message += f"\n{slot.name} exited with code {slot.process.exit_code}; its log ends with:\n"
             message += processes.log_tail(slot.process)
         return message

@@ -320,6 +320,10 @@ def _container(
     container["ports"] = [*ours, *kept]
     for kind, probe in probes(rep.role).items():
         container.setdefault(kind, probe)
+    # The replica's one-line reason (exits.py writes it to /dev/termination-log) becomes its
+    # terminated state's message, which the planner makes the job's; a replica that could not write
+    # one leaves the tail of its log there instead.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     security = _mapping(base.get("securityContext"), f"{where}.securityContext")
     container["securityContext"] = {**CONTAINER_SECURITY, **security}
     mounts = base.get("volumeMounts", [])

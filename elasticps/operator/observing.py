@@ -6,7 +6,8 @@ NetworkPolicies
 only reads the fields ``planning.observed.ObservedPod`` documents. (PS 0's reply becomes
 ``JobProgress`` in ``planning.progress``, shared with the local runner.)
 
-- The exit code is the ``elasticps`` container's ``state.terminated.exitCode``.
+- The exit code is the ``elasticps`` container's ``state.terminated.exitCode``; its
+  ``state.terminated.message`` (the replica's one-line reason, ``exits.py``) is the pod's message.
 - ``unschedulable_since`` / ``message`` come from the ``PodScheduled=False`` condition with reason
   ``Unschedulable`` (its ``lastTransitionTime``), which is where the scheduler writes why.
 - A pod of the same name owned by an *earlier* job of the same name (a different uid, still being
@@ -21,6 +22,7 @@ from typing import Any
 
 from elasticps.api.replicas import Role, parse_replica_name
 from elasticps.api.spec import KIND
+from elasticps.exits import last_line
 from elasticps.operator.manifests import CONTAINER
 from elasticps.planning.observed import ObservedPod, ObservedService, PodPhase
 from elasticps.planning.status import parse_time
@@ -44,10 +46,10 @@ def observe_pod(item: Mapping[str, Any], job_name: str, job_uid: str) -> Observe
         phase = PodPhase(status.get("phase", "Pending"))
     except ValueError:
         phase = PodPhase.UNKNOWN
-    exit_code, exit_reason = _terminated(status)
+    exit_code, exit_reason, exit_message = _terminated(status)
     waiting_reason, waiting_message = _waiting(status)
     reason = str(status.get("reason") or exit_reason or "")
-    message = str(status.get("message") or "")
+    message = str(status.get("message") or "") or exit_message
     unschedulable_since = None
     scheduled_at = None
     ready = False
@@ -120,7 +122,9 @@ def _waiting(status: Mapping[str, Any]) -> tuple[str, str]:
     return "", ""
 
 
-def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str]:
+def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str, str]:
+    """The container's exit code, reason and message (its termination message's last line: the
+    replica's own reason, or its log's last line under FallbackToLogsOnError)."""
     for item in _list(status.get("containerStatuses")):
         container = _map(item)
         if container.get("name") != CONTAINER:
@@ -128,8 +132,8 @@ def _terminated(status: Mapping[str, Any]) -> tuple[int | None, str]:
         terminated = _map(_map(container.get("state")).get("terminated"))
         code = terminated.get("exitCode")
         if isinstance(code, int) and not isinstance(code, bool):
-            return code, str(terminated.get("reason") or "")
-    return None, ""
+            return code, str(terminated.get("reason") or ""), last_line(str(terminated.get("message") or ""))
+    return None, "", ""
 
 
 def _controller_uid(meta: Mapping[str, Any]) -> str | None:

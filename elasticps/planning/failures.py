@@ -1,5 +1,9 @@
 """Failed replicas: judged by their role's restart policy and the backoff limit, replaced in two passes.
 
+A replica that exited with USER_ERROR (2: a mistake in the job's input, said in one line) fails the
+job at once, under any policy, with that line as the reason (``UserError``): a replacement would
+fail the same way.
+
 Callers: ``plan`` (rule 7 of its list). A replacement keeps the replica's name: this pass deletes
 the failed one, counts one restart and records it in ``status.replacing`` (with its uid, when the
 executor gives one); a later pass, once the old one is gone, creates it again (``scaling``) and
@@ -8,7 +12,7 @@ drops it from ``replacing``. A status patch lost in between never counts a failu
 
 from __future__ import annotations
 
-from elasticps.api.replicas import should_restart
+from elasticps.api.replicas import USER_ERROR, should_restart
 from elasticps.planning.actions import DeleteReplica, Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import fail
@@ -29,6 +33,10 @@ def failures(d: Draft) -> bool:
         policy = role_spec(d.job, pod.role).restart_policy
         code = pod.exit_code if pod.exit_code is not None else (0 if pod.phase is PodPhase.SUCCEEDED else -1)
         how = f"exit code {code}" if pod.exit_code is not None else (pod.reason or "no exit code")
+        if code == USER_ERROR:
+            # The replica's own line (exits.py): said once, as the job's reason.
+            message = pod.message or f"{pod.name} failed (exit code {code}: a mistake in its input)"
+            return fail(d, "UserError", message, stop_running=True)
         if not should_restart(policy, code):
             if pod.phase is PodPhase.SUCCEEDED:
                 continue  # a clean exit the policy leaves be

@@ -12,7 +12,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from elasticps.coordinator.servicer import add_to_server as add_coordinator
 from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
 from elasticps.coordinator.settings import queue_settings
 from elasticps.data.readers import DataError
+from elasticps.exits import user_error
 from elasticps.files import write_atomically
 from elasticps.ps.bulk import BulkServer
 from elasticps.ps.checkpoint import CheckpointError
@@ -52,7 +52,6 @@ from elasticps.storage import OutputError, check_output
 
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
 ROUND_LOG_ENV = "ELASTICPS_ROUND_LOG"
 
 
@@ -262,9 +261,8 @@ def run(config: PSConfig) -> int:
             if config.job.output:
                 check_output(config.job.output)
         except (DataError, OutputError) as err:
-            print(f"ps-0: error: {err}", file=sys.stderr)
             server.stop(grace=None).wait()
-            return EXIT_USER_ERROR
+            return user_error("ps-0", err)
         journal = Path(config.job.training.checkpoint_dir) / "coordinator.json" if config.job.training.checkpoint_dir else None
         rounds, shards = rounds_and_shards(config, store, stopped, metrics)
         t = config.job.training

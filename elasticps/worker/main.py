@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -34,15 +34,18 @@ from elasticps.api.flags import add_decentralized_flags, decentralized_from_args
 from elasticps.api.output import exported_job
 from elasticps.api.replicas import Role
 from elasticps.api.spec import DecentralizedSpec, Framework, ModelSpec, Strategy
+from elasticps.exits import user_error
 from elasticps.rpc.channels import bind, create_server
 from elasticps.rpc.health import add_health, serving
 from elasticps.worker.cpu import available_cpus, cpu_line, cpu_seconds
 from elasticps.worker.exporting import Exporter
 from elasticps.worker.pacing import pace_for
 
+if TYPE_CHECKING:
+    from elasticps.backends.api import BackendTrainer
+
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
 EXIT_STOPPED = 128 + signal.SIGTERM
 # After SIGTERM: time to hand the task back and close the channels; then the process exits
 # regardless (a PS that is gone too, as when a whole job is deleted, would keep the report retrying).
@@ -232,6 +235,24 @@ def arm_exit_watchdog(code: int, grace_s: float = EXIT_GRACE_S) -> None:
     threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
 
 
+def _check_model_for_mode(config: WorkerConfig, trainer: BackendTrainer) -> None:
+    """What the model and the job's mode cannot do together (``api/modes.py`` says which
+    combinations), checked once per job: by worker 0, the one replica every job starts with and the
+    first that builds the model (the PS and coordinator carry no framework). Its ModelError or
+    OptimizerError ends it with exit code 2, which fails the job at once with its line
+    (``exits.py``); the other workers do not repeat it."""
+    from elasticps.api.optimizer import OptimizerError
+    from elasticps.backends.api import ModelError
+
+    mode = config.job.mode
+    problem = mode.tables_problem(bool(trainer.tables()))
+    if problem:
+        raise ModelError(f"{config.model.model_def}: {problem}")
+    problem = mode.optimizer_problem(trainer.optimizer_config(config.job.training.learning_rate).name)
+    if problem:
+        raise OptimizerError(problem)
+
+
 def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     # Imported here: `elasticps ps --help` and the runner must not pay for TensorFlow.
     from elasticps.coordinator.client import CoordinatorClient
@@ -271,20 +292,14 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,
         )
         trainer = backend.trainer(module, config.model.params, trainer_options)
-        # What the model and the mode cannot do together (api/modes.py says which combinations).
-        problem = mode.tables_problem(bool(trainer.tables()))
-        if problem:
-            raise ModelError(f"{config.model.model_def}: {problem}")
-        problem = mode.optimizer_problem(trainer.optimizer_config(config.job.training.learning_rate).name)
-        if problem:
-            raise OptimizerError(problem)
+        if config.job.index == 0:
+            _check_model_for_mode(config, trainer)
         if spec.standalone:
             trainer.load_exported(spec.model)
         if config.job.output:
             check_output(config.job.output)  # a path under a file, an unknown scheme: not at the end
     except (ModelError, DataError, OptimizerError, OutputError) as err:
-        print(f"{name}: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return user_error(name, err)
     metrics = WorkerMetrics(REGISTRY, name)
     pace = pace_for(config.job.training.slowdown, config.job.index)
     peer = _peer(config, trainer, metrics, pace) if config.strategy is Strategy.DECENTRALIZED else None
@@ -322,8 +337,7 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
         worker.run()
     except (ModelError, ModelMismatch) as err:  # a data function that breaks the contract, or PS shards
         # holding another model or one placed by another rule (an old checkpoint): restarting cannot help
-        print(f"{name}: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return user_error(name, err)
     finally:
         if ps is not None:
             ps.close()

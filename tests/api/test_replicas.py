@@ -14,8 +14,9 @@ CODES = (0, 1, 2, 127, 128, 137, -9)
 
 # policy -> restart? for each of CODES
 TABLE = {
-    RestartPolicy.ALWAYS: (True, True, True, True, True, True, True),
-    RestartPolicy.ON_FAILURE: (False, True, True, True, True, True, True),
+    # 2: the replica's word for a user's mistake (USER_ERROR), the same again on any restart
+    RestartPolicy.ALWAYS: (True, True, False, True, True, True, True),
+    RestartPolicy.ON_FAILURE: (False, True, False, True, True, True, True),
     RestartPolicy.NEVER: (False, False, False, False, False, False, False),
     # 1-127: the program's own error (permanent); 128+: killed by a signal (137 = kill -9, OOM); a
     # negative code is how Python reports a signal death: retried too.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,28 +102,49 @@ def test_missing_job_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("worker", "reason", "replaced"),
-    [
-        pytest.param({"restartPolicy": "OnFailure"}, "BackoffLimitExceeded", True, id="backoff-limit"),
-        pytest.param({"restartPolicy": "ExitCode"}, "ReplicaFailed", False, id="exit-code-permanent"),
-    ],
+    "worker",
+    [pytest.param({"restartPolicy": "OnFailure"}, id="on-failure"), pytest.param({"restartPolicy": "Always"}, id="always")],
 )
-def test_a_failing_worker_fails_the_job_with_the_reason_and_its_log(
-    tmp_path: Path, data: tuple[Path, Path], worker: dict[str, object], reason: str, replaced: bool
+def test_a_user_error_fails_the_job_once_with_the_replicas_line(
+    tmp_path: Path, data: tuple[Path, Path], worker: dict[str, object]
 ) -> None:
+    """Exit code 2 (a mistake in the job's input) is permanent under every policy: no replacement,
+    the job fails with the replica's own line as its reason, said once, without a log tail."""
     document = job_document("broken", *data)
     spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
     spec["model"] = {"modelDef": "elasticps.backends.keras.zoo.no_such_model"}  # the worker exits 2: a user error
-    spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, **worker}
+    spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 2, **worker}
+    spec["runPolicy"] = {"backoffLimit": 3}
+    code, stderr, result = run_job(tmp_path, document)
+    assert code == 1, stderr
+    failed = [line for line in stderr.splitlines() if line.startswith("job broken failed:")]
+    assert len(failed) == 1, stderr
+    assert re.fullmatch(r"job broken failed: UserError: worker-[01]: error: model module "
+                        r"'elasticps\.backends\.keras\.zoo\.no_such_model' cannot be imported.*", failed[0]), stderr
+    assert "replacing it" not in stderr and "its log ends with" not in stderr and "Traceback" not in stderr
+    assert result["succeeded"] is False and result["reason"] == failed[0].split(": ", 1)[1]
+    assert_every_replica_stopped(tmp_path / "run")
+
+
+def test_a_crashing_worker_is_replaced_up_to_the_backoff_limit_with_its_log(
+    tmp_path: Path, data: tuple[Path, Path]
+) -> None:
+    """Any other failure is retried by the policy: a worker whose model's loss raises exits 1."""
+    (tmp_path / "crashing_model.py").write_text(
+        "from elasticps.backends.keras.zoo.mlp import *  # noqa: F403\n\n\n"
+        "def loss(labels, predictions):\n    raise RuntimeError('the loss breaks')\n"
+    )
+    document = job_document("crash", *data)
+    spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
+    spec["model"] = {"modelDef": "crashing_model"}  # importable from the run's folder
+    spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, "restartPolicy": "OnFailure"}
     spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "All"}  # the tail survives its deletion
     code, stderr, result = run_job(tmp_path, document)
     assert code == 1, stderr
-    assert f"job broken failed: {reason}: broken-worker-0 failed (exit code 2)" in stderr
-    assert "worker-0: error:" in stderr  # the tail of its log
-    assert ("broken-worker-0 exited with code 2: replacing it" in stderr) is replaced
-    assert result["succeeded"] is False and str(result["reason"]).startswith(reason)
-    assert "Traceback" not in stderr.split("its log ends with")[0]
-    assert_every_replica_stopped(tmp_path / "run")
+    assert "job crash failed: BackoffLimitExceeded: crash-worker-0 failed (exit code 1)" in stderr
+    assert "crash-worker-0 exited with code 1: replacing it" in stderr
+    assert "its log ends with" in stderr
+    assert result["succeeded"] is False
 
 
 def test_the_deadline_fails_the_job_and_stops_every_replica(tmp_path: Path, data: tuple[Path, Path]) -> None:

@@ -75,10 +75,12 @@ class Kubectl:
         items: list[dict[str, Any]] = self.json("get", "events", "-n", namespace, "--field-selector", selector)["items"]
         return items
 
-    def set_pod_exit(self, namespace: str, pod: str, exit_code: int) -> None:
-        """Plays the kubelet: the pod's container terminated with ``exit_code`` (kwok runs nothing)."""
+    def set_pod_exit(self, namespace: str, pod: str, exit_code: int, message: str = "") -> None:
+        """Plays the kubelet: the pod's container terminated with ``exit_code`` (kwok runs nothing),
+        ``message`` as its termination message."""
         phase = "Succeeded" if exit_code == 0 else "Failed"
-        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                      **({"message": message} if message else {})}
         patch = {
             "status": {
                 "phase": phase,

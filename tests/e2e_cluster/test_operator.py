@@ -182,6 +182,21 @@ def test_failures_beyond_backoff_limit_fail_the_job(kubectl: Kubectl, ns: str) -
     assert phases(kubectl.pods(ns, "tj")) == {"tj-ps-0": "Running", "tj-worker-0": "Running", "tj-worker-1": "Failed"}
 
 
+def test_a_user_error_fails_the_job_once_with_the_replicas_line(kubectl: Kubectl, ns: str) -> None:
+    """Exit code 2 with a termination message: no replacement, the job Failed with reason UserError
+    and the replica's own line as its condition's message and a Warning event."""
+    kubectl.apply(ns, training_job("tj", workers=2, worker={"restartPolicy": "OnFailure"}, runPolicy={"backoffLimit": 3}))
+    running(kubectl, ns, "tj", workers=2)
+    line = "worker-1: error: /data/mnist/trian-images-idx3-ubyte[.gz]: no such file"
+    kubectl.set_pod_exit(ns, "tj-worker-1", 2, message=line + "\n")
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("phase") == "Failed" and j, 60, "tj Failed")
+    failed = condition(job, "Failed")
+    assert failed is not None and (failed["reason"], failed["message"]) == ("UserError", line)
+    assert job["status"]["restarts"] == 0
+    events = [e for e in kubectl.events(ns, "tj") if e["reason"] in ("UserError", "Restarting")]
+    assert [(e["reason"], e["type"], e["message"]) for e in events] == [("UserError", "Warning", line)]
+
+
 # ---- (c) scaling --------------------------------------------------------------------------------------
 def test_kubectl_scale_adds_workers_without_restarting_others(kubectl: Kubectl, ns: str) -> None:
     kubectl.apply(ns, training_job("tj", workers=2))

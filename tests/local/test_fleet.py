@@ -52,7 +52,8 @@ class Launcher:
         self.started.append(replica)
         popen = FakePopen(pid=1000 + len(self.started))
         self.popens[replica.name] = popen
-        return Process(replica, log_dir / f"{replica.name}.log", popen, restarts)  # type: ignore[arg-type]
+        log, termination = log_dir / f"{replica.name}.log", log_dir / f"{replica.name}.termination"
+        return Process(replica, log, popen, termination, restarts)  # type: ignore[arg-type]
 
     def terminate(self, process: Process) -> None:
         process.popen.signals.append("TERM")  # type: ignore[attr-defined]
@@ -237,3 +238,23 @@ def test_workers_are_started_with_their_share_of_the_cpus(
     [ps0, worker] = launcher.started
     assert arg(ps0, "num_threads") is None  # the PS runs no TensorFlow
     assert arg(worker, "num_threads") == "2"
+
+
+def test_a_failed_replica_is_observed_with_its_own_line(tmp_path: Path, launcher: Launcher) -> None:
+    """The reason a replica wrote before exiting (exits.user_error) is the observed pod's message;
+    without one, its log's last line."""
+    job, fleet = make_job(workers=2), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    for index in (0, 1):
+        fleet.create(job, f"tj-worker-{index}", Role.WORKER, index)
+    serve(fleet, job, 0, 4100)  # the workers start once the PS's port is known
+    (tmp_path / "tj-worker-0.termination").write_text("worker-0: error: model module 'x.y' cannot be imported\n")
+    (tmp_path / "tj-worker-1.log").write_text("--- start 0\nusage: elasticps worker\nelasticps worker: error: bad flag\n\n")
+    launcher.popens["tj-worker-0"].code = 2
+    launcher.popens["tj-worker-1"].code = 2
+    fleet.tick(job)
+    observed = {p.name: (p.phase, p.exit_code, p.message) for p in fleet.observe() if p.role is Role.WORKER}
+    assert observed == {
+        "tj-worker-0": (PodPhase.FAILED, 2, "worker-0: error: model module 'x.y' cannot be imported"),
+        "tj-worker-1": (PodPhase.FAILED, 2, "elasticps worker: error: bad flag"),
+    }

@@ -44,8 +44,9 @@ def pod_json(name: str = "tj-worker-1", **extra: Any) -> dict[str, Any]:
     return merge(body, extra)
 
 
-def terminated(code: Any, reason: str = "", name: str = "elasticps") -> dict[str, Any]:
-    return {"name": name, "state": {"terminated": {"exitCode": code, **({"reason": reason} if reason else {})}}}
+def terminated(code: Any, reason: str = "", name: str = "elasticps", message: str = "") -> dict[str, Any]:
+    state = {"exitCode": code, **({"reason": reason} if reason else {}), **({"message": message} if message else {})}
+    return {"name": name, "state": {"terminated": state}}
 
 
 def waiting(reason: str, message: str = "") -> dict[str, Any]:
@@ -79,6 +80,16 @@ ROWS = [
         pod_json(status={"phase": "Failed", "conditions": [],
                          "containerStatuses": [terminated(2, name="sidecar"), terminated(137, "OOMKilled")]}),
         {"phase": PodPhase.FAILED, "exit_code": 137, "reason": "OOMKilled", "ready": False}),
+    Row("failed with the replica's own line as its termination message",
+        pod_json(status={"phase": "Failed", "conditions": [], "containerStatuses": [
+            terminated(2, "Error", message="worker-0: error: model module 'm' cannot be imported\n")]}),
+        {"phase": PodPhase.FAILED, "exit_code": 2, "reason": "Error", "ready": False,
+         "message": "worker-0: error: model module 'm' cannot be imported"}),
+    Row("failed, the log's tail as the message (FallbackToLogsOnError): its last line",
+        pod_json(status={"phase": "Failed", "conditions": [], "containerStatuses": [
+            terminated(2, "Error", message="usage: elasticps worker [-h]\nelasticps worker: error: bad flag\n\n")]}),
+        {"phase": PodPhase.FAILED, "exit_code": 2, "reason": "Error", "ready": False,
+         "message": "elasticps worker: error: bad flag"}),
     Row("failed, no exit code: evicted", pod_json(status={"phase": "Failed", "reason": "Evicted", "message": "low on memory",
                                                           "conditions": []}),
         {"phase": PodPhase.FAILED, "reason": "Evicted", "message": "low on memory", "ready": False}),

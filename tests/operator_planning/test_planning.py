@@ -231,6 +231,12 @@ def _check_progress(actions: list[Action], status: dict[str, Any]) -> None:
     assert status["workerSelector"] == "elasticps.io/job-name=tj,elasticps.io/replica-type=worker"
 
 
+def _check_failed_message(actions: list[Action], status: dict[str, Any], message: str) -> None:
+    [c] = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert c["message"] == message
+    assert [a.message for a in actions if isinstance(a, Event) and a.reason == "UserError"] == [message]
+
+
 def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) -> None:
     [c] = [c for c in status["conditions"] if c["type"] == "Unschedulable"]
     assert c["message"] == "tj-worker-1 cannot be scheduled: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
@@ -336,7 +342,7 @@ CASES = [
          conditions=RESTARTING, restarts=1, events=["Restarting"]),
     Case("PS fails, Always: replaced too", [pod("ps", 0, "Failed", exit_code=137), pod("worker", 0), pod("worker", 1)],
          deletes=["tj-ps-0"], phase="Restarting", restarts=1, events=["Restarting"]),
-    Case("two failures in one pass count twice", [pod("ps", 0), _failed(0, 1), _failed(1, 2)],
+    Case("two failures in one pass count twice", [pod("ps", 0), _failed(0, 1), _failed(1, 3)],
          deletes=["tj-worker-0", "tj-worker-1"], restarts=2, events=["Restarting", "Restarting"]),
     Case("last replacement within backoffLimit", W1_FAILED, status={"restarts": 2}, deletes=["tj-worker-1"], restarts=3,
          events=["Restarting"]),
@@ -354,6 +360,15 @@ CASES = [
     Case("ExitCode, exit 1: permanent", [pod("ps", 0), pod("worker", 0), _failed(1, 1)],
          spec={"worker": {"restartPolicy": "ExitCode"}}, phase="Failed",
          conditions={"Failed": ("True", "ReplicaFailed")}, events=["ReplicaFailed"]),
+    Case("exit 2, a user's mistake, OnFailure: fails at once with the replica's line, the rest stopped",
+         [pod("ps", 0), pod("worker", 0), _failed(1, 2, message="worker-1: error: model module 'm' cannot be imported")],
+         phase="Failed", restarts=0, deletes=["tj-ps-0", "tj-worker-0"],
+         conditions={"Failed": ("True", "UserError")}, events=["UserError"],
+         check=lambda a, s: _check_failed_message(a, s, "worker-1: error: model module 'm' cannot be imported")),
+    Case("exit 2 under Always: not replaced either", [pod("ps", 0), pod("worker", 0), _failed(1, 2)],
+         spec={"worker": {"restartPolicy": "Always"}}, phase="Failed", restarts=0, deletes=["tj-ps-0", "tj-worker-0"],
+         conditions={"Failed": ("True", "UserError")},
+         check=lambda a, s: _check_failed_message(a, s, "tj-worker-1 failed (exit code 2: a mistake in its input)")),
     Case("ExitCode, exit 137: retried", [pod("ps", 0), pod("worker", 0), _failed(1, 137)],
          spec={"worker": {"restartPolicy": "ExitCode"}}, deletes=["tj-worker-1"], restarts=1, phase="Restarting"),
     Case("ExitCode, evicted without an exit code: retried", [pod("ps", 0), pod("worker", 0), _failed(1, None, reason="Evicted")],
