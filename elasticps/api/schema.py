@@ -325,6 +325,12 @@ def status_schema() -> dict[str, Any]:
                 "enum": [phase.value for phase in JobPhase],
                 "description": "the type of the latest true condition",
             },
+            "reason": {
+                "type": "string",
+                "description": "why the job is where it is, at a glance: a finished job's reason, else the reason "
+                "of a true CannotStart, Unschedulable or Restarting condition (none while it trains as it should)",
+            },
+            "message": {"type": "string", "description": "that condition's message (a failed replica's own line)"},
             "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Async+SSP4"},
             "conditions": {
                 "type": "array",
@@ -411,16 +417,22 @@ def status_schema() -> dict[str, Any]:
 
 # ---- the CRD -----------------------------------------------------------------------------------------
 
+# ``kubectl get tj``: the columns of priority 0 always, those of priority 1 with ``-o wide``.
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
+     "description": "a finished job's reason, or why it cannot start, be scheduled or is restarting"},
     {"name": "Mode", "type": "string", "jsonPath": ".status.mode"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "ready/desired"},
     {"name": "PS", "type": "string", "jsonPath": ".status.ps", "description": "ready/desired"},
     {"name": "Version", "type": "integer", "jsonPath": ".status.modelVersion"},
-    {"name": "Iterations", "type": "string", "jsonPath": ".status.iterations",
+    {"name": "Iterations", "type": "string", "jsonPath": ".status.iterations", "priority": 1,
      "description": "decentralized: the workers' lowest-highest iteration"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
+    {"name": "Accuracy", "type": "number", "jsonPath": ".status.metrics.accuracy",
+     "description": "the latest evaluation's accuracy"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "description": "the reason's message"},
 ]
 
 

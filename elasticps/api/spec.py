@@ -85,6 +85,16 @@ def reader_problem(value: str) -> str | None:
     return f"must be a built-in reader ({builtins}) or a plug-in class as package.module:ClassName, got {value!r}"
 
 
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+def pull_policy_problem(value: str) -> str | None:
+    """Why ``value`` is no imagePullPolicy Kubernetes knows ("" is: the operator's default)."""
+    if value in ("", *PULL_POLICIES):
+        return None
+    return f"must be one of {', '.join(PULL_POLICIES)} (or empty: the operator's default), got {value!r}"
+
+
 def delimiter_problem(value: str) -> str | None:
     """Why ``value`` cannot separate fields (one line), or None. ``\\t`` (backslash, t) means a tab."""
     if value in ("", "\\t"):
@@ -503,6 +513,13 @@ class TrainingJobSpec:
         default_factory=DecentralizedSpec, help="decentralized strategy: the graph and Hop's rules"
     )
     image: str = spec_field("elasticps:latest", help="container image of the PS and worker pods")
+    image_pull_policy: str = spec_field(
+        "",
+        help="when the kubelet pulls the image: Always, IfNotPresent or Never; empty: the operator's "
+        "default (IfNotPresent, for an image built on the node; the chart's jobImagePullPolicy). A "
+        "container in a role's template that names its own wins",
+        check=pull_policy_problem,
+    )
     training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")
     ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
     worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")

@@ -63,7 +63,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     runtime.start()
     memo["runtime"] = runtime
     scope = ", ".join(config.namespaces) or "all namespaces"
-    log.info("elasticps operator: watching %s; coordinator at %s", scope, config.coordinator_address)
+    log.info("elasticps operator: watching %s; coordinators at %s; job pods pull %s", scope,
+             config.coordinator_for("NAMESPACE", "JOB", "JOB-ps-0"), config.rendering.pull_policy)
 
 
 @kopf.on.cleanup()

@@ -11,8 +11,11 @@ import argparse
 import logging
 from pathlib import Path
 
+from elasticps.api.spec import PULL_POLICIES
 from elasticps.operator.config import DEFAULT_COORDINATOR_ADDRESS, OperatorConfig
 from elasticps.operator.executing import DEFAULT_CONCURRENCY
+from elasticps.operator.manifests import DEFAULT_PULL_POLICY
+from elasticps.operator.rendering import Renderer
 from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
@@ -59,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="creates or deletes of one job in flight at once (default: %(default)s)",
     )
     parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--image_pull_policy",
+        default=DEFAULT_PULL_POLICY,
+        choices=PULL_POLICIES,
+        help="the job pods' imagePullPolicy where a TrainingJob names none (default: %(default)s, for an image "
+        "built on the node)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -85,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         kube_api_burst=args.kube_api_burst,
         kube_api_concurrency=args.kube_api_concurrency,
         planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
+        rendering=Renderer(pull_policy=args.image_pull_policy),
     )
 
 

@@ -69,6 +69,10 @@ METRICS_PORT = 9090  # Prometheus /metrics, PS and worker alike
 BULK_PORT = 2224  # the PS's raw-TCP tensor channel (ps/bulk.py), dialled by the job's workers
 PEER_PORT = 2225  # a decentralized worker's Peer service (decentralized/servicer.py), dialled by its neighbours
 DEFAULT_COMMAND = ("elasticps",)
+# The operator's imagePullPolicy for a job that names none: an image built on the node (``make
+# image``, ``elasticps:latest``) would otherwise be pulled from a registry under Kubernetes' default
+# for ``:latest``, Always, and never start (``--image_pull_policy``, the chart's jobImagePullPolicy).
+DEFAULT_PULL_POLICY = "IfNotPresent"
 TMP_VOLUME = "tmp"
 RUN_AS = 1000
 
@@ -243,9 +247,12 @@ def pod_manifest(
     *,
     command: tuple[str, ...] = DEFAULT_COMMAND,
     decoration: PodDecoration = NOTHING,
+    pull_policy: str = DEFAULT_PULL_POLICY,
 ) -> dict[str, Any]:
     """The pod of replica ``index`` of ``role``, the role's template merged in and ``decoration``
-    (from the job's scheduling policy) on top (see the module doc).
+    (from the job's scheduling policy) on top (see the module doc). The container's
+    imagePullPolicy: the template container's, else ``spec.imagePullPolicy``, else ``pull_policy``
+    (the operator's default).
 
     Raises :class:`TemplateError` when the template is not shaped like a pod template.
     """
@@ -284,7 +291,9 @@ def pod_manifest(
         "securityContext": {**POD_SECURITY, **_mapping(t_spec.get("securityContext"), f"{where}.spec.securityContext")},
         "restartPolicy": "Never",
         "volumes": volumes,
-        "containers": [_container(job, rep, spec, base, command, f"{where}.spec.containers[{CONTAINER}]"), *others],
+        "containers": [
+            _container(job, rep, spec, base, command, f"{where}.spec.containers[{CONTAINER}]", pull_policy), *others
+        ],
     }
     if decoration.scheduler_name:
         pod_spec["schedulerName"] = decoration.scheduler_name
@@ -304,8 +313,10 @@ def _container(
     base: dict[str, Any],
     command: tuple[str, ...],
     where: str,
+    pull_policy: str,
 ) -> dict[str, Any]:
     container = {**base, "name": CONTAINER, "image": job.spec.image, "command": list(command), "args": list(rep.args)}
+    container.setdefault("imagePullPolicy", job.spec.image_pull_policy or pull_policy)
     resources = _resources(spec, _mapping(base.get("resources"), f"{where}.resources"), where)
     if resources:
         container["resources"] = resources

@@ -32,6 +32,7 @@ from elasticps.api.replicas import Role
 from elasticps.api.spec import JobPhase, SchedulingPolicy, TrainingJob
 from elasticps.operator.manifests import (
     DEFAULT_COMMAND,
+    DEFAULT_PULL_POLICY,
     TemplateError,
     group_manifest,
     network_policy_manifest,
@@ -105,11 +106,13 @@ FINISHED = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 @dataclass(frozen=True)
 class Renderer:
     """How this operator renders replicas. ``command``: the containers' entrypoint.
+    ``pull_policy``: the containers' imagePullPolicy where the job names none.
     ``operator_peer``: who besides the job's pods may dial its PS (a NetworkPolicyPeer); None: the
     operator's pods, by ``manifests.OPERATOR_LABELS``, in any namespace. ``policies``: the
     scheduling policy of each ``spec.scheduling.policy`` value (the built-in ones by default)."""
 
     command: tuple[str, ...] = DEFAULT_COMMAND
+    pull_policy: str = DEFAULT_PULL_POLICY
     operator_peer: Mapping[str, Any] | None = field(default=None, hash=False)
     policies: Mapping[SchedulingPolicy, Policy] = field(default_factory=lambda: POLICIES, hash=False)
 
@@ -134,7 +137,8 @@ class Renderer:
 
     def _pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
         decoration = policy_for(job, self.policies).pod(job, role, index)
-        return pod_manifest(job, uid, role, index, command=self.command, decoration=decoration)
+        return pod_manifest(job, uid, role, index, command=self.command, decoration=decoration,
+                            pull_policy=self.pull_policy)
 
     def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction | None:
         if isinstance(action, CreateReplica):

@@ -27,6 +27,10 @@ COORDINATOR_KEYS = (
 )
 
 
+# Conditions a person should see at a glance while the job is not finished, the first true one shown.
+ATTENTION = ("CannotStart", "Unschedulable", JobPhase.RESTARTING.value)
+
+
 class StatusDraft:
     """The job's status as read, edited by one pass, and diffed into a merge patch at the end."""
 
@@ -117,7 +121,21 @@ class StatusDraft:
             desired["startTime"] = rfc3339(self.start_time)
         if self.completion_time is not None:
             desired["completionTime"] = rfc3339(self.completion_time)
+        reason, message = self.headline()
+        for key, value in (("reason", reason), ("message", message)):
+            if value or key in self.raw:
+                desired[key] = value or None  # None: the merge patch deletes it
         return merge_patch(self.raw, desired)
+
+    def headline(self) -> tuple[str, str]:
+        """``status.reason`` and ``status.message``, what ``kubectl get tj`` shows beside the phase: a
+        finished job's condition, else the first true one of ATTENTION; none while all is well."""
+        kinds = (self.phase.value,) if self.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) else ATTENTION
+        for kind in kinds:
+            found = self._find(kind)
+            if found is not None and found.get("status") == "True":
+                return str(found.get("reason", "")), str(found.get("message", ""))
+        return "", ""
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -252,6 +252,8 @@ ERRORS: dict[str, tuple[str, Any, str]] = {
     "delimiter of two characters": ("spec.data.delimiter", ";;", "spec.data.delimiter: must be one character"),
     "delimiter a quote": ("spec.data.delimiter", '"', "spec.data.delimiter: cannot be a quote or a line break"),
     "delimiter a line break": ("spec.data.delimiter", "\n", "spec.data.delimiter: cannot be a quote or a line break"),
+    "an imagePullPolicy Kubernetes does not know": ("spec.imagePullPolicy", "Sometimes",
+                                                    "spec.imagePullPolicy: must be one of Always, IfNotPresent, Never"),
     "header not a boolean": ("spec.data.header", "yes", "spec.data.header: must be true or false"),
     "labelColumn a number": ("spec.data.labelColumn", 3, "spec.data.labelColumn: must be a string"),
     "unknown cleanPodPolicy": ("spec.runPolicy.cleanPodPolicy", "Some", "spec.runPolicy.cleanPodPolicy: must be one of"),

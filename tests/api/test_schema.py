@@ -426,7 +426,7 @@ def test_cel_rules_are_attached() -> None:
 def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
     node = schema
     for key in json_path.strip(".").split("."):
-        node = node["properties"][key]
+        node = node["properties"][key] if key in node.get("properties", {}) else node["additionalProperties"]
     return node
 
 
@@ -459,7 +459,10 @@ def test_subresources() -> None:
 def test_printer_columns_point_at_declared_fields() -> None:
     [version] = crd_schema.crd()["spec"]["versions"]
     columns = version["additionalPrinterColumns"]
-    assert [c["name"] for c in columns] == ["Phase", "Mode", "Workers", "PS", "Version", "Iterations", "Progress", "Age"]
+    assert [c["name"] for c in columns] == [
+        "Phase", "Reason", "Mode", "Workers", "PS", "Version", "Iterations", "Progress", "Accuracy", "Age", "Message"
+    ]
+    assert [c["name"] for c in columns if c.get("priority")] == ["Iterations"]  # -o wide: empty but for Hop
     full = crd_schema.openapi_schema()
     for column in columns:
         if column["jsonPath"].startswith(".status."):

@@ -143,14 +143,15 @@ def node_data(train: int = 4096, test: int = 1024) -> Path:
 
 def on_real_node(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """A pod template as a user writes it for this cluster: run on the real node (select it, tolerate
-    its taint), use the image the node already has, mount the data."""
+    its taint), mount the data. No imagePullPolicy: the operator's default (IfNotPresent) runs the
+    image the node already has."""
     return {
         "spec": {
             "nodeSelector": {NODE_LABEL: "true"},
             "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
             "terminationGracePeriodSeconds": 30,
             "volumes": volumes,
-            "containers": [{"name": "elasticps", "imagePullPolicy": "IfNotPresent", "volumeMounts": mounts}],
+            "containers": [{"name": "elasticps", "volumeMounts": mounts}],
         }
     }
 

@@ -189,6 +189,27 @@ def test_command_is_configurable() -> None:
     assert container(pod)["command"] == ["python", "-m", "elasticps"]
 
 
+@pytest.mark.parametrize(
+    ("spec", "template", "operator", "expected"),
+    [
+        pytest.param({}, None, None, "IfNotPresent", id="default: an image built on the node starts"),
+        pytest.param({}, None, "Always", "Always", id="the operator's default (the chart's jobImagePullPolicy)"),
+        pytest.param({"imagePullPolicy": "Never"}, None, "Always", "Never", id="the job's over the operator's"),
+        pytest.param({"imagePullPolicy": "Never"}, "Always", None, "Always", id="the template container's over all"),
+    ],
+)
+def test_image_pull_policy(spec: dict[str, Any], template: str | None, operator: str | None, expected: str) -> None:
+    if template is not None:
+        spec["worker"] = {"template": {"spec": {"containers": [{"name": CONTAINER, "imagePullPolicy": template}]}}}
+    kwargs = {} if operator is None else {"pull_policy": operator}
+    pod = pod_manifest(make_job(**spec), UID, Role.WORKER, 0, **kwargs)
+    assert container(pod)["imagePullPolicy"] == expected
+
+
+def test_a_replicas_own_line_becomes_its_termination_message() -> None:
+    assert container(pod_manifest(make_job(), UID, Role.PS, 0))["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_resources_and_gpus_from_the_spec() -> None:
     job = make_job(
         image="registry.example/elasticps:1.2",

@@ -235,6 +235,7 @@ def _check_failed_message(actions: list[Action], status: dict[str, Any], message
     [c] = [c for c in status["conditions"] if c["type"] == "Failed"]
     assert c["message"] == message
     assert [a.message for a in actions if isinstance(a, Event) and a.reason == "UserError"] == [message]
+    assert (status["reason"], status["message"]) == ("UserError", message)  # kubectl get tj's columns
 
 
 def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) -> None:
@@ -245,6 +246,11 @@ def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) 
 def _check_cannot_start_message(actions: list[Action], status: dict[str, Any]) -> None:
     [c] = [c for c in status["conditions"] if c["type"] == "CannotStart"]
     assert c["message"] == 'tj-worker-1 cannot start: ImagePullBackOff: Back-off pulling image "elasticps:nope"'
+    assert (status["phase"], status["reason"], status["message"]) == ("Running", "ImagePullBackOff", c["message"])
+
+
+def _check_headline_cleared(actions: list[Action], status: dict[str, Any]) -> None:
+    assert "reason" not in status and "message" not in status
 
 
 def _check_completion(actions: list[Action], status: dict[str, Any]) -> None:
@@ -447,8 +453,9 @@ CASES = [
          conditions={"Failed": ("True", "ImagePullBackOff")}, deletes=[], events=["ImagePullBackOff", "ImagePullBackOff"]),
     Case("image pulled after all: CannotStart turns False", up(),
          status={"conditions": [{"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"},
-                                {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}]},
-         conditions={"CannotStart": ("False", "Started")}, events=[]),
+                                {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}],
+                 "reason": "ErrImagePull", "message": "x"},
+         conditions={"CannotStart": ("False", "Started")}, events=[], check=_check_headline_cleared),
     # deadline
     Case("activeDeadlineSeconds passed: Failed, running pods stopped", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 3700)}, phase="Failed", conditions={"Failed": ("True", "DeadlineExceeded")},
