@@ -307,7 +307,7 @@ def status_schema() -> dict[str, Any]:
             "type": {
                 "type": "string",
                 "description": "Created, Running, Restarting, Succeeded, Suspended, Failed, Unschedulable, CannotStart, "
-                "ShardsConsistent or GradsToWaitClamped",
+                "ShardsConsistent, GradsToWaitClamped, TrainingHealthy or RolledBack",
             },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "CamelCase, machine-readable"},
@@ -327,8 +327,9 @@ def status_schema() -> dict[str, Any]:
             },
             "reason": {
                 "type": "string",
-                "description": "why the job is where it is, at a glance: a finished job's reason, else the reason "
-                "of a true CannotStart, Unschedulable or Restarting condition (none while it trains as it should)",
+                "description": "why the job is where it is, at a glance: a failed job's reason, else the reason of "
+                "a true CannotStart, Unschedulable or Restarting condition or of a false TrainingHealthy (Diverged, "
+                "Stalled; a job that succeeded shows that too); none while it trains as it should",
             },
             "message": {"type": "string", "description": "that condition's message (a failed replica's own line)"},
             "mode": {"type": "string", "description": "training mode, e.g. Sync, Async+StalenessLR, Async+SSP4"},

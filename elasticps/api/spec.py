@@ -399,6 +399,18 @@ class TrainingSpec:
         help="with spec.output: also export the model every this many versions, into "
         "<output>/versions/<version>/ (0: only the final model)",
     )
+    stall_epochs: float = spec_field(
+        1.0,
+        minimum=0.0,
+        help="training health: a job whose training loss has not fallen below its first values after "
+        "this many epochs of records is Stalled (a condition, an event, a warning); 0: never judged. A "
+        "loss that is not finite, or 10 times its first values, is Diverged at once",
+    )
+    fail_unhealthy: bool = spec_field(
+        False,
+        help="training health: a Diverged or Stalled job fails with that reason instead of training on "
+        "and exporting its model (false: it only warns)",
+    )
     slowdown: str = spec_field(
         "",
         help="stragglers on purpose, for experiments: '<worker>:<factor>' (0:4: worker 0 four times "

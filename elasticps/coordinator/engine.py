@@ -91,6 +91,8 @@ class JobView:
     export_error: str
     min_iteration: int
     max_iteration: int
+    rollbacks: int = 0
+    last_rollback: str = ""
 
 
 class Coordinator:
@@ -165,6 +167,11 @@ class Coordinator:
     def rollbacks(self) -> int:
         """How many times every shard and the ledger were rolled back (sync)."""
         return self._watch.rollbacks if self._watch is not None else 0
+
+    @property
+    def last_rollback(self) -> str:
+        """What the latest rollback undid, in words ("": none since this coordinator started)."""
+        return self._watch.last_rollback if self._watch is not None else ""
 
     @property
     def shard_problem(self) -> str:
@@ -348,6 +355,8 @@ class Coordinator:
             export_error=self._export_error(progress),
             min_iteration=lowest,
             max_iteration=highest,
+            rollbacks=self.rollbacks,
+            last_rollback=self.last_rollback,
         )
 
     def _local_steps(self) -> int:

@@ -155,6 +155,10 @@ def _encode_status(view: JobView) -> pb.JobStatus:
         export_error=view.export_error,
         min_iteration=view.min_iteration,
         max_iteration=view.max_iteration,
+        health=progress.health.health.value,
+        health_message=progress.health.message,
+        rollbacks=view.rollbacks,
+        last_rollback=view.last_rollback,
     )
 
 

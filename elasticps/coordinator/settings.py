@@ -34,4 +34,6 @@ def queue_settings(data: DataSpec, t: TrainingSpec, prediction: PredictionSpec, 
         export=bool(output),
         export_steps=t.export_steps,
         prediction_records=to_predict,
+        stall_records=round(t.stall_epochs * records),
+        fail_unhealthy=t.fail_unhealthy,
     )

@@ -32,6 +32,7 @@ class ShardWatch:
         self._journals = journals
         self._boots: list[int | None] = [None] * len(sync.shards)
         self.rollbacks = 0
+        self.last_rollback = ""  # what the latest rollback undid, in words ("": none yet)
 
     def first_recovery(self, deadline_s: float, stopped: threading.Event) -> None:
         """Brings the shards and the ledger to one version, trying again every second until it
@@ -81,6 +82,8 @@ class ShardWatch:
         sync = self._sync
         journals = self._journals.versions() if self._journals is not None else []
         decision = decide(views, journals)
+        newest = max((v.version for v in views if v.initialized), default=0)
+        records_before = self._records_done()
         if isinstance(decision, Rollback):
             assert self._journals is not None
             state = self._journals.read(decision.version)
@@ -91,11 +94,16 @@ class ShardWatch:
             sync.incarnation = incarnation
             sync.reset(decision.version)
             sync.shard_problem = ""  # one version everywhere again
-            self.rollbacks += 1
             log.warning(
                 "every shard and the task ledger rolled back to version %d (incarnation %d)",
                 decision.version, incarnation,
             )  # fmt: skip
+            self.rollbacks += 1
+            again = records_before - self._records_done()
+            self._rolled_back(
+                f"a PS shard restarted from its checkpoint: every shard and the task ledger went back from "
+                f"model version {newest} to {decision.version}; {again} records to train again"
+            )
         else:
             sync.reset(decision.version)
             if decision.lost:
@@ -104,5 +112,24 @@ class ShardWatch:
                     f"(optimizer state included); the workers' copy of version {decision.version} replaces it"
                 )
                 log.warning("%s", sync.shard_problem)
+            said = []
+            if decision.lost:
+                said.append(f"PS shards {list(decision.lost)} restarted without a checkpoint: their part of the "
+                            f"model is the workers' copy of version {decision.version}, without the optimizer's state")
+            if records_before == 0 and decision.version > 0 and not journals:
+                # PS 0 came back without a ledger while the model lived on (other shards, the workers).
+                said.append(f"the coordinator (PS 0) restarted without a checkpoint of its task ledger: every record "
+                            f"is trained again from model version {decision.version}")
+            if said:
+                self._rolled_back("; ".join(said) + " (spec.training.checkpointSteps keeps both)")
         self._boots = [v.boot for v in views]
         sync.changes.notify()
+
+    def _records_done(self) -> int:
+        with self._ledger.lock:
+            return self._ledger.queue.progress().records_done
+
+    def _rolled_back(self, message: str) -> None:
+        """What was undone, for the status (the planner makes it an event and a condition)."""
+        self.last_rollback = message
+        log.warning("%s", message)

@@ -52,9 +52,11 @@ def summary(job: TrainingJob, result: RunResult) -> str:
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in sorted(status.metrics.items()))
     loss = "" if math.isnan(status.loss) else f", training loss {status.loss:.4f}"
     exported = f"\n  model version {status.export_version} exported to {status.export_path}" if status.export_path else ""
+    # A job whose loss said it does not learn still ends, but not as if all were well.
+    health = f"\n  warning: {status.health}: {status.health_message}" if status.health else ""
     return (
         f"job {job.name} succeeded in {result.elapsed_s:.1f} s: {metrics or 'no evaluation'}"
-        f" (model version {status.metrics_version}){loss}\n"
+        f" (model version {status.metrics_version}){loss}{health}\n"
         f"  {status.records_done}/{status.records_total} records trained over {status.num_epochs} epochs"
         f" ({', '.join(str(n) for n in status.epoch_records)} per epoch), model version {status.model_version},"
         f" {status.tasks_requeued} tasks requeued, {status.gradients_rejected} gradients rejected,"
@@ -100,4 +102,7 @@ def outcome(result: RunResult) -> dict[str, object]:
         "export_version": status.export_version if status.export_path else -1,
         "records_predicted": status.records_predicted,
         "predictions_path": status.predictions_path,  # "": the job does not predict
+        # What the training loss says: "" (it learns), "Diverged" or "Stalled", and why.
+        "health": status.health,
+        "health_message": status.health_message,
     }

@@ -165,6 +165,18 @@ class ClusterApi:
         self._ok(status, body)
         return True
 
+    def dry_run_pod(self, namespace: str, manifest: dict[str, Any]) -> str | None:
+        """The API server's refusal of ``manifest`` as a pod, strictly decoded (an unknown field is an
+        error, not dropped) and admitted without being stored (``dryRun=All``); None when it would
+        take it. Only the pod's own fault counts: strict decoding (400) and invalid values (422); a
+        name in use, a webhook that cannot dry-run or any other error is None (the real create says)."""
+        query = [("dryRun", "All"), ("fieldValidation", "Strict")]
+        status, body = self._call("POST", _collection(namespace, "pods"), query=query, body=manifest)
+        message = str(body.get("message") or "")
+        if status == 422 or (status == 400 and "strict decoding error" in message):
+            return message
+        return None
+
     def delete(self, namespace: str, plural: str, api_version: str, name: str) -> bool:
         """Deletes the namespaced object ``name`` of resource ``plural`` in ``api_version``; False when
         it was already gone."""

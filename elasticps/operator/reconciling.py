@@ -5,7 +5,9 @@ A pass:
 1. reads the job (GET: its ``.status`` must be what the previous pass wrote, not a watch event
    that may lag behind it); gone -> nothing to do; being deleted (in the foreground) -> its pods
    are deleted with one request, garbage collection removes the rest through their ownerReferences;
-2. parses its spec once (``SpecError`` -> ``plan_invalid``: Failed, reason InvalidSpec, no retry loop);
+2. parses its spec once (``SpecError`` -> ``plan_invalid``: Failed, reason InvalidSpec, no retry loop),
+   and, once per generation of an unfinished job, has the API server decode each role's pod
+   strictly in a dry run (``validating``: a template key Kubernetes does not know is InvalidSpec too);
 3. lists the job's pods, Services and NetworkPolicies by the ``elasticps.io/job-name`` label (fresh,
    not from a cache; NetworkPolicies the operator may not list are "not observed", not an error);
 4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer);
@@ -35,6 +37,7 @@ from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import coordinator_running, observe_names, observe_pods, observe_services
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.rendering import FINISHED, ClusterAction, Renderer
+from elasticps.operator.validating import TemplateCheck
 from elasticps.planning.actions import SetStatus
 from elasticps.planning.observed import JobProgress, Observed
 from elasticps.planning.plan import plan, plan_invalid
@@ -71,6 +74,7 @@ class Reconcile:
         self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
         self.renderer, self.concurrency = renderer, concurrency
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())
+        self.templates = TemplateCheck(api, renderer)
 
     def __call__(self, key: JobKey) -> Outcome:
         token = current_job.set(str(key))
@@ -100,8 +104,11 @@ class Reconcile:
         try:
             job = parse_job(_document(body, key))
         except SpecError as err:
-            observed = Observed(pods=(), services=(), now=self.clock(), status=status, generation=generation)
-            return self._execute(plan_invalid(observed, str(err)), ref, {}, observed.now, status)
+            return self._invalid(str(err), ref, status, generation)
+        if status.get("phase") not in FINISHED:
+            refused = self.templates.problem(job, ref.uid, generation)
+            if refused:
+                return self._invalid(refused, ref, status, generation)
 
         pod_items = self.api.list_pods(key.namespace, key.name)
         services = observe_services(self.api.list_services(key.namespace, key.name))
@@ -123,6 +130,11 @@ class Reconcile:
         planned = plan(job, observed, self.settings, check=self.renderer.problem)
         actions = self.renderer.render(planned, job, ref.uid)
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
+
+    def _invalid(self, message: str, ref: JobRef, status: dict[str, Any], generation: int | None) -> Outcome:
+        """A spec the operator cannot run: Failed, reason InvalidSpec, nothing listed or created."""
+        observed = Observed(pods=(), services=(), now=self.clock(), status=status, generation=generation)
+        return self._execute(plan_invalid(observed, message), ref, {}, observed.now, status)
 
     def _delete_pods(self, key: JobKey, uid: str) -> None:
         """A job being deleted in the foreground waits for its pods: they go with one request (once:

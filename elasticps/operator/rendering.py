@@ -135,6 +135,10 @@ class Renderer:
         groups = policy_for(job, self.policies).groups(job)
         return _with_groups(rendered, groups, job, uid) if groups else rendered
 
+    def pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
+        """Replica ``index`` of ``role`` as its pod (TemplateError: see :meth:`problem`)."""
+        return self._pod(job, uid, role, index)
+
     def _pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
         decoration = policy_for(job, self.policies).pod(job, role, index)
         return pod_manifest(job, uid, role, index, command=self.command, decoration=decoration,

@@ -1,6 +1,6 @@
 """The rules that end a job or follow its end: deadline, success, a failed export, failure, cleanup, TTL.
 
-Callers: ``plan`` (rules 1, 4, 5 and 6 of its list) and the rules that fail a job (``failures``,
+Callers: ``plan`` (rules 1, 4, 6 and 7 of its list) and the rules that fail a job (``health``, ``failures``,
 ``stuck``, ``scaling``), which all end through :func:`fail`.
 """
 

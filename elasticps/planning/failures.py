@@ -4,7 +4,7 @@ A replica that exited with USER_ERROR (2: a mistake in the job's input, said in 
 job at once, under any policy, with that line as the reason (``UserError``): a replacement would
 fail the same way.
 
-Callers: ``plan`` (rule 7 of its list). A replacement keeps the replica's name: this pass deletes
+Callers: ``plan`` (rule 8 of its list). A replacement keeps the replica's name: this pass deletes
 the failed one, counts one restart and records it in ``status.replacing`` (with its uid, when the
 executor gives one); a later pass, once the old one is gone, creates it again (``scaling``) and
 drops it from ``replacing``. A status patch lost in between never counts a failure twice.

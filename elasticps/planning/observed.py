@@ -101,6 +101,9 @@ class JobProgress:
     predictions_path: str = ""
     export_error: str = ""
     iterations: tuple[int, int] | None = None  # decentralized: the lowest and highest of the workers' iterations
+    health: str = ""  # what the training loss says: "" (learning), "Diverged" or "Stalled"
+    health_message: str = ""  # why, in the coordinator's words
+    last_rollback: str = ""  # what the coordinator's latest rollback undid ("": none since it started)
 
     @property
     def version(self) -> int:

@@ -1,7 +1,7 @@
 """The phase of a job that goes on: Restarting while replacements are under way, else Running once
 its replicas run.
 
-Callers: ``plan`` (rule 10 of its list), after every other rule let the job go on.
+Callers: ``plan`` (rule 12 of its list), after every other rule let the job go on.
 """
 
 from __future__ import annotations

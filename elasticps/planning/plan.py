@@ -18,14 +18,19 @@ implement them:
    the replicas are created again (the PS restore from their checkpoint) (``suspension``).
 4. ``activeDeadlineSeconds`` past since ``startTime``: Failed, reason DeadlineExceeded; running
    replicas are stopped whatever ``cleanPodPolicy`` says (a deadline is there to stop spending).
-5. The coordinator says the training is finished and no worker is still running: Succeeded,
+5. What the training loss says, on the coordinator's answer: condition TrainingHealthy False
+   (reason Diverged or Stalled, a Warning Event) or True again (reason Learning); Failed with that
+   reason under ``spec.training.failUnhealthy``, running replicas stopped (``health``).
+6. The coordinator says the training is finished and no worker is still running: Succeeded,
    ``completionTime``. PS replicas never exit on their own, so every replica still pending or
    running is deleted on success, whatever the policy; ``All`` also deletes the finished ones
    (``None`` and ``Running`` keep them, and their logs) (``ends``).
-6. The coordinator gave up on an export (the output refused it every attempt): Failed, reason
+7. The coordinator gave up on an export (the output refused it every attempt): Failed, reason
    ExportFailed, with the coordinator's message (where, the last error, the checkpoints kept);
    running replicas are stopped, as for a deadline (``ends``).
-7. A replica that failed (or exited 0 under ``Always``) is judged by its role's restartPolicy
+8. A replica that exited 2 (a mistake in the job's input, said in its own line): Failed at once,
+   reason UserError, that line as the message, under any restartPolicy. Any other replica that
+   failed (or exited 0 under ``Always``) is judged by its role's restartPolicy
    (``replicas.should_restart``; a failure without an exit code, e.g. an eviction, counts as a
    signal): not restartable -> Failed, reason ReplicaFailed; ``status.restarts`` already at
    ``backoffLimit`` -> Failed, reason BackoffLimitExceeded; otherwise it is replaced under the same
@@ -33,28 +38,31 @@ implement them:
    ``status.replacing``; a later pass, once the old replica is gone, creates it again and drops it
    from ``replacing``. A job that fails applies ``cleanPodPolicy`` (None keeps every replica)
    (``failures``).
-8. A pending pod the scheduler cannot place: condition Unschedulable at once, with the scheduler's
+9. A pending pod the scheduler cannot place: condition Unschedulable at once, with the scheduler's
    message; Failed (reason Unschedulable) after ``settings.pending_timeout_s``. A pod whose
    container cannot start (image pull, bad config): condition CannotStart at once, with the
    kubelet's reason and message; Failed with that reason after the same time (``stuck``).
-9. Scaling: replicas above ``spec.<role>.replicas`` are deleted, highest index first; missing
+10. Work that went back to the queue after every worker exited 0 (a PS restored from an older
+   checkpoint after the job's end rolled the ledger back): those workers are deleted and created
+   again by the next rule on a later pass, no restart counted, a Retraining event (``retraining``).
+11. Scaling: replicas above ``spec.<role>.replicas`` are deleted, highest index first; missing
    replicas are created, and, when the strategy has PS replicas, their Services and the job's
    ingress policy ``{job}-ps`` where the executor observes such things (``Observed.services`` /
    ``network_policies`` None leaves them alone: the local runner has neither, and an operator
    without RBAC for NetworkPolicies still runs jobs). Neither touches the other replicas nor the
    restart count. A replica the executor's render check refuses fails the job, reason InvalidSpec,
    before anything is created (``scaling``).
-10. Phase: Restarting from a replacement's delete until every desired replica runs again (or exited
+12. Phase: Restarting from a replacement's delete until every desired replica runs again (or exited
    0); otherwise Running once every PS (none without a PS strategy) and at least one worker run
    (an elastic job trains on what it has) (``phase``).
-11. What the coordinator says of the training, on its answer only: condition ShardsConsistent
+13. What the coordinator says of the training, on its answer only: condition ShardsConsistent
    (False, reason ShardsDisagree with the coordinator's message, when the PS shards disagree or
    lost their model; a Warning Event as it turns False, a Normal one as it recovers), and
    condition GradsToWaitClamped (True while a sync job's explicit ``gradsToWait`` is above its live
    workers, with an Event as it starts) (``training``).
 
 Conditions are Kubeflow's (Created, Running, Restarting, Succeeded, Suspended, Failed, plus
-Unschedulable, CannotStart, ShardsConsistent and GradsToWaitClamped): one entry per type; ``lastTransitionTime`` changes when ``status``
+Unschedulable, CannotStart, ShardsConsistent, GradsToWaitClamped and TrainingHealthy): one entry per type; ``lastTransitionTime`` changes when ``status``
 does, ``lastUpdateTime`` when status, reason or message do. Running and Restarting exclude each
 other; Succeeded and Failed turn both False. ``SetStatus`` carries a JSON merge patch of
 ``.status`` that holds only what changed (``None`` deletes a key), and is left out when nothing
@@ -68,9 +76,11 @@ from elasticps.planning.actions import Action, Event, SetStatus
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import cleanup, export_failed, past_deadline, succeeded, ttl
 from elasticps.planning.failures import failures
+from elasticps.planning.health import unhealthy
 from elasticps.planning.observed import Observed
 from elasticps.planning.phase import phase
 from elasticps.planning.reporting import observed_fields
+from elasticps.planning.retraining import retrain
 from elasticps.planning.scaling import create_missing, scale_down
 from elasticps.planning.settings import PlannerSettings, ReplicaCheck
 from elasticps.planning.status import StatusDraft
@@ -109,12 +119,13 @@ def _apply_rules(d: Draft) -> None:
         suspend(d)
         return
     resume_if_suspended(d)
-    if past_deadline(d) or succeeded(d) or export_failed(d) or failures(d) or stuck(d):  # 4, 5, 6, 7, 8
+    if past_deadline(d) or unhealthy(d) or succeeded(d) or export_failed(d) or failures(d) or stuck(d):  # 4-9
         return
-    scale_down(d)  # 9
+    retrain(d)  # 10
+    scale_down(d)  # 11
     if create_missing(d):
-        phase(d)  # 10
-        training(d)  # 11
+        phase(d)  # 12
+        training(d)  # 13
 
 
 def plan_invalid(observed: Observed, message: str) -> list[Event | SetStatus]:

@@ -44,6 +44,9 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         predictions_path=reply.predictions_path,
         export_error=reply.export_error.strip(),
         iterations=(int(reply.min_iteration), int(reply.max_iteration)) if 0 <= reply.min_iteration <= reply.max_iteration else None,
+        health=reply.health.strip(),
+        health_message=reply.health_message.strip(),
+        last_rollback=reply.last_rollback.strip(),
     )
 
 

@@ -1,6 +1,6 @@
 """Scaling and creation: replicas above ``spec.<role>.replicas`` deleted, missing ones created.
 
-Callers: ``plan`` (rule 9 of its list). Neither touches the other replicas nor the restart count.
+Callers: ``plan`` (rule 11 of its list). Neither touches the other replicas nor the restart count.
 Only a job whose strategy has PS replicas gets their Services and the ingress policy, and only
 where the executor observes such things (``Observed.services`` / ``network_policies`` not None).
 Before asking for a replica, the executor's render check (if any) is asked whether it can render

@@ -27,8 +27,12 @@ COORDINATOR_KEYS = (
 )
 
 
-# Conditions a person should see at a glance while the job is not finished, the first true one shown.
-ATTENTION = ("CannotStart", "Unschedulable", JobPhase.RESTARTING.value)
+# Conditions a person should see at a glance while the job is not finished, in this state (the
+# first found is shown).
+TRAINING_HEALTHY = "TrainingHealthy"
+ATTENTION = (
+    ("CannotStart", "True"), ("Unschedulable", "True"), (TRAINING_HEALTHY, "False"), (JobPhase.RESTARTING.value, "True"),
+)
 
 
 class StatusDraft:
@@ -70,6 +74,10 @@ class StatusDraft:
     def condition_reason(self, kind: str) -> str:
         found = self._find(kind)
         return str(found.get("reason", "")) if found is not None else ""
+
+    def condition_message(self, kind: str) -> str:
+        found = self._find(kind)
+        return str(found.get("message", "")) if found is not None else ""
 
     def set(self, kind: str, true: bool, reason: str, message: str) -> None:
         value = "True" if true else "False"
@@ -129,11 +137,17 @@ class StatusDraft:
 
     def headline(self) -> tuple[str, str]:
         """``status.reason`` and ``status.message``, what ``kubectl get tj`` shows beside the phase: a
-        finished job's condition, else the first true one of ATTENTION; none while all is well."""
-        kinds = (self.phase.value,) if self.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) else ATTENTION
-        for kind in kinds:
+        failed job's condition; else the first of ATTENTION in the state that needs one (a job that
+        succeeded while its loss said Diverged or Stalled shows that); none while all is well."""
+        if self.phase is JobPhase.FAILED:
+            attention: tuple[tuple[str, str], ...] = ((JobPhase.FAILED.value, "True"),)
+        elif self.phase is JobPhase.SUCCEEDED:
+            attention = ((TRAINING_HEALTHY, "False"),)
+        else:
+            attention = ATTENTION
+        for kind, state in attention:
             found = self._find(kind)
-            if found is not None and found.get("status") == "True":
+            if found is not None and found.get("status") == state:
                 return str(found.get("reason", "")), str(found.get("message", ""))
         return "", ""
 

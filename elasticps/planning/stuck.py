@@ -1,6 +1,6 @@
 """Replicas stuck Pending: a condition at once, Failed after ``settings.pending_timeout_s``.
 
-Callers: ``plan`` (rule 8 of its list). Two causes, each its own condition type beside the phases:
+Callers: ``plan`` (rule 9 of its list). Two causes, each its own condition type beside the phases:
 Unschedulable (the scheduler cannot place the pod; its message) and CannotStart (the container
 waits on an error it will not leave by itself; the kubelet's reason and message). Local processes
 are never stuck this way.

@@ -1,7 +1,7 @@
-"""What PS 0's coordinator says of the training itself: whether the PS shards agree, and whether a
-sync job's rounds average fewer gradients than ``gradsToWait`` asks for.
+"""What PS 0's coordinator says of the training itself: whether the PS shards agree, whether a
+sync job's rounds average fewer gradients than ``gradsToWait`` asks for, and what was rolled back.
 
-Callers: ``plan`` (rule 11 of its list), once the other rules let the job go on. Two condition
+Callers: ``plan`` (rule 13 of its list), once the other rules let the job go on. Three condition
 types beside the phases, each decided only on an answer from the coordinator (a silent one leaves
 them as they were):
 - ShardsConsistent: True (reason ShardsAgree) while the shards report their versions and no
@@ -11,8 +11,11 @@ them as they were):
   is above its live workers, so every round averages fewer gradients (``progress.SyncRounds``),
   with an Event when it starts; False (reason GradsToWaitMet) once it is no longer, and absent in
   a job that never was.
-A job without PS (``spec.strategy: decentralized``) has neither. Neither changes the phase nor fails the job: the coordinator and the PS act on them, the planner
-reports them.
+- RolledBack: True with the coordinator's words for its latest rollback (a PS restored from an
+  older checkpoint or restarted empty: from and to which version, the records to train again), a
+  Warning Event for each new one.
+A job without PS (``spec.strategy: decentralized``) has none of them. None changes the phase or
+fails the job: the coordinator and the PS act on them, the planner reports them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ SHARDS_DISAGREE = "ShardsDisagree"
 GRADS_TO_WAIT_CLAMPED = "GradsToWaitClamped"
 FEWER_LIVE_WORKERS = "FewerLiveWorkers"
 GRADS_TO_WAIT_MET = "GradsToWaitMet"
+ROLLED_BACK = "RolledBack"
 
 
 def training(d: Draft) -> None:
@@ -36,6 +40,17 @@ def training(d: Draft) -> None:
         return
     shards(d, progress)
     rounds(d, sync_rounds(d.job, progress))
+    rolled_back(d, progress)
+
+
+def rolled_back(d: Draft, progress: JobProgress) -> None:
+    """A rollback is never silent: the coordinator's words for its latest one (from and to which
+    version, the records to train again) as condition RolledBack and a Warning Event, once each."""
+    message = progress.last_rollback
+    if not message or d.status.condition_message(ROLLED_BACK) == message:
+        return
+    d.events.append(Event(ROLLED_BACK, message, "Warning"))
+    d.status.set(ROLLED_BACK, True, ROLLED_BACK, message)
 
 
 def shards(d: Draft, progress: JobProgress) -> None:

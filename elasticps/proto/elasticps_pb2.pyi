@@ -1032,6 +1032,10 @@ class JobStatus(_message.Message):
     STALENESS_PUSHES_FIELD_NUMBER: _builtins.int
     MIN_ITERATION_FIELD_NUMBER: _builtins.int
     MAX_ITERATION_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    HEALTH_MESSAGE_FIELD_NUMBER: _builtins.int
+    ROLLBACKS_FIELD_NUMBER: _builtins.int
+    LAST_ROLLBACK_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -1071,6 +1075,14 @@ class JobStatus(_message.Message):
     last; -1: none yet, or the PS strategy).
     """
     max_iteration: _builtins.int
+    health: _builtins.str
+    """Training health (coordinator/health.py): "" (learning), "Diverged" or "Stalled", and why."""
+    health_message: _builtins.str
+    rollbacks: _builtins.int
+    """Rollbacks of every shard and the ledger since this coordinator started, and what the latest
+    one undid, or a shard or the ledger lost without a checkpoint ("": none).
+    """
+    last_rollback: _builtins.str
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -1134,10 +1146,14 @@ class JobStatus(_message.Message):
         staleness_pushes: _abc.Iterable[_builtins.int] | None = ...,
         min_iteration: _builtins.int = ...,
         max_iteration: _builtins.int = ...,
+        health: _builtins.str = ...,
+        health_message: _builtins.str = ...,
+        rollbacks: _builtins.int = ...,
+        last_rollback: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "health", b"health", "health_message", b"health_message", "last_rollback", b"last_rollback", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "rollbacks", b"rollbacks", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -41,7 +41,7 @@ NAMESPACED: dict[Permission, str] = {
     ),
     ("", "pods", "list"): "cluster_api.list_pods, list_job_pods (podwatch's listing)",
     ("", "pods", "watch"): "cluster_api.watch_job_pods (podwatch: every labelled pod's changes)",
-    ("", "pods", "create"): "cluster_api.create('pods')",
+    ("", "pods", "create"): "cluster_api.create('pods'), dry_run_pod (a dry run needs the verb it tries)",
     ("", "pods", "delete"): "cluster_api.delete_pod",
     ("", "pods", "deletecollection"): "cluster_api.delete_pods (a deleted job's pods, at once)",
     ("", "services", "list"): "cluster_api.list_services",
@@ -70,6 +70,7 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     },  # fmt: skip
     # A scheduling policy's group objects (a PodGroup ...): the policy that makes them brings their
     # RBAC rule; the built-in policy ``none`` makes none, so nothing is needed for it.
+    "dry_run_pod": {("", "pods", "create")},
     "delete": set(),
     "delete_pod": {("", "pods", "delete")},
     "delete_pods": {("", "pods", "deletecollection")},

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
@@ -115,6 +116,47 @@ def test_kill_ps0_coordinator_resumes_its_ledger(tmp_path: Path) -> None:
     result = json.loads(result_file.read_text())
     # The restarted coordinator kept its ledger: each record still trained exactly once per epoch.
     assert result["epoch_records"] == [RECORDS, RECORDS]
+
+
+@pytest.mark.parametrize("victim", ["faults-ps-0", "faults-ps-1"])
+def test_a_ps_killed_after_the_last_training_task_still_ends_the_job(tmp_path: Path, victim: str) -> None:
+    """The end of a job is durable: a PS killed once every record of every epoch is trained, while
+    the final evaluation runs, restarts from an older checkpoint; every shard and the ledger roll
+    back, the records trained since go back to the queue and are trained again (by the workers still
+    there, or by workers the planner starts again once they all left: ``planning/retraining.py``).
+    The job Succeeds, each record counted once per epoch, and does not hang."""
+    train, _ = write_data(tmp_path, records=RECORDS)
+    rng = np.random.default_rng(1)
+    validation = tmp_path / "big-validation.npz"  # a long final evaluation: the window the kill aims at
+    np.savez(validation, x=rng.normal(size=(VALIDATION, 8)).astype(np.float32), y=rng.integers(0, 2, VALIDATION))
+    # 2 epochs of 12,000 records in sync rounds of up to 2 x 16: at least 750 versions, so the last
+    # checkpoint (every 100) is at least 50 versions before the end.
+    document = job_document("faults", train, validation, minibatchSize=16, checkpointSteps=100, evaluationSteps=0)
+    job = write_job(tmp_path / "job.yaml", document)
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    client = coordinator(run_dir)
+
+    def every_task_trained() -> bool:
+        try:
+            status = client.status(timeout_s=2.0)
+        except grpc.RpcError:
+            return False  # PS 0 is still starting
+        assert not status.finished, "the job ended before the test could kill in its last window"
+        return status.records_done == 2 * RECORDS
+
+    wait_for(every_task_trained, 180, "the last training task")
+    os.kill(int((run_dir / f"{victim}.pid").read_text()), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=240)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert f"{victim} exited with code -9: replacing it" in stderr
+    assert "every shard and the task ledger rolled back to version" in (run_dir / "faults-ps-0.log").read_text()
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [RECORDS, RECORDS]
+    assert len(set(result["shard_versions"])) == 1, result
+
+
+VALIDATION = 20000
 
 
 # ---- stopping `elasticps run` by a signal ---------------------------------------------------------

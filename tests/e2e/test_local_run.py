@@ -147,6 +147,29 @@ def test_a_crashing_worker_is_replaced_up_to_the_backoff_limit_with_its_log(
     assert result["succeeded"] is False
 
 
+@pytest.mark.parametrize("fail", [False, True], ids=["warns", "fails"])
+def test_a_job_made_to_diverge_says_so(tmp_path: Path, data: tuple[Path, Path], fail: bool) -> None:
+    """Plain async SGD at a learning rate of 1,000: the loss leaves the finite numbers within the
+    first epoch. The job says Diverged: a warning line and the result's health; with failUnhealthy
+    it fails with that reason instead, and exports nothing."""
+    document = job_document("wild", *data, useAsync=True, learningRate=1000.0, failUnhealthy=fail)
+    document["spec"]["output"] = str(tmp_path / "model")  # type: ignore[index]
+    code, stderr, result = run_job(tmp_path, document)
+    assert "Traceback" not in stderr
+    if not fail:
+        assert code == 0, stderr
+        assert result["health"] == "Diverged", result
+        assert "warning: Diverged: the training loss" in stderr
+        assert re.search(r"Diverged: the training loss (became nan|became inf|grew from)", stderr), stderr
+        return
+    assert code == 1, stderr
+    failed = [line for line in stderr.splitlines() if line.startswith("job wild failed:")]
+    assert len(failed) == 1 and failed[0].startswith("job wild failed: Diverged: the training loss"), stderr
+    assert failed[0].endswith("(spec.training.failUnhealthy)")
+    assert result["succeeded"] is False and not (tmp_path / "model").exists()  # no useless model exported
+    assert_every_replica_stopped(tmp_path / "run")
+
+
 def test_the_deadline_fails_the_job_and_stops_every_replica(tmp_path: Path, data: tuple[Path, Path]) -> None:
     document = job_document("late", *data)
     document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 3}  # type: ignore[index]

@@ -288,6 +288,10 @@ class JobApi(FakeApi):
         self.calls.append(("list networkpolicies", job))
         return self.policies
 
+    def dry_run_pod(self, namespace: str, manifest: dict[str, Any]) -> str | None:
+        self.calls.append(("dry-run pods", manifest["metadata"]["name"]))
+        return None
+
 
 def test_a_pass_creates_the_network_policy_only_when_it_can_list_them() -> None:
     spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}}
@@ -313,6 +317,28 @@ def test_a_spec_the_parser_refuses_fails_the_job_once_without_listing_anything()
     assert outcome == Outcome(finished=True)  # Failed: no idle resync from now on
     assert [c[0] for c in api.calls] == ["get job", "patch status", "create events"]
     assert ("create events", "InvalidSpec") in api.calls
+
+
+def test_templates_are_dry_run_once_per_generation_and_a_refusal_fails_the_job_before_any_pod() -> None:
+    spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}}
+    api = JobApi(spec, [])
+    reconcile = Reconcile(api, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9)  # type: ignore[arg-type]
+    reconcile(JobKey("ns", "tj"))
+    reconcile(JobKey("ns", "tj"))  # the same generation: not asked again
+    assert [c for c in api.calls if c[0] == "dry-run pods"] == [("dry-run pods", "tj-ps-0"), ("dry-run pods", "tj-worker-0")]
+
+    class Strict(JobApi):
+        def dry_run_pod(self, namespace: str, manifest: dict[str, Any]) -> str | None:
+            self.calls.append(("dry-run pods", manifest["metadata"]["name"]))
+            if manifest["metadata"]["name"] == "tj-worker-0":
+                return 'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "spec.nodeSelectr"'
+            return None
+
+    refusing = Strict(spec, [])
+    outcome = Reconcile(refusing, NoCoordinator(), PlannerSettings(), clock=lambda: 1e9)(JobKey("ns", "tj"))  # type: ignore[arg-type]
+    assert outcome == Outcome(finished=True)
+    assert [c[0] for c in refusing.calls] == ["get job", "dry-run pods", "dry-run pods", "patch status", "create events"]
+    assert ("create events", "InvalidSpec") in refusing.calls
 
 
 def test_a_pass_lists_pods_asks_ps0_only_when_it_runs_and_creates_what_is_missing() -> None:

@@ -288,6 +288,18 @@ def test_a_job_the_operator_cannot_run_fails_with_invalid_spec(kubectl: Kubectl,
     assert kubectl.pods(ns, "tj") == []
 
 
+def test_a_template_key_kubernetes_does_not_know_fails_the_job_naming_it(kubectl: Kubectl, ns: str) -> None:
+    """The API server decodes each role's pod strictly in a dry run: a typo is InvalidSpec, not dropped."""
+    kubectl.apply(ns, training_job("tj", worker={"template": {"spec": {"nodeSelectr": {"disk": "ssd"}}}}))
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj")).get("status", {}).get("phase") == "Failed" and j, 30, "Failed")
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.worker.template: the API server refuses the pod:")
+    assert 'unknown field "spec.nodeSelectr"' in failed["message"], failed["message"]
+    assert (job["status"]["reason"], job["status"]["message"]) == ("InvalidSpec", failed["message"])  # kubectl get tj
+    assert kubectl.pods(ns, "tj") == []  # nothing created, not even the PS
+
+
 # ---- (f) scheduling -------------------------------------------------------------------------------------
 def test_a_worker_no_node_can_hold_stays_pending_with_the_schedulers_reason(kubectl: Kubectl, ns: str) -> None:
     kubectl.apply(ns, training_job("tj", workers=1, worker={"resources": {"limits": {"nvidia.com/gpu": 8}}}))

@@ -140,6 +140,15 @@ def condition(status: dict[str, Any], kind: str) -> tuple[str, str] | None:
 
 FINISHED = JobProgress(finished=True, model_version=500, progress=1.0, epoch=1, metrics={"accuracy": 0.97})
 TRAINING = JobProgress(finished=False, model_version=120, progress=0.45, epoch=0, metrics={"loss": 0.3})
+ROLLBACK = ("a PS shard restarted from its checkpoint: every shard and the task ledger went back from model version "
+            "646 to 600; 2944 records to train again")
+CREATED_CONDITION = {"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"}
+STALLED = JobProgress(finished=False, model_version=120, progress=0.5, health="Stalled",
+                      health_message="the training loss has not fallen in 60000 records: 2.302 (latest 8 tasks) against "
+                                     "2.301 (first 4)")
+DIVERGED = JobProgress(finished=False, model_version=120, progress=0.5, health="Diverged",
+                       health_message="the training loss became nan after 4096 records")
+ROLLED_BACK = JobProgress(finished=False, model_version=480, progress=0.9659, epoch=1)
 # A coordinator that gave up on the final export (its output refused it every attempt).
 EXPORT_FAILED = JobProgress(finished=False, model_version=500, progress=1.0, epoch=1,
                             export_error="could not write the final model to s3://nope/m: 3 attempts failed.")
@@ -236,6 +245,12 @@ def _check_failed_message(actions: list[Action], status: dict[str, Any], message
     assert c["message"] == message
     assert [a.message for a in actions if isinstance(a, Event) and a.reason == "UserError"] == [message]
     assert (status["reason"], status["message"]) == ("UserError", message)  # kubectl get tj's columns
+
+
+def _check_retraining(actions: list[Action], status: dict[str, Any]) -> None:
+    [event] = [a for a in actions if isinstance(a, Event) and a.reason == "Retraining"]
+    assert event.message == ("Work went back to the queue after the workers finished (a rollback to model version 480, "
+                             "97% of the records done): starting tj-worker-0, tj-worker-1 again.")
 
 
 def _check_unschedulable_message(actions: list[Action], status: dict[str, Any]) -> None:
@@ -414,6 +429,47 @@ CASES = [
     Case("scale down while a replacement waits: not recreated", [pod("ps", 0), pod("worker", 0)],
          spec={"worker": {"replicas": 1}}, status=REPLACING_W1, creates=[], restarts=1,
          check=lambda a, s: s["replacing"] == [] or pytest.fail(str(s["replacing"]))),
+    # training health, as the coordinator judged the loss
+    Case("the loss stalled: TrainingHealthy False, a Warning event, the job trains on", up(), coordinator=STALLED,
+         phase="Running", conditions={"TrainingHealthy": ("False", "Stalled")}, events=["Stalled"],
+         check=lambda a, s: (s["reason"], s["message"]) == ("Stalled", STALLED.health_message) or pytest.fail(str(s))),
+    Case("still stalled: no second event", up(), coordinator=STALLED,
+         status={"conditions": [CREATED_CONDITION,
+                                {"type": "TrainingHealthy", "status": "False", "reason": "Stalled", "message": "x"}]},
+         conditions={"TrainingHealthy": ("False", "Stalled")}, events=[]),
+    Case("the loss falls again: TrainingHealthy True", up(), coordinator=TRAINING,
+         status={"conditions": [CREATED_CONDITION,
+                                {"type": "TrainingHealthy", "status": "False", "reason": "Stalled", "message": "x"}]},
+         conditions={"TrainingHealthy": ("True", "Learning")}, events=["Learning"]),
+    Case("failUnhealthy: a diverged job fails with that reason, its replicas stopped", up(),
+         spec={"training": {"failUnhealthy": True}}, coordinator=DIVERGED, phase="Failed", deletes=ALL,
+         conditions={"Failed": ("True", "Diverged")}, events=["Diverged"]),
+    Case("a job that succeeded while stalled shows it beside the phase",
+         [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0), pod("worker", 1, "Succeeded", exit_code=0)],
+         coordinator=replace(FINISHED, health="Stalled", health_message="still at chance"), phase="Succeeded",
+         deletes=["tj-ps-0"], events=["Stalled", "Succeeded"],
+         check=lambda a, s: (s["reason"], s["message"]) == ("Stalled", "still at chance") or pytest.fail(str(s))),
+    # a rollback is never silent
+    Case("the coordinator rolled back: condition RolledBack and a Warning event with its words", up(),
+         coordinator=replace(TRAINING, last_rollback=ROLLBACK), conditions={"RolledBack": ("True", "RolledBack")},
+         events=["RolledBack"], check=lambda a, s: [e.message for e in a if isinstance(e, Event)] == [ROLLBACK]
+         or pytest.fail(str(a))),
+    Case("the same rollback seen again: no second event", up(), coordinator=replace(TRAINING, last_rollback=ROLLBACK),
+         status={"conditions": [CREATED_CONDITION,
+                                {"type": "RolledBack", "status": "True", "reason": "RolledBack", "message": ROLLBACK}]},
+         events=[]),
+    # work back in the queue after the workers finished (a rollback after the job's end)
+    Case("rolled back after every worker exited 0: they are started again, no restart counted",
+         [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0), pod("worker", 1, "Succeeded", exit_code=0)],
+         coordinator=ROLLED_BACK, deletes=["tj-worker-0", "tj-worker-1"], restarts=0, events=["Retraining"],
+         check=_check_retraining),
+    Case("rolled back, their old pods gone: created again",
+         [pod("ps", 0)], coordinator=ROLLED_BACK, creates=["tj-worker-0", "tj-worker-1"], restarts=0, events=[]),
+    Case("rolled back, a worker still running takes the records: nobody is started again",
+         [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0), pod("worker", 1)],
+         coordinator=ROLLED_BACK, deletes=[], events=[]),
+    Case("workers exited 0 but PS 0 does not answer: no guess", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
+         pod("worker", 1, "Succeeded", exit_code=0)], coordinator=None, deletes=[], events=[]),
     # success
     Case("training done, workers exited: Succeeded, PS deleted", [pod("ps", 0), pod("worker", 0, "Succeeded", exit_code=0),
          pod("worker", 1, "Succeeded", exit_code=0)], coordinator=FINISHED, phase="Succeeded", deletes=["tj-ps-0"],

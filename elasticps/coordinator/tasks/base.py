@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from elasticps.coordinator.health import Verdict
 
 class TaskKind(str, Enum):
     TRAINING = "training"
@@ -69,6 +70,8 @@ class QueueSettings:
     export: bool = False  # the job has an output: the final model is exported before it finishes
     export_steps: int = 0  # with export: also every this many model versions
     prediction_records: int = 0  # records of the prediction data (0: the job does not predict)
+    stall_records: int = 0  # training health: records within which the loss must fall (0: never judged)
+    fail_unhealthy: bool = False  # a Diverged or Stalled job gets no more tasks (the planner fails it)
 
     @property
     def trains(self) -> bool:
@@ -105,6 +108,7 @@ class Progress:
     records_predicted: int = 0  # records whose prediction tasks are reported
     prediction_records: int = 0  # records to predict (0: the job does not predict)
     export_failure: ExportFailure | None = None  # the queue gave up: the job fails
+    health: Verdict = Verdict()  # what the training loss says (health.py)
 
 
 class Ids:

@@ -14,7 +14,9 @@ version to :meth:`TaskQueue.get`), then the prediction tasks (``prediction.py``)
 is trained exactly ``num_epochs`` times, and the job is finished when every training task of every
 epoch, the final evaluation, the final export and every prediction task are done. Once the output
 refused an export ``export_attempts`` times the queue hands out nothing more; the coordinator
-reports it and the planner fails the job (reason ExportFailed).
+reports it and the planner fails the job (reason ExportFailed). So too, under
+``spec.training.failUnhealthy``, once the reported training loss says Diverged or Stalled
+(``coordinator/health.py``): no final export of a useless model.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from elasticps.coordinator.tasks.base import (
     Finished, Ids, Progress, QueueSettings, ReportError, Task, TaskKind, Wait, saturated,
 )  # fmt: skip
+from elasticps.coordinator.health import HealthWatch, Verdict
 from elasticps.coordinator.tasks.evaluation import Evaluations
 from elasticps.coordinator.tasks.export import Exports
 from elasticps.coordinator.tasks.prediction import Predictions
@@ -51,6 +54,7 @@ class TaskQueue:
         self._evaluations = Evaluations(settings, self._ids)
         self._exports = Exports(settings, self._ids)
         self._predictions = Predictions(settings, self._ids)
+        self._health = HealthWatch(settings.stall_records)
         self._doing: dict[int, _Doing] = {}
         self._last_seen: dict[str, float] = {}
         self.tasks_requeued = 0
@@ -69,7 +73,7 @@ class TaskQueue:
                 self._requeue(task_id)
         self._requeue_silent(now)
         self.on_version(model_version)
-        task = None if self._exports.failure is not None else self._next_task(model_version, settled)
+        task = None if self.halted else self._next_task(model_version, settled)
         if task is None:
             return Finished.FINISHED if self.finished else Wait.WAIT
         self._doing[task.id] = _Doing(task, worker)
@@ -147,6 +151,7 @@ class TaskQueue:
         task = doing.task
         if task.kind is TaskKind.TRAINING:
             self._training.record(task, loss_sum)
+            self._health.record(loss_sum / max(1, task.records), task.records)
         elif task.kind is TaskKind.EXPORT:
             self._exports.record(task, model_version)
         elif task.kind is TaskKind.PREDICTION:
@@ -168,6 +173,16 @@ class TaskQueue:
             and self._exports.final_done
             and self.prediction_done
         )
+
+    @property
+    def health(self) -> Verdict:
+        return self._health.verdict()
+
+    @property
+    def halted(self) -> bool:
+        """The queue hands out nothing more: an export failed every attempt, or the training is
+        unhealthy in a job that asked to fail then (the coordinator reports why; the planner fails it)."""
+        return self._exports.failure is not None or (self._s.fail_unhealthy and not self.health.healthy)
 
     @property
     def prediction_done(self) -> bool:
@@ -213,6 +228,7 @@ class TaskQueue:
             records_predicted=self._predictions.records_predicted,
             prediction_records=self._s.prediction_records,
             export_failure=self._exports.failure,
+            health=self.health,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------
@@ -247,6 +263,9 @@ class TaskQueue:
         self.gradients_rejected = saturated(int(state["gradients_rejected"]))
         self._exports.restore(state)
         self._predictions.restore(state)
+        # The loss's first values are gone with the coordinator that saw them: a resumed job is
+        # judged only for divergence (its loss now is no job's first values).
+        self._health = HealthWatch(self._s.stall_records if self._training.records_done == 0 else 0)
 
     # ---- internals ---------------------------------------------------------------------------
     def on_version(self, model_version: int) -> None:

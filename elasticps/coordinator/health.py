@@ -1,0 +1,92 @@
+"""Training health: whether the training loss the workers report says the job learns. Pure.
+
+Called by the task queue for every training task reported (its mean loss per record). The first
+``FIRST_TASKS`` tasks give the job's first values; the latest ``RECENT_TASKS`` its recent loss.
+
+* **Diverged**: a task reported a loss that is not finite, or the recent loss is ``EXPLODED``
+  times the first values or more. It stays diverged: the weights that gave it are trained on.
+* **Stalled**: ``stall_records`` records after the first values (``spec.training.stallEpochs``
+  epochs), the recent loss is still not below them (within ``MARGIN``): a model at chance level
+  after an epoch (asynchronous SGD tipped over by momentum: loss 2.30 on MNIST's ten classes). A
+  stalled job whose loss falls again is healthy again.
+
+What follows from a verdict is the caller's: the coordinator reports it (``JobStatus.health``),
+the planner turns it into a condition and an event, and ``spec.training.failUnhealthy`` fails the
+job instead of exporting its model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+FIRST_TASKS = 4
+RECENT_TASKS = 8
+EXPLODED = 10.0
+MARGIN = 0.01
+
+
+class Health(str, Enum):
+    HEALTHY = ""
+    DIVERGED = "Diverged"
+    STALLED = "Stalled"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    health: Health = Health.HEALTHY
+    message: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is Health.HEALTHY
+
+
+class HealthWatch:
+    """The verdict on the losses recorded so far. ``stall_records``: records after the first values
+    within which the loss must fall below them (0: never judged stalled)."""
+
+    def __init__(self, stall_records: int) -> None:
+        self._stall_records = stall_records
+        self._first: list[float] = []
+        self._recent: list[float] = []
+        self._records = 0  # training records reported so far
+        self._first_at = 0  # records reported once the first values were complete
+        self._diverged = ""
+
+    def record(self, loss: float, records: int) -> None:
+        """One training task's mean loss per record, over ``records`` records."""
+        self._records += records
+        if not math.isfinite(loss):
+            if not self._diverged:
+                self._diverged = f"the training loss became {loss} after {self._records} records"
+            return
+        if len(self._first) < FIRST_TASKS:
+            self._first.append(loss)
+            self._first_at = self._records
+        self._recent = [*self._recent, loss][-RECENT_TASKS:]
+        first, recent = self._means()
+        if not self._diverged and len(self._first) == FIRST_TASKS and recent >= EXPLODED * max(first, 1e-12):
+            self._diverged = (
+                f"the training loss grew from {first:.4g} (first {FIRST_TASKS} tasks) to {recent:.4g} "
+                f"(latest {len(self._recent)}) after {self._records} records"
+            )
+
+    def verdict(self) -> Verdict:
+        if self._diverged:
+            return Verdict(Health.DIVERGED, self._diverged)
+        if self._stall_records <= 0 or len(self._first) < FIRST_TASKS:
+            return Verdict()
+        since = self._records - self._first_at
+        first, recent = self._means()
+        if since >= self._stall_records and recent >= (1 - MARGIN) * first:
+            return Verdict(
+                Health.STALLED,
+                f"the training loss has not fallen in {since} records: {recent:.4g} (latest {len(self._recent)} "
+                f"tasks) against {first:.4g} (first {FIRST_TASKS})",
+            )
+        return Verdict()
+
+    def _means(self) -> tuple[float, float]:
+        return sum(self._first) / len(self._first), sum(self._recent) / len(self._recent)

@@ -1,0 +1,118 @@
+"""Training health from the reported losses (coordinator/health.py), and the queue that stops
+handing out work when a job that asked to fail on it is unhealthy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from elasticps.coordinator.health import EXPLODED, FIRST_TASKS, Health, HealthWatch
+from elasticps.coordinator.requests import check_report
+from elasticps.coordinator.tasks.base import QueueSettings, Task, TaskKind, Wait
+from elasticps.coordinator.tasks.queue import TaskQueue
+from elasticps.proto import elasticps_pb2 as pb
+
+
+def watch(losses: list[float], stall_records: int = 1000, records: int = 100) -> HealthWatch:
+    w = HealthWatch(stall_records)
+    for loss in losses:
+        w.record(loss, records)
+    return w
+
+
+def test_a_falling_loss_is_healthy() -> None:
+    verdict = watch([2.3, 2.2, 2.0, 1.9] + [1.0 - 0.05 * i for i in range(15)]).verdict()
+    assert verdict.healthy and verdict.message == ""
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_loss_that_is_not_finite_is_diverged_at_once_and_stays(bad: float) -> None:
+    w = watch([2.3, 2.2])
+    w.record(bad, 100)
+    assert w.verdict().health is Health.DIVERGED
+    assert w.verdict().message == f"the training loss became {bad} after 300 records"
+    for _ in range(20):
+        w.record(0.1, 100)  # trained on from weights that gave a NaN: still diverged
+    assert w.verdict().health is Health.DIVERGED
+
+
+def test_a_loss_ten_times_its_first_values_is_diverged() -> None:
+    first = [1.0, 1.2, 0.8, 1.0]  # mean 1.0
+    w = watch(first + [5.0] * 3)
+    assert w.verdict().healthy  # recent mean (1.0*4 + 15) / 7 < 10
+    w = watch(first + [EXPLODED * 1.0 + 40.0])  # the latest 5: mean 10.8 >= 10 x 1.0
+    verdict = w.verdict()
+    assert verdict.health is Health.DIVERGED
+    assert verdict.message == "the training loss grew from 1 (first 4 tasks) to 10.8 (latest 5) after 500 records"
+
+
+def test_a_loss_at_its_first_values_after_the_stretch_is_stalled() -> None:
+    chance = [2.3026, 2.3031, 2.3020, 2.3027]
+    # The first values end at 400 records; the stretch is 1,000 records more.
+    w = watch(chance + [2.3025] * 9)  # 900 records after the first values: not judged yet
+    assert w.verdict().healthy
+    w.record(2.3029, 100)
+    verdict = w.verdict()  # 1,000 records after the first values
+    assert verdict.health is Health.STALLED
+    assert verdict.message == ("the training loss has not fallen in 1000 records: 2.303 (latest 8 tasks) "
+                               "against 2.303 (first 4)")
+    for loss in [2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.7, 0.6]:  # it learns after all
+        w.record(loss, 100)
+    assert w.verdict().healthy
+
+
+def test_a_loss_that_fell_by_more_than_the_margin_is_not_stalled() -> None:
+    # CTR-like: slow, but below the first values by 2 %.
+    assert watch([0.50] * FIRST_TASKS + [0.49] * 20).verdict().healthy
+
+
+def test_stall_records_zero_never_judges_a_stall() -> None:
+    assert watch([2.3] * 50, stall_records=0).verdict().healthy
+    assert watch([2.3] * 5 + [math.nan], stall_records=0).verdict().health is Health.DIVERGED
+
+
+def test_a_report_with_a_loss_that_is_not_finite_is_accepted() -> None:
+    check_report(pb.TaskResult(worker="w", task_id=1, records=10, loss_sum=math.nan))
+    check_report(pb.TaskResult(worker="w", task_id=1, records=10, loss_sum=1e300))
+
+
+def settings(**kw: object) -> QueueSettings:
+    base: dict[str, object] = {"num_records": 1000, "records_per_task": 100, "num_epochs": 2}
+    return QueueSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def train_one(q: TaskQueue, loss: float) -> Task:
+    task = q.get("w", 0)
+    assert isinstance(task, Task) and task.kind is TaskKind.TRAINING
+    assert q.report("w", task.id, True, loss_sum=loss * task.records)
+    return task
+
+
+def test_the_queue_reports_the_verdict_and_trains_on_without_fail_unhealthy() -> None:
+    q = TaskQueue(settings(stall_records=500), clock=lambda: 0.0)
+    for _ in range(9):
+        train_one(q, 2.3)
+    assert q.progress().health.health is Health.STALLED
+    assert isinstance(q.get("w", 0), Task)  # warns only
+
+
+def test_fail_unhealthy_stops_the_queue_so_nothing_is_exported() -> None:
+    q = TaskQueue(settings(stall_records=500, fail_unhealthy=True, export=True), clock=lambda: 0.0)
+    train_one(q, 2.3)
+    train_one(q, math.nan)
+    assert q.halted and q.progress().health.health is Health.DIVERGED
+    assert q.get("w", 0) is Wait.WAIT and not q.finished
+
+
+def test_a_restored_ledger_is_judged_only_for_divergence() -> None:
+    q = TaskQueue(settings(stall_records=300), clock=lambda: 0.0)
+    for _ in range(3):
+        train_one(q, 2.3)
+    restored = TaskQueue(settings(stall_records=300), clock=lambda: 0.0)
+    restored.restore(q.state())
+    for _ in range(10):
+        train_one(restored, 2.3)
+    assert restored.progress().health.healthy  # its first values are no job's first values
+    train_one(restored, math.inf)
+    assert restored.progress().health.health is Health.DIVERGED
