@@ -13,6 +13,8 @@ Registered by framework in ``backends/registry.py``; nothing here imports a fram
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +110,28 @@ class ExportModel(Protocol):
     def export(self, directory: Path) -> None: ...
 
 
+def blame_model_code(err: BaseException, model_file: str | None) -> ModelError | None:
+    """``err`` as a user's mistake, naming the line of the model module it came from, when that
+    file is on its traceback (the innermost such frame); None when the error is not the module's
+    (a bug of ours, a lost connection): that one keeps its traceback and the replica's policy."""
+    if not model_file:
+        return None
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == model_file]
+    if isinstance(err, SyntaxError) and err.filename == model_file:
+        return ModelError(f"{model_file}:{err.lineno}: SyntaxError: {err.msg}")
+    if frames:
+        frame = frames[-1]
+        return ModelError(f"{model_file}:{frame.lineno} (in {frame.name}): {type(err).__name__}: {err}")
+    # Code a framework traced and rewrote (TensorFlow's autograph) runs from generated files; the
+    # framework names the user's frames in the message instead ('File "...", line N, in loss').
+    said = re.findall(r'File "' + re.escape(model_file) + r'", line (\d+), in (\S+)', str(err))
+    if not said:
+        return None
+    lineno, function = said[-1]
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return ModelError(f"{model_file}:{lineno} (in {function}): {lines[-1]}")
+
+
 class Backend(Protocol):
     """One framework: its model modules, trainers and exports. ``load_model`` checks the
     module keeps the framework's contract and raises :class:`ModelError` naming what is wrong;
@@ -115,6 +139,8 @@ class Backend(Protocol):
 
     def configure_threads(self, num_threads: int) -> None: ...
     def load_model(self, model_def: str) -> Any: ...
+    def model_file(self, model: Any) -> str | None:
+        """The model module's source file (:func:`blame_model_code` looks for it), None if unknown."""
     def trainer(self, model: Any, params: Mapping[str, Any], options: TrainerOptions) -> BackendTrainer: ...
     def export_model(
         self, model: Any, params: Mapping[str, Any], minibatch_size: int, features: np.ndarray, labels: np.ndarray | None

@@ -259,7 +259,7 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
     from elasticps.psclient.client import ModelMismatch, PSClient
     from elasticps.api.optimizer import OptimizerError
-    from elasticps.backends.api import ModelError, TrainerOptions
+    from elasticps.backends.api import Backend, ModelError, TrainerOptions, blame_model_code
     from elasticps.backends.registry import backend_for
     from elasticps.model_contract import Metadata
     from prometheus_client import REGISTRY, start_http_server
@@ -270,6 +270,8 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     from elasticps.worker.training import Prediction, Worker
 
     name = f"worker-{config.job.index}"
+    backend: Backend | None = None
+    module: Any = None
     try:
         backend = backend_for(config.model.framework)
         backend.configure_threads(config.num_threads or available_cpus())
@@ -300,6 +302,11 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
             check_output(config.job.output)  # a path under a file, an unknown scheme: not at the end
     except (ModelError, DataError, OptimizerError, OutputError) as err:
         return user_error(name, err)
+    except Exception as err:
+        blamed = None if backend is None or module is None else blame_model_code(err, backend.model_file(module))
+        if blamed is None:
+            raise
+        return user_error(name, blamed)  # the model module's own code raised while building it
     metrics = WorkerMetrics(REGISTRY, name)
     pace = pace_for(config.job.training.slowdown, config.job.index)
     peer = _peer(config, trainer, metrics, pace) if config.strategy is Strategy.DECENTRALIZED else None
@@ -338,6 +345,11 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     except (ModelError, ModelMismatch) as err:  # a data function that breaks the contract, or PS shards
         # holding another model or one placed by another rule (an old checkpoint): restarting cannot help
         return user_error(name, err)
+    except Exception as err:
+        blamed = blame_model_code(err, backend.model_file(module))
+        if blamed is None:
+            raise  # not the model module's: a traceback, and the replica's restart policy
+        return user_error(name, blamed)  # its own code raised (a data function, a loss ...): its line
     finally:
         if ps is not None:
             ps.close()

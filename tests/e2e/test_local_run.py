@@ -126,11 +126,13 @@ def test_a_user_error_fails_the_job_once_with_the_replicas_line(
     assert_every_replica_stopped(tmp_path / "run")
 
 
-def test_a_crashing_worker_is_replaced_up_to_the_backoff_limit_with_its_log(
+def test_a_model_whose_own_code_raises_fails_the_job_once_naming_its_line(
     tmp_path: Path, data: tuple[Path, Path]
 ) -> None:
-    """Any other failure is retried by the policy: a worker whose model's loss raises exits 1."""
-    (tmp_path / "crashing_model.py").write_text(
+    """A model module's loss that raises is the user's mistake: the job fails once, reason
+    UserError, with the module's file and line instead of a traceback, and no replacement."""
+    model = tmp_path / "crashing_model.py"
+    model.write_text(
         "from elasticps.backends.keras.zoo.mlp import *  # noqa: F403\n\n\n"
         "def loss(labels, predictions):\n    raise RuntimeError('the loss breaks')\n"
     )
@@ -138,12 +140,11 @@ def test_a_crashing_worker_is_replaced_up_to_the_backoff_limit_with_its_log(
     spec: dict[str, Any] = document["spec"]  # type: ignore[assignment]
     spec["model"] = {"modelDef": "crashing_model"}  # importable from the run's folder
     spec["ps"], spec["worker"] = {"replicas": 1}, {"replicas": 1, "restartPolicy": "OnFailure"}
-    spec["runPolicy"] = {"backoffLimit": 1, "cleanPodPolicy": "All"}  # the tail survives its deletion
     code, stderr, result = run_job(tmp_path, document)
     assert code == 1, stderr
-    assert "job crash failed: BackoffLimitExceeded: crash-worker-0 failed (exit code 1)" in stderr
-    assert "crash-worker-0 exited with code 1: replacing it" in stderr
-    assert "its log ends with" in stderr
+    failed = [line for line in stderr.splitlines() if line.startswith("job crash failed:")]
+    assert failed == [f"job crash failed: UserError: worker-0: error: {model}:5 (in loss): RuntimeError: the loss breaks"], stderr
+    assert "replacing it" not in stderr and "Traceback" not in stderr
     assert result["succeeded"] is False
 
 

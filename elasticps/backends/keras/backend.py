@@ -4,6 +4,7 @@ for Keras, so the PS, the coordinator and the operator never pay for it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ class KerasBackend:
 
     def load_model(self, model_def: str) -> ModelModule:
         return load_model_module(model_def)
+
+    def model_file(self, model: ModelModule) -> str | None:
+        return getattr(sys.modules.get(model.name), "__file__", None)
 
     def trainer(self, model: ModelModule, params: Mapping[str, Any], options: TrainerOptions) -> BackendTrainer:
         return keras_trainer.KerasTrainer(

@@ -26,6 +26,7 @@ suffices for readers that give labels. A module that breaks the contract raises
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import logging
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
 
-from elasticps.backends.api import ModelError
+from elasticps.backends.api import ModelError, blame_model_code
 from elasticps.model_contract import Metadata, Mode
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,20 @@ def load_model_module(name: str) -> ModelModule:
         name = moved
     try:
         module = importlib.import_module(name)
-    except ImportError as err:
-        raise ModelError(f"model module {name!r} cannot be imported: {err}") from None
+    except Exception as err:  # noqa: BLE001 - whatever the module's own code raises: said in one line
+        raise ModelError(f"model module {name!r} cannot be imported: {_where(name, err)}") from None
     return _check(name, module)
+
+
+def _where(name: str, err: Exception) -> str:
+    """``err`` raised while importing ``name``, with the module's file and line when it was its own
+    code (a SyntaxError, a NameError, an import of a package that is missing ...)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    blamed = blame_model_code(err, spec.origin if spec is not None else None)
+    return str(blamed) if blamed is not None else str(err)
 
 
 def _takes(function: Callable[..., Any], arguments: int) -> bool:
