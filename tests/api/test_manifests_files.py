@@ -206,8 +206,9 @@ def check_operator_deployment(deployment: dict[str, Any], namespaces: tuple[str,
     assert args.namespace == list(namespaces)
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["healthz"]
     assert args.liveness == f"http://0.0.0.0:{port}/healthz"
-    probe = container["livenessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz" and probe["port"] in ("healthz", port)
+    for kind in ("livenessProbe", "readinessProbe"):  # ready: kopf's handlers run (rollout status means it)
+        probe = container[kind]["httpGet"]
+        assert probe["path"] == "/healthz" and probe["port"] in ("healthz", port)
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
@@ -325,6 +326,19 @@ def test_helm_sets_the_operators_client_rate_limit(helm: str) -> None:
     assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_concurrency) == (50, 100, 16)
     raised = config("kubeApi.qps=400", "kubeApi.burst=800", "kubeApi.concurrency=32")
     assert (raised.kube_api_qps, raised.kube_api_burst, raised.kube_api_concurrency) == (400, 800, 32)
+
+
+def test_helm_sets_the_job_pods_pull_policy(helm: str) -> None:
+    from elasticps.cli import _parser
+    from elasticps.operator.main import config_from_args
+
+    def pull_policy(*sets: str) -> str:
+        [deployment] = by_kind(render(helm, *sets), "Deployment")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        return config_from_args(_parser().parse_args(operator_argv(container))).rendering.pull_policy
+
+    assert pull_policy() == "IfNotPresent"  # an image built on the node (make image) starts
+    assert pull_policy("jobImagePullPolicy=Always") == "Always"
 
 
 def test_helm_with_watch_namespaces_renders_roles_per_namespace(helm: str) -> None:
