@@ -74,6 +74,8 @@ def retrying(
                 raise
             attempt += 1
             delay = min(next(delays), max(0.0, give_up_at - clock()))
-            if attempt == 1 or attempt % 10 == 0:
-                log.info("%s: %s, retrying (attempt %d)", what, code.name, attempt)
+            # A peer still starting (the PS while the workers come up) is routine: said only once it
+            # lasts (every tenth attempt: 11 s on, then every 20 s), so a healthy job's log carries no noise.
+            level = logging.INFO if attempt % 10 == 0 else logging.DEBUG
+            log.log(level, "%s: %s, retrying (attempt %d)", what, code.name, attempt)
             sleep(delay)

@@ -7,6 +7,7 @@ coordinator it answers ``GetJobStatus`` itself (``FakeCoordinator``). Waits poll
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,14 @@ def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str
             assert args[0] == "worker" and f"--worker_id={index}" in args
             assert f"--ps_addrs=mnist-async-ps-0.{ns}.svc:2222,mnist-async-ps-1.{ns}.svc:2222" in args
 
-    table = kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "MODE", "WORKERS", "PS", "VERSION", "ITERATIONS", "PROGRESS", "AGE"]
-    assert table[1].split()[:5] == ["mnist-async", "Running", "Async+StalenessLR+SSP4", "2/2", "2/2"]
+    header = kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()[0]
+    assert header.split() == [
+        "NAME", "PHASE", "REASON", "MODE", "WORKERS", "PS", "VERSION", "PROGRESS", "ACCURACY", "AGE", "MESSAGE"
+    ]  # ITERATIONS only with -o wide
+    row = printed_columns(kubectl, ns)
+    assert [row[k] for k in ("NAME", "PHASE", "REASON", "MODE", "WORKERS", "PS")] == [
+        "mnist-async", "Running", "", "Async+StalenessLR+SSP4", "2/2", "2/2"
+    ]
 
     events = [(e["reason"], e["message"]) for e in kubectl.events(ns, "mnist-async")]
     assert ("SuccessfulCreatePod", "Created pod: mnist-async-worker-1") in events
@@ -195,6 +201,8 @@ def test_a_user_error_fails_the_job_once_with_the_replicas_line(kubectl: Kubectl
     assert job["status"]["restarts"] == 0
     events = [e for e in kubectl.events(ns, "tj") if e["reason"] in ("UserError", "Restarting")]
     assert [(e["reason"], e["type"], e["message"]) for e in events] == [("UserError", "Warning", line)]
+    row = printed_columns(kubectl, ns)
+    assert (row["PHASE"], row["REASON"], row["MESSAGE"]) == ("Failed", "UserError", line)  # kubectl get tj
 
 
 # ---- (c) scaling --------------------------------------------------------------------------------------
@@ -217,6 +225,38 @@ def test_kubectl_scale_adds_workers_without_restarting_others(kubectl: Kubectl, 
     assert uids(kubectl.pods(ns, "tj")) == {k: v for k, v in after.items() if k != "tj-worker-3"}
 
 
+def printed_columns(kubectl: Kubectl, ns: str) -> dict[str, str]:
+    """The first job's row of ``kubectl get trainingjobs``, by column (empty cells as "")."""
+    header, row = kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+    return {name: ("" if cell == "<none>" else cell) for name, cell in zip(names, cells)}
+
+
+def test_jobs_outlive_the_operator_and_a_later_one_finishes_them(
+    kubectl: Kubectl, ns: str, coordinator: Any, operator: Operator
+) -> None:
+    """`helm uninstall` stops the operator only: a job trains on without it, and the next operator
+    takes it over (kopf resumes every job it finds), marks it Succeeded and stops its PS."""
+    ps0 = coordinator(ns, "tj")
+    ps0.set(finished=False, model_version=10, records_done=100, records_total=1000)
+    kubectl.apply(ns, training_job("tj", workers=2))
+    running(kubectl, ns, "tj", workers=2)
+    operator.stop()
+    try:
+        ps0.set(finished=True, model_version=80, records_done=1000, records_total=1000, epoch=1)
+        for i in range(2):
+            kubectl.set_pod_exit(ns, f"tj-worker-{i}", 0)
+        time.sleep(2)
+        assert kubectl.job(ns, "tj")["status"]["phase"] == "Running"  # nobody reconciles it now
+    finally:
+        operator.start()
+    job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("phase") == "Succeeded" and j, 60, "Succeeded")
+    assert job["status"]["progress"] == "100%"
+    wait_for(lambda: "tj-ps-0" not in phases(kubectl.pods(ns, "tj")), 60, "tj-ps-0 deleted")
+
+
 # ---- (d) success ----------------------------------------------------------------------------------------
 def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, coordinator: Any) -> None:
     ps0 = coordinator(ns, "tj")
@@ -225,7 +265,8 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
     running(kubectl, ns, "tj", workers=2)
     job = wait_for(lambda: (j := kubectl.job(ns, "tj"))["status"].get("modelVersion") == 42 and j, 30, "progress")
     assert job["status"]["progress"] == "50%" and job["status"]["metrics"] == {"loss": 0.5}
-    assert kubectl("get", "trainingjobs", "-n", ns).stdout.splitlines()[1].split()[5:7] == ["42", "50%"]
+    row = printed_columns(kubectl, ns)
+    assert (row["VERSION"], row["PROGRESS"], row["REASON"], row["MESSAGE"]) == ("42", "50%", "", ""), row
 
     ps0.set(finished=True, model_version=80, records_done=1000, records_total=1000, epoch=1, loss=0.25)
     for i in range(2):

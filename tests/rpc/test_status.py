@@ -106,11 +106,30 @@ def test_retries_unavailable_then_succeeds(caplog: pytest.LogCaptureFixture) -> 
             raise FakeRpcError(C.UNAVAILABLE, "connection refused")
         return "ok"
 
-    with caplog.at_level(logging.INFO, logger="elasticps.rpc.status"):
+    with caplog.at_level(logging.DEBUG, logger="elasticps.rpc.status"):
         assert retrying(call, what="PullDense", deadline_s=60.0, sleep=time.sleep, clock=time.clock) == "ok"
     assert len(calls) == 4
     assert time.sleeps == pytest.approx([0.1, 0.2, 0.4])
-    assert any("PullDense" in r.getMessage() and "UNAVAILABLE" in r.getMessage() for r in caplog.records)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    # A peer still starting is routine: at debug level only, so a healthy job's log stays quiet.
+    assert said == [(logging.DEBUG, f"PullDense: UNAVAILABLE, retrying (attempt {n})") for n in (1, 2, 3)]
+
+
+def test_a_retry_that_lasts_is_said_at_info_every_tenth_attempt(caplog: pytest.LogCaptureFixture) -> None:
+    time = FakeTime()
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(1)
+        if len(calls) <= 25:
+            raise FakeRpcError(C.UNAVAILABLE, "connection refused")
+        return "ok"
+
+    with caplog.at_level(logging.INFO, logger="elasticps.rpc.status"):
+        assert retrying(call, what="PullDense", deadline_s=600.0, sleep=time.sleep, clock=time.clock) == "ok"
+    assert [r.getMessage() for r in caplog.records] == [
+        "PullDense: UNAVAILABLE, retrying (attempt 10)", "PullDense: UNAVAILABLE, retrying (attempt 20)"
+    ]
 
 
 def test_retries_every_transient_code() -> None:
