@@ -282,6 +282,39 @@ def test_workers_done_and_training_finished_succeed(kubectl: Kubectl, ns: str, c
     assert phases(kubectl.pods(ns, "tj")) == {"tj-worker-0": "Succeeded", "tj-worker-1": "Succeeded"}
 
 
+def test_a_rollback_after_the_workers_finished_brings_them_back_and_is_never_silent(
+    kubectl: Kubectl, ns: str, coordinator: Any
+) -> None:
+    """PS 0 says work went back to the queue (a shard restored an older checkpoint) after both
+    workers exited 0: they are created again (no restart counted), with Retraining and RolledBack
+    events and the RolledBack condition."""
+    rollback = ("a PS shard restarted from its checkpoint: every shard and the task ledger went back from model "
+                "version 646 to 600; 2944 records to train again")
+    ps0 = coordinator(ns, "tj")
+    ps0.set(finished=False, model_version=600, records_done=9000, records_total=12000, last_rollback=rollback)
+    kubectl.apply(ns, training_job("tj", workers=2))
+    running(kubectl, ns, "tj", workers=2)
+    before = uids(kubectl.pods(ns, "tj"))
+    for i in range(2):
+        kubectl.set_pod_exit(ns, f"tj-worker-{i}", 0)
+
+    def started_again() -> bool:
+        pods = {p["metadata"]["name"]: p for p in kubectl.pods(ns, "tj")}
+        return all(
+            name in pods and pods[name]["metadata"]["uid"] != before[name] and pods[name]["status"].get("phase") == "Running"
+            for name in ("tj-worker-0", "tj-worker-1")
+        )
+
+    wait_for(started_again, 60, "both workers started again")
+    job = kubectl.job(ns, "tj")
+    assert job["status"]["restarts"] == 0
+    rolled = condition(job, "RolledBack")
+    assert rolled is not None and (rolled["status"], rolled["message"]) == ("True", rollback)
+    reasons = {e["reason"]: e for e in kubectl.events(ns, "tj")}
+    assert reasons["RolledBack"]["message"] == rollback and reasons["RolledBack"]["type"] == "Warning"
+    assert reasons["Retraining"]["message"].endswith("starting tj-worker-0, tj-worker-1 again.")
+
+
 # ---- (e) validation -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("spec", "field", "words"),
