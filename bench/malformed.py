@@ -291,6 +291,10 @@ COORD_CASES: dict[str, CoordCase] = {
     "report: Inf loss_sum": CoordCase("ReportTask", report(records=10, loss_sum=math.inf), INVALID, task=True),
     "report: -Inf loss_sum": CoordCase("ReportTask", report(records=10, loss_sum=-math.inf), INVALID, task=True),
     "report: loss_sum 1e308": CoordCase("ReportTask", report(records=10, loss_sum=1e308), INVALID, task=True),
+    "report: negative nonfinite_steps": CoordCase("ReportTask", report(records=10, nonfinite_steps=-1), INVALID,
+                                                  task=True),  # fmt: skip
+    "report: nonfinite_steps INT64_MAX": CoordCase("ReportTask", report(records=10, nonfinite_steps=I64), INVALID,
+                                                   task=True),  # fmt: skip
     "report: metric_sums 1e308": CoordCase(
         "ReportTask", report(records=10, metric_sums={"acc": 1e308}), INVALID, task=True
     ),

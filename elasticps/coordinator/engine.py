@@ -69,6 +69,7 @@ class Report:
     export_failed: bool = False
     error: str = ""
     records: int = 0
+    nonfinite_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ class Coordinator:
                 export_failed=report.export_failed,
                 error=report.error,
                 records=report.records,
+                nonfinite_steps=report.nonfinite_steps,
             )
             self._write_journal()
             after = ledger.queue.progress()

@@ -3,7 +3,8 @@
 Called by the task queue for every training task reported (its mean loss per record). The first
 ``FIRST_TASKS`` tasks give the job's first values; the latest ``RECENT_TASKS`` its recent loss.
 
-* **Diverged**: a task reported a loss that is not finite, or the recent loss is ``EXPLODED``
+* **Diverged**: a task had minibatches whose loss was not finite (the worker pushed none of them,
+  ``TaskResult.nonfinite_steps``) or a loss that is not finite, or the recent loss is ``EXPLODED``
   times the first values or more. It stays diverged: the weights that gave it are trained on.
 * **Stalled**: ``stall_records`` records after the first values (``spec.training.stallEpochs``
   epochs), the recent loss is still not below them (within ``MARGIN``): a model at chance level
@@ -55,12 +56,14 @@ class HealthWatch:
         self._first_at = 0  # records reported once the first values were complete
         self._diverged = ""
 
-    def record(self, loss: float, records: int) -> None:
-        """One training task's mean loss per record, over ``records`` records."""
+    def record(self, loss: float, records: int, nonfinite_steps: int = 0) -> None:
+        """One training task's mean loss per record over ``records`` records, of which
+        ``nonfinite_steps`` minibatches had a loss that is not finite (left out of ``loss``)."""
         self._records += records
-        if not math.isfinite(loss):
+        if nonfinite_steps or not math.isfinite(loss):
             if not self._diverged:
-                self._diverged = f"the training loss became {loss} after {self._records} records"
+                what = f"{nonfinite_steps} minibatches of a task" if nonfinite_steps else "a task"
+                self._diverged = f"the training loss was not finite in {what} after {self._records} records"
             return
         if len(self._first) < FIRST_TASKS:
             self._first.append(loss)

@@ -85,8 +85,8 @@ def check_report(request: pb.TaskResult) -> None:
     _in_range(method, "records", request.records, MAX_RECORDS)
     _in_range(method, "rejected", request.rejected, MAX_REJECTED)
     _in_range(method, "model_version", request.model_version)
-    # A loss that is not finite (or beyond any sum) is the job's news, not a bad request: the
-    # training health marks the job Diverged (health.py).
+    _bounded_sum(method, "loss_sum", request.loss_sum)
+    _in_range(method, "nonfinite_steps", request.nonfinite_steps, MAX_RECORDS)
     if len(request.metric_sums) > MAX_METRICS:
         raise RequestError(f"{method}: {len(request.metric_sums)} metric_sums, at most {MAX_METRICS}")
     for name, value in request.metric_sums.items():

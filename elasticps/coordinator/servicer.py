@@ -86,6 +86,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             export_failed=request.export_failed,
             error=requests.error_text(request.error),
             records=request.records,
+            nonfinite_steps=request.nonfinite_steps,
         )
         try:
             self.engine.report(report)

@@ -17,7 +17,8 @@ and stops every process then, so no replica outlives the run whatever the policy
 The lines for a person: each replacement the pass began, as ``elasticps run`` has always said it
 (``NAME exited with code N: replacing it (replacement k of at most L)``; a replacement is a delete
 of an exited replica that the status now lists in ``replacing``), and the planner's Events except
-those the run's own output already says (created, succeeded, the replacement itself).
+those the run's own output already says (created, succeeded, the replacement itself, the failure
+that ends it: its last line), a Warning one as ``warning: REASON: message``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ def execute(
         elif isinstance(action, Event):
             events.append(action)
     lines = _replacements(exited, before, status, job.spec.run_policy.backoff_limit)
-    return status, lines + [e.message for e in events if e.reason not in QUIET]
+    # The event of the job's end is the run's last line already (the runner says why it failed).
+    ended = next((str(c.get("reason")) for c in status.get("conditions", []) if c.get("type") == "Failed"
+                  and c.get("status") == "True" and before.get("phase") != "Failed"), None)  # fmt: skip
+    said = [e for e in events if e.reason not in QUIET and e.reason != ended]
+    return status, lines + [f"warning: {e.reason}: {e.message}" if e.type == "Warning" else e.message for e in said]
 
 
 def _replacements(exited: dict[str, int], before: dict[str, Any], after: dict[str, Any], limit: int) -> list[str]:

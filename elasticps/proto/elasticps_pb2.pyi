@@ -801,6 +801,7 @@ class TaskResult(_message.Message):
     REJECTED_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     EXPORT_FAILED_FIELD_NUMBER: _builtins.int
+    NONFINITE_STEPS_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     task_id: _builtins.int
     success: _builtins.bool
@@ -822,6 +823,11 @@ class TaskResult(_message.Message):
     """the worker's iteration when the task ended
     export: writing the files failed (not the worker): counts
     """
+    nonfinite_steps: _builtins.int
+    """towards the export's attempts (TaskQueue.export_attempts)
+    Training: minibatches whose loss was not finite (not pushed, not in loss_sum), 0 to the task's
+    records; any marks the job Diverged (coordinator/health.py).
+    """
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records; <= 64 named metrics"""
@@ -839,10 +845,11 @@ class TaskResult(_message.Message):
         rejected: _builtins.int = ...,
         model_version: _builtins.int = ...,
         export_failed: _builtins.bool = ...,
+        nonfinite_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "export_failed", b"export_failed", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "export_failed", b"export_failed", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "nonfinite_steps", b"nonfinite_steps", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,6 +15,7 @@ first, uses the statistics the PS holds rather than this worker's own.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -59,7 +60,19 @@ def paced_gradients(trainer: Trainer, x: Any, y: Any, pace: Pace | None, counter
         result = trainer.gradients(x, y)
         if pace is not None:
             counters.slowed_s += pace.after(time.perf_counter() - began)
-        return result
+    if not math.isfinite(result[0]):
+        raise NonFiniteLoss(result[0])  # before anything of it is pushed or applied
+    return result
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A minibatch whose loss is not finite: its gradients go nowhere (the PS would refuse them).
+    The training loop counts it for the task's report, and the coordinator marks the job Diverged
+    (``coordinator/health.py``)."""
+
+    def __init__(self, loss: float) -> None:
+        super().__init__(f"the loss is {loss}")
+        self.loss = loss
 
 
 class Ahead(Protocol):

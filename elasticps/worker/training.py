@@ -32,6 +32,7 @@ bounded number of times, then fails the job with that error (``coordinator/tasks
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -50,7 +51,7 @@ from elasticps.worker.exporting import Exporter, ExportError, metrics_document
 from elasticps.worker.metrics import WorkerMetrics
 from elasticps.backends.api import Trainer
 from elasticps.worker.ports import CoordinatorLike, PSClientLike
-from elasticps.worker.local_model import Counters, LocalModel
+from elasticps.worker.local_model import Counters, LocalModel, NonFiniteLoss
 from elasticps.worker.pacing import Pace
 from elasticps.worker.peer_model import HopStep, PeerModel
 from elasticps.worker.predicting import PredictionWriter
@@ -231,12 +232,18 @@ class Worker:
             self.first_task_cpu_s = cpu_seconds()
         features, labels = self._training_data.read(task.start, task.end)
         loss_sum = 0.0
+        nonfinite = 0
         rejected_before = self.counters.rejected
         self._step.start_task()
         for x, y in self._trainer.batches(features, labels, Mode.TRAINING):
             self._stop_if_asked()
             count = records_in(y)
-            loss_sum += self._step.train(x, y) * count
+            try:
+                loss_sum += self._step.train(x, y) * count
+            except NonFiniteLoss as err:
+                nonfinite += 1  # nothing of it went to the PS; the coordinator hears of it (Diverged)
+                if nonfinite == 1:
+                    log.warning("task %d: a minibatch's loss is %s: not pushed", task.id, err.loss)
             self.counters.steps += 1
             self.counters.examples += count
             self._metrics.steps.inc()
@@ -245,6 +252,7 @@ class Worker:
         if self._hop is not None:
             result.model_version = self._model.versions[0]  # decentralized: its iteration now
         result.loss_sum = loss_sum
+        result.nonfinite_steps = nonfinite
         result.rejected = self.counters.rejected - rejected_before
 
     # ---- evaluation --------------------------------------------------------------------------
@@ -254,7 +262,10 @@ class Worker:
         self._model.refresh()  # evaluate the model including this worker's last push
         features, labels = self._validation_data.read(task.start, task.end)
         for name, value in self._trainer.evaluate(features, labels).items():
-            result.metric_sums[name] = value
+            if math.isfinite(value):
+                result.metric_sums[name] = value
+            else:  # a diverged model's loss: left out of the job's metrics (its health says Diverged)
+                log.warning("task %d: metric %s is %s: not reported", task.id, name, value)
 
     # ---- export ------------------------------------------------------------------------------
     def _export(self, task: pb.Task, result: pb.TaskResult) -> None:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from elasticps.coordinator.health import EXPLODED, FIRST_TASKS, Health, HealthWatch
-from elasticps.coordinator.requests import check_report
+from elasticps.coordinator.requests import RequestError, check_report
 from elasticps.coordinator.tasks.base import QueueSettings, Task, TaskKind, Wait
 from elasticps.coordinator.tasks.queue import TaskQueue
 from elasticps.proto import elasticps_pb2 as pb
@@ -31,10 +31,16 @@ def test_a_loss_that_is_not_finite_is_diverged_at_once_and_stays(bad: float) -> 
     w = watch([2.3, 2.2])
     w.record(bad, 100)
     assert w.verdict().health is Health.DIVERGED
-    assert w.verdict().message == f"the training loss became {bad} after 300 records"
+    assert w.verdict().message == "the training loss was not finite in a task after 300 records"
     for _ in range(20):
         w.record(0.1, 100)  # trained on from weights that gave a NaN: still diverged
     assert w.verdict().health is Health.DIVERGED
+
+
+def test_minibatches_whose_loss_was_not_finite_are_diverged() -> None:
+    w = watch([2.3, 2.2])
+    w.record(2.1, 100, nonfinite_steps=3)  # the worker left them out of the task's loss
+    assert w.verdict().message == "the training loss was not finite in 3 minibatches of a task after 300 records"
 
 
 def test_a_loss_ten_times_its_first_values_is_diverged() -> None:
@@ -72,9 +78,10 @@ def test_stall_records_zero_never_judges_a_stall() -> None:
     assert watch([2.3] * 5 + [math.nan], stall_records=0).verdict().health is Health.DIVERGED
 
 
-def test_a_report_with_a_loss_that_is_not_finite_is_accepted() -> None:
-    check_report(pb.TaskResult(worker="w", task_id=1, records=10, loss_sum=math.nan))
-    check_report(pb.TaskResult(worker="w", task_id=1, records=10, loss_sum=1e300))
+def test_a_report_says_how_many_minibatches_had_no_finite_loss() -> None:
+    check_report(pb.TaskResult(worker="w", task_id=1, records=10, nonfinite_steps=3))
+    with pytest.raises(RequestError, match="nonfinite_steps must be >= 0"):
+        check_report(pb.TaskResult(worker="w", task_id=1, records=10, nonfinite_steps=-1))
 
 
 def settings(**kw: object) -> QueueSettings:
@@ -100,7 +107,9 @@ def test_the_queue_reports_the_verdict_and_trains_on_without_fail_unhealthy() ->
 def test_fail_unhealthy_stops_the_queue_so_nothing_is_exported() -> None:
     q = TaskQueue(settings(stall_records=500, fail_unhealthy=True, export=True), clock=lambda: 0.0)
     train_one(q, 2.3)
-    train_one(q, math.nan)
+    task = q.get("w", 0)
+    assert isinstance(task, Task)
+    assert q.report("w", task.id, True, loss_sum=2.3 * task.records, nonfinite_steps=1)
     assert q.halted and q.progress().health.health is Health.DIVERGED
     assert q.get("w", 0) is Wait.WAIT and not q.finished
 

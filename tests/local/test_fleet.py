@@ -258,3 +258,17 @@ def test_a_failed_replica_is_observed_with_its_own_line(tmp_path: Path, launcher
         "tj-worker-0": (PodPhase.FAILED, 2, "worker-0: error: model module 'x.y' cannot be imported"),
         "tj-worker-1": (PodPhase.FAILED, 2, "elasticps worker: error: bad flag"),
     }
+
+
+def test_warnings_are_said_as_such_and_the_failure_that_ends_the_run_is_left_to_its_last_line(
+    tmp_path: Path, launcher: Launcher
+) -> None:
+    job, fleet = make_job(), Fleet(tmp_path)
+    actions = [
+        Event("Diverged", "the training loss was not finite in a task after 400 records", "Warning"),
+        Event("UserError", "worker-0: error: model module 'm' cannot be imported", "Warning"),
+        SetStatus({"phase": "Failed", "conditions": [{"type": "Failed", "status": "True", "reason": "UserError"}]}),
+    ]
+    _, lines = execute(actions, job, fleet, {"phase": "Running"})
+    assert lines == ["warning: Diverged: the training loss was not finite in a task after 400 records"]
+

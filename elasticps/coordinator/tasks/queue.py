@@ -128,10 +128,12 @@ class TaskQueue:
         export_failed: bool = False,
         error: str = "",
         records: int | None = None,
+        nonfinite_steps: int = 0,
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
         ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
         that the output refused (``error`` says how), counted towards ``export_attempts``.
+        ``nonfinite_steps``: training minibatches whose loss was not finite (the job is Diverged).
         ``records``: what the worker says the task held, 0 (not said) or the task's own count;
         anything else raises :class:`ReportError` and changes nothing. ``rejected`` is added to a
         counter that saturates at :data:`~elasticps.coordinator.tasks.base.MAX_COUNT`."""
@@ -151,7 +153,7 @@ class TaskQueue:
         task = doing.task
         if task.kind is TaskKind.TRAINING:
             self._training.record(task, loss_sum)
-            self._health.record(loss_sum / max(1, task.records), task.records)
+            self._health.record(loss_sum / max(1, task.records), task.records, nonfinite_steps)
         elif task.kind is TaskKind.EXPORT:
             self._exports.record(task, model_version)
         elif task.kind is TaskKind.PREDICTION:
