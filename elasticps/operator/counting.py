@@ -56,6 +56,8 @@ def describe(method: str, url: str) -> tuple[str, str, str | None]:
         "PATCH": "patch",
         "DELETE": "delete" if name else "deletecollection",
     }.get(method, "get" if name else ("watch" if query.get("watch", [""])[0] in ("true", "1") else "list"))
+    if query.get("dryRun"):
+        verb = f"dry-run {verb}"  # checked, not carried out (``validating``): counted apart
     job = f"{namespace}/{name}" if namespace and name and rest and rest[0] == "trainingjobs" else None
     return verb, resource, job
 

@@ -126,6 +126,7 @@ def test_coordinator_reply() -> None:
         ("GET", "https://h/api/v1/namespaces/ns/pods?labelSelector=a%3Db", ("list", "pods", None)),
         ("GET", "https://h/api/v1/pods?watch=true&timeoutSeconds=300", ("watch", "pods", None)),
         ("POST", "https://h/api/v1/namespaces/ns/events", ("create", "events", None)),
+        ("POST", "https://h/api/v1/namespaces/ns/pods?dryRun=All&fieldValidation=Strict", ("dry-run create", "pods", None)),
         ("DELETE", "https://h/api/v1/namespaces/ns/pods/p", ("delete", "pods", None)),
         ("GET", "https://h/apis/elasticps.io/v1alpha1/namespaces/ns/trainingjobs/j", ("get", "trainingjobs", "ns/j")),
         ("PATCH", "https://h/apis/elasticps.io/v1alpha1/namespaces/ns/trainingjobs/j/status",

@@ -452,6 +452,7 @@ def test_32_worker_job_time_to_running_and_api_requests(
     print("\n" + line)
     request.config._elasticps_measurements = [*getattr(request.config, "_elasticps_measurements", []), line]  # type: ignore[attr-defined]
     assert counts["requests"]["elasticps create pods"] == 34
+    assert counts["requests"]["elasticps dry-run create pods"] == 2  # one strict check per role (validating)
     assert counts["requests"]["elasticps create services"] == 2
 
 
