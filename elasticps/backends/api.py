@@ -123,9 +123,12 @@ def blame_model_code(err: BaseException, model_file: str | None) -> ModelError |
         frame = frames[-1]
         return ModelError(f"{model_file}:{frame.lineno} (in {frame.name}): {type(err).__name__}: {err}")
     # Code a framework traced and rewrote (TensorFlow's autograph) runs from generated files; the
-    # framework names the user's frames in the message instead ('File "...", line N, in loss').
-    said = re.findall(r'File "' + re.escape(model_file) + r'", line (\d+), in (\S+)', str(err))
-    if not said:
+    # framework names the user's frames in the message instead ('in user code: File "...", line N,
+    # in loss'). Only that form: a runtime error's message may name where an op was defined in the
+    # module (an out-of-memory one too) without the module's code having raised anything.
+    text = str(err)
+    said = re.findall(r'File "' + re.escape(model_file) + r'", line (\d+), in (\S+)', text)
+    if not said or "in user code:" not in text:
         return None
     lineno, function = said[-1]
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]

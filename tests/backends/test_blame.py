@@ -53,6 +53,9 @@ def test_a_traced_frame_named_in_the_message_is_blamed(tmp_path: Path) -> None:
                f'    File "{path}", line 5, in loss  *\n        raise RuntimeError(\'the loss breaks\')\n'
                f"    RuntimeError: the loss breaks\n")
     assert str(blame_model_code(RuntimeError(message), path)) == f"{path}:5 (in loss): RuntimeError: the loss breaks"
+    # A runtime error naming where an op was defined (an out-of-memory one) is not the module's doing.
+    oom = f'OOM when allocating tensor\nDetected at node conv defined at (most recent call last):\n  File "{path}", line 9, in custom_model\n'
+    assert blame_model_code(MemoryError(oom), path) is None
 
 
 @pytest.mark.parametrize(
