@@ -78,18 +78,19 @@ class BulkServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._closed = True
+        with self._lock:  # a connection accepted from now on is closed by the accept loop itself
+            self._closed = True
+            open_now = list(self._connections)
         try:
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (Linux)
         except OSError:
             pass
         self._listener.close()
-        with self._lock:
-            for conn in list(self._connections):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        for conn in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def connections(self) -> int:
         with self._lock:
@@ -104,6 +105,9 @@ class BulkServer:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
+                if self._closed:  # accepted while stop() ran: it would never be shut down
+                    conn.close()
+                    return
                 full = len(self._connections) >= self._limits.max_push_streams
                 if not full:
                     self._connections.add(conn)

@@ -374,11 +374,12 @@ def test_a_staged_sync_gradient_keeps_its_buffer_while_the_connection_pushes_aga
 
 def test_stop_ends_the_server_and_its_connections(make_shard: Callable[..., Shard]) -> None:
     shard = make_shard("async")
-    idle = socket.create_connection(("127.0.0.1", shard.server.port), timeout=10)
+    idle = socket.create_connection(("127.0.0.1", shard.server.port), timeout=30)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while shard.server.connections() != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert shard.server.connections() == 1  # accepted and served: stop() must shut it
         shard.server.stop()
         shard.server._thread.join(5)
         assert not shard.server._thread.is_alive()

@@ -515,7 +515,7 @@ def test_client_waits_for_a_server_that_starts_later(
     client = PSClient([f"127.0.0.1:{port}"], worker="early", deadline_s=60.0, timeout_s=30.0)
     starter.start()
     try:
-        with caplog.at_level(logging.INFO, logger="elasticps.rpc.status"):
+        with caplog.at_level(logging.DEBUG, logger="elasticps.rpc.status"):
             assert client.push_model(model(), SGD) == [0]
         assert_tensors(client.pull([-1]).tensors, model())
     finally:
