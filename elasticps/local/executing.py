@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from elasticps.api.spec import TrainingJob
+from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.local.fleet import Fleet
 from elasticps.planning.actions import Action, CreateReplica, DeleteReplica, Event, SetStatus
 from elasticps.planning.status import apply_merge_patch
@@ -56,8 +56,9 @@ def execute(
             events.append(action)
     lines = _replacements(exited, before, status, job.spec.run_policy.backoff_limit)
     # The event of the job's end is the run's last line already (the runner says why it failed).
-    ended = next((str(c.get("reason")) for c in status.get("conditions", []) if c.get("type") == "Failed"
-                  and c.get("status") == "True" and before.get("phase") != "Failed"), None)  # fmt: skip
+    failed = JobPhase.FAILED.value
+    ended = next((str(c.get("reason")) for c in status.get("conditions", []) if c.get("type") == failed
+                  and c.get("status") == "True" and before.get("phase") != failed), None)  # fmt: skip
     said = [e for e in events if e.reason not in QUIET and e.reason != ended]
     return status, lines + [f"warning: {e.reason}: {e.message}" if e.type == "Warning" else e.message for e in said]
 
