@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity bench-async soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -102,6 +102,13 @@ soak: $(STAMP)
 SCALE_ARGS ?=
 scale: $(STAMP) cluster-binaries
 	$(PY) -m bench.operator_scale $(SCALE_ARGS)
+
+# Issue 33: how reliably each async mode converges (plain, staleness lr, each compensation, SSP
+# k=2/4/8, sync as reference) x seeds 1-10 x two learning rates x 2 and 8 workers, interleaved
+# (hours on 2 cores; docs/convergence.md). ASYNC_ARGS="--modes async,async-none --workers 2 --seeds 1-10".
+ASYNC_ARGS ?=
+bench-async: $(STAMP)
+	$(PY) -m bench.async_convergence $(ASYNC_ARGS)
 
 # Sync against async MNIST: test accuracy over wall time (docs/convergence.md).
 convergence: $(STAMP)

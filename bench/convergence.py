@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.doc_regions import write_region
+
 REPO = Path(__file__).resolve().parents[1]
 JOBS = {"sync": "examples/mnist.yaml", "async + lr/staleness": "examples/mnist-async.yaml"}
 
@@ -80,7 +82,7 @@ def main() -> int:
     (REPO / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (REPO / "bench" / "results" / "convergence.json").write_text(json.dumps(results, indent=2))
     plot(results, REPO / "docs" / "img" / "convergence.png")
-    (REPO / "docs" / "convergence.md").write_text(report(results))
+    write_region(REPO / "docs" / "convergence.md", "convergence", report(results), at_top=True)  # bench-async's kept
     print("wrote docs/convergence.md, docs/img/convergence.png, bench/results/convergence.json")
     return 0
 

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import sys
 import typing
+from enum import Enum
 from typing import Any, TypeVar
 
 from elasticps.api.fields import check_bounds, field_info, snake
@@ -43,6 +44,10 @@ def _bounded(kind: type, field: dataclasses.Field[Any]) -> Any:
         try:
             value = kind(text)
         except ValueError:
+            if issubclass(kind, Enum):
+                raise argparse.ArgumentTypeError(
+                    f"expected one of {', '.join(m.value for m in kind)}, got {text!r}"
+                ) from None
             raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
         if isinstance(value, (int, float)):
             try:
@@ -85,7 +90,8 @@ def _add_spec_flags(
                 *names, dest=flag, required=required, default="", type=_bounded(kind, field), help=info.help
             )
         else:
-            shown = field.default if field.default != "" else "empty"
+            default = field.default.value if isinstance(field.default, Enum) else field.default
+            shown = default if default != "" else "empty"
             group.add_argument(
                 *names,
                 dest=flag,
@@ -113,7 +119,7 @@ def _spec_args(spec: Any) -> list[str]:
         elif value is False:
             args.append(f"--{flag}=false")
         else:
-            args.append(f"--{flag}={value}")
+            args.append(f"--{flag}={value.value if isinstance(value, Enum) else value}")
     return args
 
 

@@ -10,7 +10,7 @@ Under the ``parameterServer`` strategy a mode is a pair (seed 000): the PS's upd
 averaging, async apply, or LocalSGD's model averaging; staleness-aware learning rates wrap the async
 rule) and the worker's step (sync with retraining of rejected minibatches, async, SSP: async with
 local steps between pulls, or LocalSGD: K local steps, then the models averaged in a round).
-The async-only knobs (staleness-aware rates, ``useLocking``, ``overlapPull``, ``getModelFrequency`` > 1) are refused
+The async-only knobs (staleness-aware rates, a staleness compensation other than the default, ``useLocking``, ``overlapPull``, ``getModelFrequency`` > 1) are refused
 with sync and LocalSGD rather than ignored (:meth:`TrainingMode.problems`), so a sync mode is always
 plain Sync; LocalSGD is refused with ``useAsync``, and its other fields without ``localSGDSteps``.
 """
@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from elasticps.api.spec import Strategy, TrainingJobSpec, TrainingSpec
+from elasticps.api.spec import StalenessCompensation, Strategy, TrainingJobSpec, TrainingSpec
 
 
 OVERLAP_PULL_SYNC = "needs useAsync: true (a sync worker always starts its pull as the round commits)"
+COMPENSATION_SYNC = "needs useAsync: true (a round's gradients are never stale)"
 LOCAL_SGD_ONLY = "needs localSGDSteps > 0 (LocalSGD)"
 LOCAL_SGD_SYNC = "LocalSGD averages models in rounds: it cannot be combined with useAsync"
 
@@ -54,6 +55,7 @@ class TrainingMode:
 
     rule: UpdateRule = UpdateRule.SYNC
     staleness_lr: bool = False
+    compensation: StalenessCompensation = StalenessCompensation.MOMENTUM_CORRECTION
     use_locking: bool = False
     pull_every: int = 1
     overlap_pull: bool = False
@@ -74,6 +76,7 @@ class TrainingMode:
         return cls(
             rule=rule,
             staleness_lr=training.lr_staleness_modulation,
+            compensation=training.staleness_compensation,
             use_locking=training.use_locking,
             pull_every=training.get_model_frequency,
             overlap_pull=training.overlap_pull,
@@ -88,7 +91,7 @@ class TrainingMode:
     @property
     def label(self) -> str:
         """``status.mode`` and the MODE column: Sync, LocalSGD<K> or LocalSGDAdaptive, or Async
-        with +StalenessLR and +SSP<k>."""
+        with +StalenessLR, +Uncompensated (no staleness compensation) and +SSP<k>."""
         if self.rule is UpdateRule.SYNC:
             return "Sync"  # problems() refuses every async-only knob with sync
         if self.rule is UpdateRule.LOCAL_SGD:
@@ -96,6 +99,8 @@ class TrainingMode:
         parts = [self.rule.value.capitalize()]
         if self.staleness_lr:
             parts.append("StalenessLR")
+        if self.compensation is StalenessCompensation.NONE:
+            parts.append("Uncompensated")
         if self.pull_every > 1:
             parts.append(f"SSP{self.pull_every}")
         return "+".join(parts)
@@ -137,6 +142,8 @@ class TrainingMode:
         if self.staleness_lr:
             # Accepted gradients in sync mode are current; modulation would silently do nothing.
             found.append(("lrStalenessModulation", "needs useAsync: true"))
+        if self.compensation is not TrainingMode.compensation:
+            found.append(("stalenessCompensation", COMPENSATION_SYNC))
         if self.use_locking:
             found.append(("useLocking", "needs useAsync: true (sync already applies one update at a time)"))
         if self.overlap_pull:

@@ -36,7 +36,7 @@ import yaml
 
 from elasticps.api.fields import FieldInfo, camel, field_info
 from elasticps.api.graph import KINDS as GRAPH_KINDS
-from elasticps.api.modes import LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, OVERLAP_PULL_SYNC
+from elasticps.api.modes import COMPENSATION_SYNC, LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, OVERLAP_PULL_SYNC
 from elasticps.api.spec import (
     API_VERSION,
     GROUP,
@@ -125,6 +125,11 @@ TRAINING_RULES: list[dict[str, str]] = [
         "rule": "!has(self.lrStalenessModulation) || !self.lrStalenessModulation"
         " || (has(self.useAsync) && self.useAsync)",
         "message": "spec.training.lrStalenessModulation: needs useAsync: true",
+    },
+    {
+        "rule": "!has(self.stalenessCompensation) || self.stalenessCompensation == 'momentumCorrection'"
+        " || (has(self.useAsync) && self.useAsync)",
+        "message": f"spec.training.stalenessCompensation: {COMPENSATION_SYNC}",
     },
     {
         "rule": "!has(self.useLocking) || !self.useLocking || (has(self.useAsync) && self.useAsync)",

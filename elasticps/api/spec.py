@@ -139,6 +139,16 @@ SCALE_DECENTRALIZED = (
 )
 
 
+class StalenessCompensation(str, Enum):
+    """How an async PS corrects a push for its staleness (``spec.training.stalenessCompensation``,
+    ``elasticps/ps/staleness.py``). ``momentumCorrection`` (the default): the push is applied with
+    the optimizer's momentum less the momentum its staleness already carries (SGD and RMSprop
+    momentum; Adam, Adagrad and embedding rows as configured). ``none``: every push as configured."""
+
+    NONE = "none"
+    MOMENTUM_CORRECTION = "momentumCorrection"
+
+
 class JobPhase(str, Enum):
     """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types).
 
@@ -332,6 +342,12 @@ class TrainingSpec:
     lr_staleness_modulation: bool = spec_field(
         False, help="async: divide the learning rate by the gradient's staleness when it is > 0"
     )
+    staleness_compensation: StalenessCompensation = spec_field(
+        StalenessCompensation.MOMENTUM_CORRECTION,
+        help="async: how the PS corrects a gradient for its staleness: momentumCorrection applies it with "
+        "the optimizer's momentum less the momentum asynchrony already adds (staleness / (staleness + 1)), "
+        "so a job keeps the momentum it had in sync; none applies every gradient as configured",
+    )
     use_locking: bool = spec_field(False, help="async: serialise the updates of each variable")
     overlap_pull: bool = spec_field(
         False,
@@ -398,6 +414,13 @@ class TrainingSpec:
         minimum=0,
         help="with spec.output: also export the model every this many versions, into "
         "<output>/versions/<version>/ (0: only the final model)",
+    )
+    seed: int = spec_field(
+        0,
+        minimum=0,
+        maximum=2**31 - 1,
+        help="fixes the model's initial weights and the order of tasks and minibatches, so a run can be "
+        "repeated (asynchronous updates still interleave as they come); 0: initial weights drawn afresh",
     )
     stall_epochs: float = spec_field(
         1.0,

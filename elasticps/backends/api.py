@@ -58,7 +58,11 @@ class Trainer(Protocol):
         """Prepares the gradient step (TensorFlow: traces it) on one minibatch of these records,
         changing neither the weights nor the state."""
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None: ...
+    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """LocalSGD's local step: the model's own optimizer (its momentum kept across periods)."""
+    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """SSP's local step: each weight less its gradient times the learning rate (the job's,
+        else the model optimizer's), plain SGD: the PS applies the optimizer itself."""
     def row_gradients(self) -> Mapping[str, RowGrads]:
         """Each served embedding table's row gradients from the last :meth:`gradients` (none: ``{}``)."""
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]: ...
@@ -83,11 +87,13 @@ class BackendTrainer(Trainer, Protocol):
 class TrainerOptions:
     """How a worker builds its trainer. ``learning_rate`` (> 0): the job's rate replaces the model
     optimizer's own for local steps, as the PS replaces it for pushed gradients. ``seed``: this
-    worker's random stream (shuffles). ``metadata``: what an ElasticDL ``dataset_fn`` gets beside
+    worker's random stream (shuffles). ``model_seed`` (> 0): the framework's random state is seeded
+    with it before the model is built, so every run starts from the same weights. ``metadata``: what an ElasticDL ``dataset_fn`` gets beside
     the records. ``serve_tables``: the model's embedding tables live on the PS."""
 
     minibatch_size: int
     seed: int = 0
+    model_seed: int = 0
     learning_rate: float = 0.0
     metadata: Metadata = field(default_factory=Metadata)
     serve_tables: bool = False

@@ -36,4 +36,5 @@ def queue_settings(data: DataSpec, t: TrainingSpec, prediction: PredictionSpec, 
         prediction_records=to_predict,
         stall_records=round(t.stall_epochs * records),
         fail_unhealthy=t.fail_unhealthy,
+        seed=t.seed,
     )

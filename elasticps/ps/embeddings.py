@@ -303,9 +303,18 @@ class EmbeddingTable:
         except EmbeddingError as err:
             raise GradientError(str(err)) from None
 
-    def stage(self, gradient: RowGradient, optimizer: Optimizer, lr: float, *, locking: bool = False) -> _RowUpdate:
+    def stage(
+        self,
+        gradient: RowGradient,
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
+    ) -> _RowUpdate:
         """The rows' update computed aside; GradientError (nothing changed) when any new value of
-        a row or slot would not be finite."""
+        a row or slot would not be finite. ``implicit_momentum`` is not used: a row's momentum is
+        its own pushes', the push's staleness counts the dense model's updates."""
         update = _RowUpdate(self, gradient, lr)
         with self._lock:
             if not update.compute():
@@ -313,7 +322,15 @@ class EmbeddingTable:
                                     "make a row or its optimizer state NaN or infinite; nothing applied")
         return update
 
-    def apply(self, gradient: RowGradient, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
+    def apply(
+        self,
+        gradient: RowGradient,
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
+    ) -> None:
         self.stage(gradient, optimizer, lr, locking=locking).commit()
 
     def accumulator(self) -> RowSum:

@@ -97,19 +97,23 @@ class Model:
                 raise GradientError(f"no table {name!r} on this shard")
             table.check(gradient)
 
-    def apply(self, update: Update, lr: float, *, locking: bool = False) -> None:
+    def apply(self, update: Update, lr: float, *, locking: bool = False, implicit_momentum: float = 0.0) -> None:
         """Applies every table's gradient, or none: GradientError (nothing changed) when any
         table's new values would not be finite."""
-        self.commit(self.stage(update, lr, locking=locking))
+        self.commit(self.stage(update, lr, locking=locking, implicit_momentum=implicit_momentum))
 
-    def stage(self, update: Update, lr: float, *, locking: bool = False) -> list[Staged]:
+    def stage(
+        self, update: Update, lr: float, *, locking: bool = False, implicit_momentum: float = 0.0
+    ) -> list[Staged]:
         """Every table's update computed aside (see ``tables.py``); GradientError, nothing held,
         when any would not be finite. Commit the list with :meth:`commit` or :meth:`discard` it."""
         staged: list[Staged] = []
         try:
             for name, table in self.tables.items():  # the model's order, whatever the push's
                 if name in update:
-                    staged.append(table.stage(update[name], self.optimizer, lr, locking=locking))
+                    staged.append(
+                        table.stage(update[name], self.optimizer, lr, locking=locking, implicit_momentum=implicit_momentum)
+                    )
         except BaseException:
             self.discard(staged)
             raise

@@ -19,7 +19,12 @@ Two deliberate departures from Keras, both needed by an asynchronous PS:
   updates every variable the two coincide.
 * The learning rate is an argument of :meth:`Optimizer.apply`, not state: the
   PS scales it per push (staleness), and storing-then-mutating a shared value
-  would race between concurrent pushes.
+  would race between concurrent pushes. So is ``implicit_momentum``, the
+  momentum a push's staleness already carries (``staleness.py``): the update
+  uses ``max(0, momentum - implicit_momentum)`` as its momentum coefficient
+  (SGD's and RMSprop's momentum; Adam and Adagrad keep theirs: see
+  :attr:`Optimizer.CORRECTS_MOMENTUM`). At 0, the default, the update is
+  Keras's, bit for bit.
 
 Checked updates (what the PS uses): :meth:`Optimizer.stage` computes a variable's new value and
 new slots into a :class:`Scratch` (allocated once, reused push after push), says whether all of
@@ -204,6 +209,10 @@ class Optimizer(abc.ABC):
     PARAMS: ClassVar[Mapping[str, Param]]
     # Slots under a square root: proves_finite needs them >= 0 (see _VariableState.signs_known).
     _NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    # Whether a push's implicit momentum lowers this optimizer's momentum coefficient (heavy-ball
+    # momentum: SGD, RMSprop). Adam's first moment is an average whose bias correction assumes a
+    # fixed beta_1, and Adagrad has none: both apply every push as configured.
+    CORRECTS_MOMENTUM: ClassVar[bool] = False
     @property
     def serialises(self) -> bool:
         """Whether proves_finite holds only when updates of a variable never overlap: the caller
@@ -228,14 +237,31 @@ class Optimizer(abc.ABC):
         return 0.0
 
     @abc.abstractmethod
-    def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
-        """Keras's update_step for one variable; ``var.step`` is already incremented."""
+    def _update(
+        self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any], implicit_momentum: float
+    ) -> None:
+        """Keras's update_step for one variable; ``var.step`` is already incremented;
+        ``implicit_momentum`` taken off the momentum coefficient (where :attr:`CORRECTS_MOMENTUM`)."""
+
+    def _momentum(self, key: str, implicit_momentum: float) -> float:
+        """The momentum coefficient ``key`` of one update: the configured one less the implicit
+        momentum of its push, never below 0; exactly the configured one when that is 0."""
+        configured = self.config.params[key]
+        return configured if implicit_momentum == 0.0 else max(0.0, configured - implicit_momentum)
 
     def row_slots(self) -> dict[str, float]:
         """The slots every row of an embedding table gets, with their first value."""
         return {slot: self._slot_initial_value(slot) for slot in self._slot_names()}
 
-    def update_rows(self, rows: Array, slots: Mapping[str, Array], steps: Array, grad: Array, lr: float) -> None:
+    def update_rows(
+        self,
+        rows: Array,
+        slots: Mapping[str, Array],
+        steps: Array,
+        grad: Array,
+        lr: float,
+        implicit_momentum: float = 0.0,
+    ) -> None:
         """A lazy sparse update of an embedding table's rows (``embeddings.py``), in place:
         ``rows`` (n, dim) and their ``slots`` (each (n, dim)) gathered from the table, ``steps``
         (n,) each row's own update count including this one, ``grad`` (n, dim). Keras's
@@ -245,7 +271,7 @@ class Optimizer(abc.ABC):
             raise OptimizerError(f"learning rate {lr!r} must be finite and >= 0")
         var = _VariableState(rows.shape, rows.dtype, dict(slots))
         var.step = steps.reshape(-1, 1)  # type: ignore[assignment]  # broadcast over each row
-        self._update(var, rows, grad.astype(rows.dtype, copy=False), rows.dtype.type(lr))
+        self._update(var, rows, grad.astype(rows.dtype, copy=False), rows.dtype.type(lr), implicit_momentum)
 
     def register(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         """Create the slots and the step count (0) of variable ``name``."""
@@ -258,20 +284,22 @@ class Optimizer(abc.ABC):
         slots = {slot: np.full(shape, self._slot_initial_value(slot), dtype=dt) for slot in self._slot_names()}
         self._vars[name] = _VariableState(shape, dt, slots)
 
-    def apply(self, name: str, param: Array, grad: Array, lr: float) -> None:
+    def apply(self, name: str, param: Array, grad: Array, lr: float, *, implicit_momentum: float = 0.0) -> None:
         """Update ``param`` (variable ``name``) in place with ``grad`` at learning rate ``lr``.
 
         ``grad`` is cast to the variable's dtype, as Keras does; it is never
-        modified.  Increments the variable's step count.
+        modified.  Increments the variable's step count. ``implicit_momentum``: see the module.
         """
-        var = self._checked(name, param, grad, lr)
+        var = self._checked(name, param, grad, lr, implicit_momentum)
         if grad.dtype != var.dtype:
             grad = grad.astype(var.dtype)
         var.step += 1
         var.bounds = None  # unknown now (apply_proven sets them after)
-        self._run(var, param, grad, lr)
+        self._run(var, param, grad, lr, implicit_momentum)
 
-    def _checked(self, name: str, param: Array, grad: Array, lr: float) -> _VariableState:
+    def _checked(
+        self, name: str, param: Array, grad: Array, lr: float, implicit_momentum: float = 0.0
+    ) -> _VariableState:
         var = self._vars.get(name)
         if var is None:
             raise OptimizerError(f"variable {name!r} was never registered with the optimizer")
@@ -285,9 +313,11 @@ class Optimizer(abc.ABC):
             )
         if not (math.isfinite(lr) and lr >= 0.0):
             raise OptimizerError(f"variable {name!r}: learning rate {lr!r} must be finite and >= 0")
+        if not 0.0 <= implicit_momentum <= 1.0:  # also NaN
+            raise OptimizerError(f"variable {name!r}: implicit momentum {implicit_momentum!r} must be in [0, 1]")
         return var
 
-    def _run(self, var: _VariableState, param: Array, grad: Array, lr: float) -> None:
+    def _run(self, var: _VariableState, param: Array, grad: Array, lr: float, implicit_momentum: float) -> None:
         """One update of ``param`` and ``var``'s slots, in place, at step ``var.step``.
 
         A large contiguous variable is updated :data:`BLOCK_ELEMENTS` at a time (flat views of the
@@ -308,7 +338,7 @@ class Optimizer(abc.ABC):
                     {slot: arr[start:end] for slot, arr in flat_slots.items()},
                 )
                 block.step = var.step
-                self._update(block, flat_param[start:end], flat_grad[start:end], rate)
+                self._update(block, flat_param[start:end], flat_grad[start:end], rate, implicit_momentum)
             return
         if param.ndim == 0:
             # numpy ufuncs return scalars, not arrays, for 0-d inputs, and the updates write into
@@ -316,10 +346,10 @@ class Optimizer(abc.ABC):
             # array is contiguous, so reshape gives a view).
             view = _VariableState((1,), var.dtype, {slot: arr.reshape(1) for slot, arr in var.slots.items()})
             view.step = var.step
-            self._update(view, param.reshape(1), grad.reshape(1), var.dtype.type(lr))
+            self._update(view, param.reshape(1), grad.reshape(1), var.dtype.type(lr), implicit_momentum)
             return
         # Keras casts the learning rate to the variable's dtype before use.
-        self._update(var, param, grad, var.dtype.type(lr))
+        self._update(var, param, grad, var.dtype.type(lr), implicit_momentum)
 
     def proves_finite(
         self,
@@ -345,7 +375,8 @@ class Optimizer(abc.ABC):
         already count this one, and one lost to a race (Hogwild) leaves values below them. What
         the values can exceed them by is the few updates in flight (at most
         :data:`APPLY_ROOMS`) while an update reads or a measurement is taken,
-        which the proof's margin covers; a measurement reads whatever earlier ones left."""
+        which the proof's margin covers; a measurement reads whatever earlier ones left.
+        The proof takes the configured momentum, an upper bound of any push's corrected one."""
         var = self._checked(name, param, grad, lr)
         if not var.signs_known:
             return False
@@ -383,14 +414,16 @@ class Optimizer(abc.ABC):
         slots = {slot: magnitude(arr) for slot, arr in var.slots.items()}
         return self._proves(var, limit, magnitude(param), grad, lr, slots), True
 
-    def apply_proven(self, name: str, param: Array, grad: Array, lr: float, *, tracked: bool = False) -> None:
+    def apply_proven(
+        self, name: str, param: Array, grad: Array, lr: float, *, tracked: bool = False, implicit_momentum: float = 0.0
+    ) -> None:
         """:meth:`apply` after :meth:`proves_finite` said True (with the same ``tracked``);
         tracked, the variable's bounds become those the proof computed."""
-        var = self._checked(name, param, grad, lr)
+        var = self._checked(name, param, grad, lr, implicit_momentum)
         if grad.dtype != var.dtype:
             grad = grad.astype(var.dtype)
         var.step += 1
-        self._run(var, param, grad, lr)
+        self._run(var, param, grad, lr, implicit_momentum)
         if tracked:
             var.bounds, var.pending = var.pending, None
 
@@ -411,10 +444,12 @@ class Optimizer(abc.ABC):
         }
         return Scratch(params, rooms)
 
-    def stage(self, name: str, param: Array, grad: Array, lr: float, scratch: Scratch) -> bool:
+    def stage(
+        self, name: str, param: Array, grad: Array, lr: float, scratch: Scratch, *, implicit_momentum: float = 0.0
+    ) -> bool:
         """Computes variable ``name``'s update into ``scratch``, changing nothing; True when the
         new value and every new slot are finite (then :meth:`commit` may copy them in)."""
-        var = self._checked(name, param, grad, lr)
+        var = self._checked(name, param, grad, lr, implicit_momentum)
         if grad.dtype != var.dtype:
             grad = grad.astype(var.dtype)
         room, new = scratch.vars[name], scratch.params[name]
@@ -423,7 +458,7 @@ class Optimizer(abc.ABC):
             np.copyto(room.slots[slot], arr)
         room.step = var.step + 1
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            self._run(room, new, grad, lr)
+            self._run(room, new, grad, lr, implicit_momentum)
         return finite(new) and all(finite(arr) for arr in room.slots.values())
 
     def commit(self, name: str, param: Array, scratch: Scratch) -> None:
@@ -501,19 +536,22 @@ class Optimizer(abc.ABC):
 
 class _SGD(Optimizer):
     PARAMS = HYPER_PARAMETERS["sgd"]
+    CORRECTS_MOMENTUM = True
 
     def _slot_names(self) -> tuple[str, ...]:
         # Keras creates the momentum slot only when momentum != 0, and then
         # ignores nesterov: plain SGD.
         return ("momentum",) if self.config.params["momentum"] != 0.0 else ()
 
-    def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
+    def _update(
+        self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any], implicit_momentum: float
+    ) -> None:
         scaled = np.multiply(grad, lr, out=_temporary(grad))  # gradient * learning_rate
         if "momentum" not in var.slots:
             np.subtract(param, scaled, out=param)
             return
         m = var.slots["momentum"]
-        momentum = var.dtype.type(self.config.params["momentum"])
+        momentum = var.dtype.type(self._momentum("momentum", implicit_momentum))
         # m = m * momentum - gradient * learning_rate
         np.multiply(m, momentum, out=m)
         np.subtract(m, scaled, out=m)
@@ -556,7 +594,9 @@ class _Adam(Optimizer):
     def _slot_names(self) -> tuple[str, ...]:
         return ("m", "v", "v_hat") if self._flag("amsgrad") else ("m", "v")
 
-    def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
+    def _update(
+        self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any], implicit_momentum: float
+    ) -> None:
         p = self.config.params
         f = var.dtype.type
         m, v = var.slots["m"], var.slots["v"]
@@ -620,7 +660,9 @@ class _Adagrad(Optimizer):
     def _slot_initial_value(self, slot: str) -> float:
         return self.config.params["initial_accumulator_value"]
 
-    def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
+    def _update(
+        self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any], implicit_momentum: float
+    ) -> None:
         acc = var.slots["accumulator"]
         # acc += g^2
         tmp = np.square(grad, out=_temporary(grad))
@@ -646,6 +688,7 @@ class _Adagrad(Optimizer):
 
 class _RMSprop(Optimizer):
     PARAMS = HYPER_PARAMETERS["rmsprop"]
+    CORRECTS_MOMENTUM = True
     _NON_NEGATIVE = ("velocity",)
 
     def _slot_names(self) -> tuple[str, ...]:
@@ -656,7 +699,9 @@ class _RMSprop(Optimizer):
             names.append("average_gradient")
         return tuple(names)
 
-    def _update(self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any]) -> None:
+    def _update(
+        self, var: _VariableState, param: Array, grad: Array, lr: np.floating[Any], implicit_momentum: float
+    ) -> None:
         p = self.config.params
         f = var.dtype.type
         rho, one_minus_rho = f(p["rho"]), f(1 - p["rho"])
@@ -686,7 +731,7 @@ class _RMSprop(Optimizer):
         if "momentum" in var.slots:
             # Heavy-ball momentum on the increment: mom = momentum * mom + increment.
             mom = var.slots["momentum"]
-            np.multiply(mom, f(p["momentum"]), out=mom)
+            np.multiply(mom, f(self._momentum("momentum", implicit_momentum)), out=mom)
             np.add(mom, increment, out=mom)
             increment = mom
         np.subtract(param, increment, out=param)

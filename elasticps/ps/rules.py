@@ -30,7 +30,10 @@ puller. In the spirit of ps-lite's server request handle, the rule alone decides
   ``use_locking``, one writer per variable); pulls read the live arrays, so a pulled model may mix
   versions. A push whose update would leave a variable or slot NaN or infinite is refused whole
   (``tables.py`` computes it aside first). Its learning rate per push comes from a :class:`~elasticps.ps.staleness.LearningRate`,
-  wrapped in :class:`~elasticps.ps.staleness.StalenessAware` for ``lrStalenessModulation``.
+  wrapped in :class:`~elasticps.ps.staleness.StalenessAware` for ``lrStalenessModulation``, and
+  its implicit momentum, taken off the optimizer's, from the job's
+  :class:`~elasticps.ps.staleness.Compensation` (``stalenessCompensation``), both from that push's
+  own staleness.
 
 * :class:`ModelAveraging` (LocalSGD, seed 003): rounds as :class:`RoundAveraging`'s, but what a
   worker pushes is its model delta over K local steps, as a descent direction: the weights it
@@ -61,7 +64,15 @@ from elasticps.ps.errors import GradientError
 from elasticps.ps.model import Model, Update
 from elasticps.ps.outcomes import PushOutcome
 from elasticps.ps.settings import StoreSettings
-from elasticps.ps.staleness import LearningRate, StalenessAware, as_given, staleness
+from elasticps.ps.staleness import (
+    COMPENSATIONS,
+    Compensation,
+    LearningRate,
+    StalenessAware,
+    as_given,
+    staleness,
+    uncompensated,
+)
 from elasticps.ps.tables import DENSE, Accumulator, DenseSum, Staged
 from elasticps.ps.versions import ModelVersion
 
@@ -371,9 +382,12 @@ class ModelAveraging(RoundAveraging):
 class AsyncApply(Rule):
     consistent_reads = False
 
-    def __init__(self, use_locking: bool = False, learning_rate: LearningRate = as_given) -> None:
+    def __init__(
+        self, use_locking: bool = False, learning_rate: LearningRate = as_given, compensation: Compensation = uncompensated
+    ) -> None:
         self.use_locking = use_locking
         self.learning_rate = learning_rate
+        self.compensation = compensation
 
     def guard(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
@@ -381,7 +395,7 @@ class AsyncApply(Rule):
     def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
         stale = staleness(version.value, gradient.computed_on)
         lr = self.learning_rate(gradient.base_lr, stale)
-        model.apply(gradient.update, lr, locking=self.use_locking)
+        model.apply(gradient.update, lr, locking=self.use_locking, implicit_momentum=self.compensation(stale))
         return PushOutcome(True, version.advance(), stale, lr)
 
 
@@ -395,7 +409,7 @@ def _local_sgd(settings: StoreSettings) -> Rule:
 
 def _async(settings: StoreSettings) -> Rule:
     learning_rate: LearningRate = StalenessAware(as_given) if settings.mode.staleness_lr else as_given
-    return AsyncApply(settings.mode.use_locking, learning_rate)
+    return AsyncApply(settings.mode.use_locking, learning_rate, COMPENSATIONS[settings.mode.compensation])
 
 
 # The one place a mode becomes a rule on the PS.

@@ -147,13 +147,28 @@ class StateTable:
                 raise GradientError(f"state {name!r} holds NaN or infinity")
 
     def stage(
-        self, values: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
+        self,
+        values: Mapping[str, Array],
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
     ) -> _StateUpdate:
         """The values, checked before (:meth:`check`; a mean of finite values is finite): nothing to compute."""
         return _StateUpdate(self, values)
 
-    def apply(self, values: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
-        """Sets each given tensor to its value (checked before); ``optimizer`` and ``lr`` are unused."""
+    def apply(
+        self,
+        values: Mapping[str, Array],
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
+    ) -> None:
+        """Sets each given tensor to its value (checked before); ``optimizer``, ``lr`` and
+        ``implicit_momentum`` are unused."""
         with self._lock:
             adopted: dict[str, Array] = {}
             for name, value in values.items():

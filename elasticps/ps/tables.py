@@ -91,13 +91,19 @@ class Table(Protocol[G]):
         """Raises GradientError when the gradient cannot be applied; never changes anything."""
         ...
 
-    def stage(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> Staged:
+    def stage(
+        self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False, implicit_momentum: float = 0.0
+    ) -> Staged:
         """The update, checked (proven finite, or computed aside); GradientError (nothing held,
         nothing changed) when any new value would not be finite. ``locking``: one writer per
-        parameter from now to the commit."""
+        parameter from now to the commit. ``implicit_momentum``: the push's, taken off the
+        optimizer's momentum (``staleness.py``; dense variables only: an embedding row is
+        updated only by the pushes that name it, so the push's staleness says little of it)."""
         ...
 
-    def apply(self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
+    def apply(
+        self, gradient: G, optimizer: Optimizer, lr: float, *, locking: bool = False, implicit_momentum: float = 0.0
+    ) -> None:
         """:meth:`stage`, then commit."""
         ...
 
@@ -278,7 +284,13 @@ class DenseTable:
         return bound if ref is not None and ref() is value else None
 
     def stage(
-        self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False
+        self,
+        gradient: Mapping[str, Array],
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
     ) -> _DenseUpdate:
         # One writer per variable from here to the commit with useLocking, and always for an
         # optimizer whose finiteness proof needs it (Optimizer.serialises: Adam with a small beta_2).
@@ -286,7 +298,7 @@ class DenseTable:
         # Locks in name order, whatever order the push came in: two pushes never wait on each other.
         locks = [self._locks[name] for name in sorted(gradient)] if exclusive else []
         self._rooms.acquire()
-        update = _DenseUpdate(self, optimizer, gradient, lr, locks)
+        update = _DenseUpdate(self, optimizer, gradient, lr, locks, implicit_momentum)
         for lock in locks:
             lock.acquire()
         try:
@@ -314,7 +326,7 @@ class DenseTable:
                 scratch = optimizer.new_scratch()
             update.scratch = scratch
             for name, value in gradient.items():
-                if not optimizer.stage(name, variables[name], value, lr, scratch):
+                if not optimizer.stage(name, variables[name], value, lr, scratch, implicit_momentum=implicit_momentum):
                     raise GradientError(
                         f"gradient {name!r} at learning rate {lr:g} would make variable {name!r} or its "
                         "optimizer state NaN or infinite"
@@ -324,8 +336,16 @@ class DenseTable:
             raise
         return update
 
-    def apply(self, gradient: Mapping[str, Array], optimizer: Optimizer, lr: float, *, locking: bool = False) -> None:
-        self.stage(gradient, optimizer, lr, locking=locking).commit()
+    def apply(
+        self,
+        gradient: Mapping[str, Array],
+        optimizer: Optimizer,
+        lr: float,
+        *,
+        locking: bool = False,
+        implicit_momentum: float = 0.0,
+    ) -> None:
+        self.stage(gradient, optimizer, lr, locking=locking, implicit_momentum=implicit_momentum).commit()
 
     def _give_back(self, scratch: Scratch | None, rooms: int) -> None:
         if scratch is not None:
@@ -356,11 +376,13 @@ class _DenseUpdate:
         gradient: Mapping[str, Array],
         lr: float,
         locks: list[threading.Lock],
+        implicit_momentum: float = 0.0,
     ) -> None:
         self._table = table
         self._optimizer = optimizer
         self._gradient = gradient
         self._lr = lr
+        self._implicit_momentum = implicit_momentum
         self._locks = locks
         self._tracked = bool(locks)
         self.scratch: Scratch | None = None
@@ -374,7 +396,14 @@ class _DenseUpdate:
         try:
             if scratch is None:
                 for name, value in self._gradient.items():
-                    optimizer.apply_proven(name, variables[name], value, self._lr, tracked=self._tracked)
+                    optimizer.apply_proven(
+                        name,
+                        variables[name],
+                        value,
+                        self._lr,
+                        tracked=self._tracked,
+                        implicit_momentum=self._implicit_momentum,
+                    )
             else:
                 for name in self._gradient:
                     optimizer.commit(name, variables[name], scratch)

@@ -160,6 +160,9 @@ class NumpyTrainer:
         for name, value in gradients.items():
             self._weights[name] = self._weights[name] - value
 
+    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+        self.apply_local(gradients)
+
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
         return {"mean_feature": float(np.mean(features)) * len(features)}
 

@@ -279,8 +279,16 @@ class LocalModel:
         return paced_gradients(self._trainer, x, y, self._pace, self.counters, self.metrics)
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """Applies gradients to the local copy only (between pulls); the PS does not see this."""
+        """LocalSGD: a step of the worker's own optimizer on the local copy; the PS does not see it."""
         self._trainer.apply_local(gradients)
+
+    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """SSP: a local step between pulls, ``gradients`` times the learning rate taken off the
+        local copy. No momentum: the PS applies the same gradients with the optimizer's, and the
+        next pull replaces the copy. A push after it is still tagged with the pulled versions: the
+        PS moved by its own (momentum) updates of this worker's gradients, not by these steps, so
+        they count in the push's staleness."""
+        self._trainer.sgd_step(gradients)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The local copy's trainable weights now (LocalSGD: where a period starts and ends)."""

@@ -288,7 +288,8 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
         # worker keeps them local (its model is its own).
         trainer_options = TrainerOptions(
             config.job.training.minibatch_size,
-            seed=config.job.index * 7919,
+            seed=config.job.index * 7919 + config.job.training.seed,
+            model_seed=config.job.training.seed,
             learning_rate=config.job.training.learning_rate,
             metadata=Metadata(None if columns is None else tuple(columns), data.reader),
             serve_tables=config.strategy is Strategy.PARAMETER_SERVER,

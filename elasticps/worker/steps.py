@@ -13,8 +13,11 @@ Each step uses the :class:`LocalModel` for the model traffic and only decides wh
 * :class:`AsyncStep` (``UpdateRule.ASYNC``): the PS accepts every gradient, nothing is retrained; a
   pull goes right behind this worker's own push, so a gradient's staleness counts only other
   workers' updates.
-* :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between apply own
-  gradients to the local copy while also pushing them, each push travelling during the next minibatch.
+* :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between take a
+  plain SGD step with own gradients on the local copy while also pushing them, each push travelling
+  during the next minibatch. A local step has no momentum (the PS applies the optimizer, momentum
+  included, to the same gradients: the worker's would count it twice). A push's staleness counts
+  every update since the pull, the worker's own included.
 
 * :class:`LocalSGDStep` (``UpdateRule.LOCAL_SGD``): a period of K steps on the local copy with the
   worker's own optimizer, from a pull; then the model delta (pulled minus trained weights) is staged
@@ -242,7 +245,7 @@ class SSPStep:
         self._model.push_async(gradients)
         self._since_pull += 1
         if self._since_pull < self._pull_every:
-            self._model.apply_local(gradients)  # the next pull replaces this local step's effect
+            self._model.sgd_step(gradients)  # the next pull replaces this local step's effect
         else:
             self._since_pull = 0
             if self._overlap:

@@ -20,7 +20,7 @@ from elasticps.api.flags import (
 from elasticps.api.parsing import parse_job
 from elasticps.api.modes import TrainingMode
 from elasticps.api.replicas import Role, ps_replica, worker_replica
-from elasticps.api.spec import DataSpec, TrainingSpec
+from elasticps.api.spec import DataSpec, StalenessCompensation, TrainingSpec
 from elasticps.ps import main as ps_main
 from elasticps.worker import main as worker_main
 
@@ -149,6 +149,7 @@ def test_parse_bool_rejects_other_text() -> None:
 FULL = TrainingSpec(
     use_async=True,
     lr_staleness_modulation=True,
+    staleness_compensation=StalenessCompensation.NONE,
     use_locking=True,
     get_model_frequency=4,
     grads_to_wait=3,
@@ -174,6 +175,7 @@ def test_full_spec_renders_every_field() -> None:
     assert args == [
         "--use_async",
         "--lr_staleness_modulation",
+        "--staleness_compensation=none",
         "--use_locking",
         "--get_model_frequency=4",
         "--grads_to_wait=3",

@@ -9,7 +9,7 @@ from job_builders import job_document
 
 from elasticps.api.modes import LOCAL_SGD_ONLY, LOCAL_SGD_SYNC, LocalSGD, TrainingMode, UpdateRule
 from elasticps.api.parsing import SpecError, parse_job
-from elasticps.api.spec import TrainingSpec
+from elasticps.api.spec import StalenessCompensation, TrainingSpec
 
 
 @pytest.mark.parametrize(
@@ -19,6 +19,11 @@ from elasticps.api.spec import TrainingSpec
         ({"use_async": True}, UpdateRule.ASYNC, "Async"),
         ({"use_async": True, "lr_staleness_modulation": True}, UpdateRule.ASYNC, "Async+StalenessLR"),
         ({"use_async": True, "get_model_frequency": 4}, UpdateRule.ASYNC, "Async+SSP4"),
+        (
+            {"use_async": True, "staleness_compensation": StalenessCompensation.NONE, "get_model_frequency": 4},
+            UpdateRule.ASYNC,
+            "Async+Uncompensated+SSP4",
+        ),
         (
             {"use_async": True, "lr_staleness_modulation": True, "get_model_frequency": 2},
             UpdateRule.ASYNC,
@@ -35,6 +40,16 @@ def test_mode_of_training(training: dict[str, Any], rule: UpdateRule, label: str
     assert mode.rule is rule
     assert mode.label == label
     assert mode.problems() == []
+
+
+def test_async_compensates_staleness_by_momentum_correction_unless_told() -> None:
+    assert TrainingMode.of(TrainingSpec(use_async=True)).compensation is StalenessCompensation.MOMENTUM_CORRECTION
+    spec = parse_job(job_document({"training": {"useAsync": True, "stalenessCompensation": "none"}})).spec
+    assert TrainingMode.of(spec.training).compensation is StalenessCompensation.NONE
+    # the default, spelled out, is no problem in sync
+    assert parse_job(job_document({"training": {"stalenessCompensation": "momentumCorrection"}})).spec
+    with pytest.raises(SpecError, match=r"^spec\.training\.stalenessCompensation: must be one of none, momentumCorrection"):
+        parse_job(job_document({"training": {"useAsync": True, "stalenessCompensation": "dcasgd"}}))
 
 
 def test_locking_and_overlap_are_carried() -> None:
@@ -63,6 +78,11 @@ def test_staleness_lr_without_async_is_a_problem_naming_the_field() -> None:
             {"getModelFrequency": 4},
             "getModelFrequency",
             "needs useAsync: true (local steps between pulls are asynchronous SGD)",
+        ),
+        (
+            {"stalenessCompensation": "none"},
+            "stalenessCompensation",
+            "needs useAsync: true (a round's gradients are never stale)",
         ),
         (
             {"useAsync": False, "getModelFrequency": 2},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import re
 import typing
 from enum import Enum
@@ -169,9 +170,13 @@ def test_every_training_field(field: dataclasses.Field[Any]) -> None:
     prop = spec_schema()["properties"]["training"]["properties"][camel(field.name)]
     info = field_info(field)
     hint = typing.get_type_hints(TrainingSpec)[field.name]
-    assert prop["type"] == TYPES[hint]
-    assert prop["default"] == field.default
-    assert type(prop["default"]) is hint
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # spelled as its values
+        assert prop["type"] == "string" and prop["enum"] == [member.value for member in hint]
+        assert prop["default"] == field.default.value
+    else:
+        assert prop["type"] == TYPES[hint]
+        assert prop["default"] == field.default
+        assert type(prop["default"]) is hint
     assert prop["description"] == info.help
     if info.minimum is None:
         assert "minimum" not in prop

@@ -106,11 +106,11 @@ def test_a_variable_updated_by_blocks_gets_the_whole_array_values(name: str, sha
     mine, reference = param.copy(), param.copy()
     for _ in range(3):
         grad = rng.normal(size=shape).astype(np.float32)
-        blocked.apply("v", mine, grad, 0.01)
+        blocked.apply("v", mine, grad, 0.01, implicit_momentum=0.5)
         # The reference: the optimizer's formulas over the whole arrays at once.
         state = whole._vars["v"]
         state.step += 1
-        whole._update(state, reference, grad, np.float32(0.01))
+        whole._update(state, reference, grad, np.float32(0.01), 0.5)
     assert np.array_equal(mine, reference)
     for slot, value in whole._vars["v"].slots.items():
         assert np.array_equal(blocked._vars["v"].slots[slot], value), slot

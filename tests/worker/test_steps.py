@@ -226,14 +226,31 @@ def test_ssp_pulls_every_k_steps_and_applies_locally_in_between() -> None:
     for x, y in minibatches(7):
         step.train(x, y)
     step.end_task()
-    with_pull = ["landed", "pull", "gradients", "push_async", "apply_local"]
+    with_pull = ["landed", "pull", "gradients", "push_async", "sgd_step"]
     # Between pulls, each push lands while the next minibatch is computed.
-    local = ["gradients", "landed", "push_async", "apply_local"]
+    local = ["gradients", "landed", "push_async", "sgd_step"]
     last = ["gradients", "landed", "push_async"]  # the k-th step: the next pull replaces the model anyway
     rounds = (with_pull + local + last) * 2 + with_pull + ["landed"]
     assert ps.kinds() == rounds[1:]  # nothing in flight before the first pull
     assert trainer.applied_locally == 5
     assert model.counters.pulls == 1 + 3
+
+
+def test_an_ssp_push_is_tagged_with_its_pull_and_its_local_steps_are_plain_sgd() -> None:
+    """Push j after a pull at version v is tagged v: the PS counts the worker's own j updates since
+    in its staleness (the PS moved by them with momentum, the local copy without). The local steps
+    are the trainer's plain SGD steps, never the model optimizer's."""
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = SSPStep(model, pull_every=4)
+    step.start_task()
+    for x, y in minibatches(8):
+        step.train(x, y)
+    step.end_task()
+    tags = [event[1][0] for event in ps.events if event[0] == "push_async"]
+    assert ps.kinds().count("pull") == 2
+    assert tags == [0, 0, 0, 0, 4, 4, 4, 4]
+    assert trainer.applied_locally == 6
+    assert [e for e in trainer.events if e[0] in ("sgd_step", "apply_local")] == [("sgd_step",)] * 6
 
 
 def test_ssp_computes_between_pulls_on_its_locally_updated_copy() -> None:

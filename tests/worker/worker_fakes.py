@@ -510,12 +510,15 @@ class FakeTrainer:
     def row_gradients(self) -> dict[str, Any]:
         return {}  # no embedding tables
 
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+    def apply_local(self, gradients: Mapping[str, np.ndarray], event: str = "apply_local") -> None:
         self.applied_locally += 1
         if self.events is not None:
-            self.events.append(("apply_local",))
+            self.events.append((event,))
         for name, gradient in gradients.items():
             self.variables[name] = self.variables[name] - 0.01 * gradient
+
+    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+        self.apply_local(gradients, "sgd_step")
 
     def export(self, directory: Path) -> None:
         """The "model file": the weights as they are, as JSON (a test reads which were exported)."""

@@ -27,6 +27,8 @@ class KerasBackend:
         return getattr(sys.modules.get(model.name), "__file__", None)
 
     def trainer(self, model: ModelModule, params: Mapping[str, Any], options: TrainerOptions) -> BackendTrainer:
+        if options.model_seed:
+            keras_trainer.seed_everything(options.model_seed)
         return keras_trainer.KerasTrainer(
             model,
             params,

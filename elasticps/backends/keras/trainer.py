@@ -58,6 +58,12 @@ def configure_threads(num_threads: int) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(num_threads)
 
 
+def seed_everything(seed: int) -> None:
+    """Seeds Python's, numpy's and TensorFlow's random state (Keras's initializers draw from them):
+    a model built after it starts from the same weights in every run."""
+    tf.keras.utils.set_random_seed(seed)
+
+
 # Fused assigns traced for this many sets of pulled names at most (a set is the variables of the
 # shards a pull found newer: all of them, mostly); other sets are assigned one variable at a time.
 MAX_ASSIGNERS = 16
@@ -410,6 +416,14 @@ class KerasTrainer:
         self._local_optimizer.apply_gradients(
             [(tf.convert_to_tensor(gradients[name]), v) for name, v in self._variables.items()]
         )
+
+    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+        """SSP: a plain SGD step on the local copy between pulls, at the job's rate when set (the
+        model optimizer's momentum would count again what the PS's momentum counts)."""
+        rate = self.optimizer_config(0.0).params["learning_rate"]
+        for name, variable in self._variables.items():
+            gradient = gradients[name]
+            variable.assign_sub(tf.convert_to_tensor(gradient * np.asarray(rate, gradient.dtype)))
 
     def _eval_step(self, x: Any, y: Any) -> tuple[dict[str, Any], Any]:
         predictions = self.model(x, training=False)
