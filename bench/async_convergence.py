@@ -8,7 +8,7 @@ run`` with only these changed: the mode's fields, the setting's learning rate, t
 workers on 1 PS, 8 on 2 PS), ``spec.training.seed`` (the model's initial weights and the order of
 tasks and minibatches), no output, no checkpoints, about 8 evaluations per epoch. The settings:
 ``peer``, lr 0.05 (the model's and TensorFlow ParameterServerStrategy's in ``make bench-peer``), and
-``example``, the learning rate of ``examples/mnist-async.yaml``. Seeds are the outer loop and the
+``example``, the learning rate of ``examples/mnist-async.yaml`` (``lr<rate>``: any other). Seeds are the outer loop and the
 (setting, workers, mode) cells rotate by one per seed, so every cell meets the machine's noise alike
 and a reader reruns one cell and seed with ``--modes M --settings S --workers W --seeds N``.
 
@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     known = settings()
+    for name in args.settings.split(","):  # lr<rate>: another learning rate, e.g. lr0.1
+        if name.startswith("lr") and name[2:].replace(".", "", 1).isdigit():
+            known[name] = float(name[2:])
     try:
         seeds = _seeds(args.seeds)
         modes = [MODE_BY_KEY[k] for k in args.modes.split(",")]

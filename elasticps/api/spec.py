@@ -345,8 +345,9 @@ class TrainingSpec:
     staleness_compensation: StalenessCompensation = spec_field(
         StalenessCompensation.MOMENTUM_CORRECTION,
         help="async: how the PS corrects a gradient for its staleness: momentumCorrection applies it with "
-        "the optimizer's momentum less the momentum asynchrony already adds (staleness / (staleness + 1)), "
-        "so a job keeps the momentum it had in sync; none applies every gradient as configured",
+        "the optimizer's momentum less the momentum asynchrony already adds (s / (s + 1), s the larger of "
+        "its staleness and the recent mean), so a job keeps the momentum it had in sync; none applies "
+        "every gradient as configured",
     )
     use_locking: bool = spec_field(False, help="async: serialise the updates of each variable")
     overlap_pull: bool = spec_field(

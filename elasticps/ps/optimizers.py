@@ -253,15 +253,7 @@ class Optimizer(abc.ABC):
         """The slots every row of an embedding table gets, with their first value."""
         return {slot: self._slot_initial_value(slot) for slot in self._slot_names()}
 
-    def update_rows(
-        self,
-        rows: Array,
-        slots: Mapping[str, Array],
-        steps: Array,
-        grad: Array,
-        lr: float,
-        implicit_momentum: float = 0.0,
-    ) -> None:
+    def update_rows(self, rows: Array, slots: Mapping[str, Array], steps: Array, grad: Array, lr: float) -> None:
         """A lazy sparse update of an embedding table's rows (``embeddings.py``), in place:
         ``rows`` (n, dim) and their ``slots`` (each (n, dim)) gathered from the table, ``steps``
         (n,) each row's own update count including this one, ``grad`` (n, dim). Keras's
@@ -271,7 +263,8 @@ class Optimizer(abc.ABC):
             raise OptimizerError(f"learning rate {lr!r} must be finite and >= 0")
         var = _VariableState(rows.shape, rows.dtype, dict(slots))
         var.step = steps.reshape(-1, 1)  # type: ignore[assignment]  # broadcast over each row
-        self._update(var, rows, grad.astype(rows.dtype, copy=False), rows.dtype.type(lr), implicit_momentum)
+        # A row's momentum is its own pushes' (``embeddings.py``): no staleness correction.
+        self._update(var, rows, grad.astype(rows.dtype, copy=False), rows.dtype.type(lr), 0.0)
 
     def register(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         """Create the slots and the step count (0) of variable ``name``."""

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -75,6 +76,9 @@ from elasticps.ps.staleness import (
 )
 from elasticps.ps.tables import DENSE, Accumulator, DenseSum, Staged
 from elasticps.ps.versions import ModelVersion
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -392,6 +396,13 @@ class AsyncApply(Rule):
     def guard(self) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
+    def reset(self, model: Model) -> None:
+        if self.compensation is not uncompensated and not model.optimizer.CORRECTS_MOMENTUM:
+            log.info(
+                "staleness compensation: %s has no heavy-ball momentum to correct; every push is applied as configured",
+                model.optimizer.config.name,
+            )
+
     def push(self, model: Model, version: ModelVersion, gradient: Gradient) -> PushOutcome:
         stale = staleness(version.value, gradient.computed_on)
         lr = self.learning_rate(gradient.base_lr, stale)
@@ -409,7 +420,7 @@ def _local_sgd(settings: StoreSettings) -> Rule:
 
 def _async(settings: StoreSettings) -> Rule:
     learning_rate: LearningRate = StalenessAware(as_given) if settings.mode.staleness_lr else as_given
-    return AsyncApply(settings.mode.use_locking, learning_rate, COMPENSATIONS[settings.mode.compensation])
+    return AsyncApply(settings.mode.use_locking, learning_rate, COMPENSATIONS[settings.mode.compensation]())
 
 
 # The one place a mode becomes a rule on the PS.

@@ -71,7 +71,8 @@ def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str
         [container] = pod["spec"]["containers"]
         assert container["name"] == "elasticps" and container["image"] == "elasticps:latest"
         args = container["args"]
-        assert {"--use_async", "--lr_staleness_modulation", "--get_model_frequency=4"} <= set(args), args
+        assert {"--use_async", "--num_epochs=3"} <= set(args), args
+        assert not any(a.startswith(("--lr_staleness", "--staleness_compensation", "--learning_rate")) for a in args)
         if role == "ps":
             assert args[0] == "ps" and f"--ps_id={index}" in args and "--num_ps=2" in args
         else:
@@ -84,7 +85,7 @@ def test_mnist_async_example_creates_services_and_pods(kubectl: Kubectl, ns: str
     ]  # ITERATIONS only with -o wide
     row = printed_columns(kubectl, ns)
     assert [row[k] for k in ("NAME", "PHASE", "REASON", "MODE", "WORKERS", "PS")] == [
-        "mnist-async", "Running", "", "Async+StalenessLR+SSP4", "2/2", "2/2"
+        "mnist-async", "Running", "", "Async", "2/2", "2/2"
     ]
 
     events = [(e["reason"], e["message"]) for e in kubectl.events(ns, "mnist-async")]

@@ -103,25 +103,6 @@ def _delete_and_watch(kubectl: Kubectl, ns: str, pod: str) -> Termination:
 
 
 @pytest.mark.timeout(1200)
-def test_async_mnist_trains_to_succeeded(kubectl: Kubectl, ns: str, data: Path) -> None:
-    name = "mnist-async"
-    t0 = time.monotonic()
-    # As examples/mnist-async.yaml: each gradient is applied alone, so a smaller step than sync's 0.05
-    # (with 0.05 this model's loss stays at ln 10 = 2.30: it diverges), scaled down by staleness.
-    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=2,
-                                training={"learningRate": 0.02, "lrStalenessModulation": True}))
-    phase = wait_for(lambda: _finished(kubectl, ns, name), 900, f"{name} to finish", interval=3)
-    status = _status(kubectl, ns, name)
-    print(f"\n{kubectl.show(ns)}\nstatus: {status}", file=sys.stderr)
-    record(f"MNIST async: kubectl apply -> {phase}", time.monotonic() - t0)
-    assert phase == "Succeeded", status
-    assert status.get("mode", "").startswith("Async"), status
-    accuracy = status.get("metrics", {}).get("accuracy")
-    print(f"async accuracy {accuracy}", file=sys.stderr)
-    assert accuracy is not None and accuracy > 0.5, status
-
-
-@pytest.mark.timeout(1200)
 def test_worker_deleted_mid_training_is_replaced(kubectl: Kubectl, ns: str, big_data: Path) -> None:
     name = "mnist-worker-loss"
     t0 = time.monotonic()

@@ -17,7 +17,7 @@ from elasticps.api.spec import StalenessCompensation
 from elasticps.ps.optimizers import Optimizer, make_optimizer
 from elasticps.ps.rules import AsyncApply, make_rule
 from elasticps.ps.settings import StoreSettings
-from elasticps.ps.staleness import COMPENSATIONS, implicit_momentum, uncompensated
+from elasticps.ps.staleness import COMPENSATIONS, MEMORY, MomentumCorrection, implicit_momentum, uncompensated
 from elasticps.ps.store import ParameterStore
 
 LR = 0.1
@@ -34,6 +34,35 @@ def test_the_implicit_momentum_of_a_push_is_its_staleness_over_staleness_plus_on
 
 def test_every_compensation_of_the_spec_has_a_rule() -> None:
     assert set(COMPENSATIONS) == set(StalenessCompensation)
+
+
+def test_momentum_correction_takes_the_larger_of_the_pushs_staleness_and_the_recent_mean() -> None:
+    correction = MomentumCorrection(memory=4)
+    # A stale push is corrected by its own staleness while the mean is below it.
+    assert correction(3) == implicit_momentum(3)  # mean 0.75
+    assert correction(3) == implicit_momentum(3)  # mean 1.3125
+    # A fresh push among stale ones is corrected as they are, by the mean (here 0.984375).
+    assert correction(0) == pytest.approx(implicit_momentum(1.3125 * 0.75))
+    assert correction.mean == pytest.approx(0.984375)
+
+
+def test_alone_at_the_end_the_momentum_comes_back_gradually() -> None:
+    """Two workers (most pushes one version late), then one alone (every push fresh): the momentum
+    0.9 - implicit rises over tens of pushes, not at once."""
+    correction = MomentumCorrection()
+    for _ in range(1000):
+        correction(1)
+    alone = [0.9 - correction(0) for _ in range(3 * MEMORY)]
+    assert alone[0] == pytest.approx(0.9 - implicit_momentum(1 - 1 / MEMORY), abs=1e-3)  # about 0.4, not 0.9
+    assert all(later >= earlier for earlier, later in zip(alone, alone[1:]))
+    assert alone[MEMORY // 2] < 0.6 < alone[-1] < 0.9
+
+
+def test_each_shard_gets_its_own_running_mean() -> None:
+    first, second = (COMPENSATIONS[StalenessCompensation.MOMENTUM_CORRECTION]() for _ in range(2))
+    assert isinstance(first, MomentumCorrection) and first is not second
+    first(10)
+    assert second.mean == 0.0 and first.mean > 0.0  # type: ignore[attr-defined]
 
 
 def optimizer(name: str, **params: float) -> Optimizer:
@@ -141,9 +170,13 @@ def async_store(compensation: StalenessCompensation) -> ParameterStore:
 
 
 def test_the_async_rule_takes_the_jobs_compensation() -> None:
-    for compensation, expected in COMPENSATIONS.items():
+    for compensation in StalenessCompensation:
         rule = make_rule(StoreSettings(mode=TrainingMode(rule=UpdateRule.ASYNC, compensation=compensation)))
-        assert isinstance(rule, AsyncApply) and rule.compensation is expected
+        assert isinstance(rule, AsyncApply)
+        if compensation is StalenessCompensation.NONE:
+            assert rule.compensation is uncompensated
+        else:
+            assert isinstance(rule.compensation, MomentumCorrection)
 
 
 def test_a_stale_push_is_applied_with_the_momentum_its_staleness_leaves() -> None:
@@ -165,9 +198,14 @@ def test_a_stale_push_is_applied_with_the_momentum_its_staleness_leaves() -> Non
 
 
 def test_each_push_is_compensated_by_its_own_staleness_under_concurrent_pushes() -> None:
-    """Eight threads push 25 gradients each, computed on versions 0..24 behind: every update the
-    optimizer made used the implicit momentum of the staleness its own push reported."""
+    """Eight threads push 25 gradients each, computed on versions 0..4 behind (and more, as the
+    others push): every update the optimizer made used the implicit momentum of the staleness its
+    own push reported. The running mean is made the push's own staleness (memory 1), so any value
+    leaking from another push would show."""
     store = async_store(StalenessCompensation.MOMENTUM_CORRECTION)
+    rule = store.rule
+    assert isinstance(rule, AsyncApply)
+    rule.compensation = MomentumCorrection(memory=1)
     opt: Any = store.optimizer
     used: dict[float, float] = {}  # the gradient's tag -> the implicit momentum its update used
     lock = threading.Lock()
@@ -204,3 +242,16 @@ def test_each_push_is_compensated_by_its_own_staleness_under_concurrent_pushes()
     assert {stale for stale in reported.values()} >= {0, 1, 2, 3, 4}  # a spread, not one value
     for tag, stale in reported.items():
         assert used[tag] == implicit_momentum(stale), (tag, stale)
+
+
+def test_an_optimizer_without_heavy_ball_momentum_is_said_once_and_trained_as_configured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mode = TrainingMode(rule=UpdateRule.ASYNC)
+    for name, said in (("adam", True), ("adagrad", True), ("sgd", False)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="elasticps.ps.rules"):
+            ParameterStore(StoreSettings(mode=mode)).initialize({"w": W0.copy()}, OptimizerConfig(name, {"learning_rate": LR}))
+        lines = [r.getMessage() for r in caplog.records if "staleness compensation" in r.getMessage()]
+        assert lines == ([f"staleness compensation: {name} has no heavy-ball momentum to correct; every push is "
+                          "applied as configured"] if said else []), name  # fmt: skip
