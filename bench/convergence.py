@@ -18,7 +18,7 @@ from typing import Any
 from bench.doc_regions import write_region
 
 REPO = Path(__file__).resolve().parents[1]
-JOBS = {"sync": "examples/mnist.yaml", "async + lr/staleness": "examples/mnist-async.yaml"}
+JOBS = {"sync": "examples/mnist.yaml", "async": "examples/mnist-async.yaml"}
 
 
 def run(job: str) -> dict[str, Any]:

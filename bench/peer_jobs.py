@@ -7,7 +7,7 @@ document (``examples/mnist-async.yaml`` by default) with only the settings below
 * ``evaluationSteps: 0``: the test set is evaluated once, at the end, as the peer does (no
   evaluation runs during epoch 2);
 * no ``spec.output`` (no export, no TensorBoard file: the peer writes neither) and no checkpoints;
-* the learning rate: the job's ``learningRate`` (0.02 in the example), for all systems;
+* the learning rate: the job's ``learningRate`` (none in the example: the model's 0.05), for all systems;
 * ``sync``: ``useAsync: false`` (each round averages one gradient per live worker);
   ``async``: ``useAsync: true``, ``lrStalenessModulation: false``;
   ``async+lr``: ``useAsync: true``, ``lrStalenessModulation: true`` (lr / staleness).

@@ -38,7 +38,7 @@ def test_each_elasticps_system_gets_its_mode_on_one_ps_and_two_workers(key: str,
     assert (spec.ps.replicas, spec.worker.replicas) == (1, 2)
     assert (spec.training.use_async, spec.training.lr_staleness_modulation) == (use_async, staleness)
     assert (spec.training.evaluation_steps, spec.training.checkpoint_steps, spec.output) == (0, 0, "")
-    assert (spec.training.minibatch_size, spec.training.learning_rate, spec.training.num_epochs) == (64, 0.02, 2)
+    assert (spec.training.minibatch_size, spec.training.learning_rate, spec.training.num_epochs) == (64, 0.0, 2)  # 0: the model's 0.05
     assert spec.model.model_def == "elasticps.backends.keras.zoo.mnist_cnn"
 
 
@@ -59,7 +59,7 @@ def test_every_system_shares_the_settings_of_the_job() -> None:
         "training": "../shared/data/mnist/train",
         "validation": "../shared/data/mnist/t10k",
         "minibatch": 64,
-        "learning_rate": 0.02,
+        "learning_rate": 0.0,  # the model's own (0.05), as the peer's
         "num_epochs": 2,
         "records_per_task": 2048,
         "ps": 1,

@@ -13,7 +13,7 @@ def test_the_async_example_gives_its_model_data_minibatch_lr_and_epochs() -> Non
     job = peer_job(REPO / "examples" / "mnist-async.yaml", None)
     assert job.model_def == "elasticps.backends.keras.zoo.mnist_cnn"
     assert (job.reader, job.training, job.validation) == ("idx", "../shared/data/mnist/train", "../shared/data/mnist/t10k")
-    assert (job.minibatch, job.epochs, job.learning_rate) == (64, 2, 0.02)
+    assert (job.minibatch, job.epochs, job.learning_rate) == (64, 2, 0.0)  # the module's own, 0.05
 
 
 def test_epochs_flag_overrides_and_the_sync_example_keeps_the_modules_lr() -> None:
