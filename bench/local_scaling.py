@@ -48,7 +48,7 @@ JOB_NAME = "scaling"
 SCENARIOS: dict[str, tuple[int, ...]] = {"scaled": (2, 4, 1), "fixed 4": (4,), "fixed 1": (1,)}
 POLL_S = 0.25
 MODES: dict[str, dict[str, object]] = {
-    # The settings of examples/mnist-async.yaml (lr / staleness reaches 98% in 2 epochs).
+    # The settings examples/mnist-async.yaml had when docs/scaling.md was measured (before issue 33).
     "async": {"useAsync": True, "lrStalenessModulation": True, "learningRate": 0.02, "getModelFrequency": 1},
     "sync": {},
 }
