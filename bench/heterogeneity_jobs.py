@@ -5,7 +5,8 @@ changed: 1 PS + 4 workers, no output, no checkpoints, an evaluation about every 
 (in model versions, which each mode makes at its own rate: one per round in sync, one per
 minibatch in async and SSP, one per K-step period in LocalSGD), the mode's fields and the
 slowdown's. The learning rate: the model's (0.05, momentum 0.9) for sync and LocalSGD; 0.02 for the
-async modes, as ``examples/mnist-async.yaml`` (plain async at 0.05 with momentum 0.9 is not stable:
+async modes, as ``examples/mnist-async.yaml`` had when docs/heterogeneity.md was measured (plain
+async at 0.05 with momentum 0.9 was not stable before the staleness compensation of issue 33:
 docs/architecture.md, "Async staleness").
 """
 
