@@ -60,3 +60,8 @@ def test_the_summary_counts_reached_thresholds_and_compares_updates_with_uncompe
     table = bench.table({"date": "2026-11-28", "runs": runs, "epochs": 2, "seeds": "1-2",
                          "settings": {"peer": 0.05}, "summary": summary})  # fmt: skip
     assert "| peer | 2 (1) | async (default: momentumCorrection) | 2 (1 failed) | 1/1 | 1/1 |" in table
+
+
+def test_seeds_are_written_as_ranges() -> None:
+    assert bench._seed_text([1, 2, 3, 4, 5, 8, 10, 11]) == "1-5, 8, 10-11"
+    assert bench._seed_text([]) == "none"
