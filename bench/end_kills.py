@@ -89,7 +89,7 @@ def plan(runs: int, window_every: int, seed: int) -> list[dict[str, Any]]:
 def _status(run_dir: Path) -> Any:
     from elasticps.coordinator.client import CoordinatorClient
 
-    port = run_dir / "kills-ps-0.port"
+    port = run_dir / "ps-0.port"  # PS 0's gRPC port, which serves the coordinator
     if not port.exists() or not port.read_text().strip():
         return None
     client = CoordinatorClient(f"127.0.0.1:{int(port.read_text())}", worker="bench")
@@ -160,7 +160,9 @@ def _logs(run_dir: Path) -> str:
 
 
 def passed(run: dict[str, Any]) -> bool:
-    return bool(run["exit_code"] == 0 and run["succeeded"] and run["counted_once"] and not run["hung"])
+    """Killed as planned, then Succeeded with every record once per epoch, not hung."""
+    killed = "t" in run
+    return bool(killed and run["exit_code"] == 0 and run["succeeded"] and run["counted_once"] and not run["hung"])
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -232,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             print(
                 f"[{run['run']}/{args.runs}] {run['victim']} at {run['moment']}: "
-                f"{'PASS' if passed(run) else 'FAIL'} (exit {run['exit_code']}, records {run['epoch_records']}, "
+                f"{'PASS' if passed(run) else 'FAIL'} (killed at version {run.get('version', 'never')}, "
+                f"exit {run['exit_code']}, records {run['epoch_records']}, "
                 f"{run['after_kill_s']} s after the kill{', HUNG' if run['hung'] else ''})",
                 flush=True,
             )

@@ -26,7 +26,8 @@ def test_the_job_parses_with_two_ps_and_checkpoints(tmp_path: Path) -> None:
 
 
 def test_a_run_passes_only_succeeded_counted_once_and_not_hung() -> None:
-    good = {"exit_code": 0, "succeeded": True, "counted_once": True, "hung": False}
+    good = {"t": 12.5, "exit_code": 0, "succeeded": True, "counted_once": True, "hung": False}
     assert end_kills.passed(good)
+    assert not end_kills.passed({k: v for k, v in good.items() if k != "t"})  # never killed: no test at all
     for key, bad in (("exit_code", 1), ("succeeded", False), ("counted_once", False), ("hung", True)):
         assert not end_kills.passed({**good, key: bad})
