@@ -86,19 +86,30 @@ def plan(runs: int, window_every: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _status(run_dir: Path) -> Any:
-    from elasticps.coordinator.client import CoordinatorClient
+class _Coordinator:
+    """PS 0's coordinator, asked for the job's status: one channel, opened once its port is written
+    (polled every 50 ms until the kill; a channel per poll would be 20 connections a second)."""
 
-    port = run_dir / "ps-0.port"  # PS 0's gRPC port, which serves the coordinator
-    if not port.exists() or not port.read_text().strip():
-        return None
-    client = CoordinatorClient(f"127.0.0.1:{int(port.read_text())}", worker="bench")
-    try:
-        return client.status(timeout_s=1.0)
-    except Exception:  # noqa: BLE001 - PS 0 starting, or just killed
-        return None
-    finally:
-        client.close()
+    def __init__(self, run_dir: Path) -> None:
+        self._port = run_dir / "ps-0.port"  # PS 0's gRPC port, which serves the coordinator
+        self._client: Any = None
+
+    def status(self) -> Any:
+        from elasticps.coordinator.client import CoordinatorClient
+
+        if self._client is None:
+            text = self._port.read_text().strip() if self._port.exists() else ""
+            if not text:
+                return None
+            self._client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench")
+        try:
+            return self._client.status(timeout_s=1.0)
+        except Exception:  # noqa: BLE001 - PS 0 starting, or just killed
+            return None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
 
 def one_run(work: Path, document: dict[str, Any], victim: str, moment: Any, timeout_s: float) -> dict[str, Any]:
@@ -114,8 +125,9 @@ def one_run(work: Path, document: dict[str, Any], victim: str, moment: Any, time
         )  # fmt: skip
         total = RECORDS * EPOCHS
         killed_at: dict[str, Any] = {}
+        coordinator = _Coordinator(run_dir)
         while process.poll() is None and not killed_at:
-            status = _status(run_dir)
+            status = coordinator.status()
             if status is not None and status.records_total:
                 done = status.records_done
                 due = done >= total and not status.finished if moment == "after the last task" else done >= moment * total
@@ -126,6 +138,7 @@ def one_run(work: Path, document: dict[str, Any], victim: str, moment: Any, time
                     os.kill(int((run_dir / f"{victim}.pid").read_text()), signal.SIGKILL)
                     killed_at = {"t": time.monotonic() - started, "records_done": done, "version": status.model_version}
             time.sleep(0.05)
+        coordinator.close()
         kill_t = killed_at.get("t", time.monotonic() - started)
         try:
             code = process.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started - kill_t)))
