@@ -43,12 +43,14 @@ cluster-binaries:
 	@bash hack/cluster/build.sh || echo "hack/cluster/build.sh failed: the cluster tests will say why"
 
 # A cluster to try the operator by hand: eval "$$(python3 hack/cluster/cluster.py env)", then
-# kubectl apply -f manifests/crd.yaml and .venv/bin/elasticps operator.
+# kubectl apply -f manifests/crd.yaml and .venv/bin/elasticps operator. REAL_NODE=1 adds a real node
+# that runs the pods (root, containerd: README "On one machine"), also to a cluster already up.
+# PURGE=1: down also deletes the state and what the real node left on the host.
 cluster-up: cluster-binaries
-	$(PYTHON) hack/cluster/cluster.py up
+	$(PYTHON) hack/cluster/cluster.py up $(if $(REAL_NODE),--real-node)
 
 cluster-down:
-	$(PYTHON) hack/cluster/cluster.py down
+	$(PYTHON) hack/cluster/cluster.py down $(if $(PURGE),--purge)
 
 # TrainingJobs that really train on a real node (kubelet + containerd beside the kwok nodes): needs
 # root, containerd, runc and the CNI plugins (hack/cluster/README.md); part of `make test` too.

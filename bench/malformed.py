@@ -295,6 +295,10 @@ COORD_CASES: dict[str, CoordCase] = {
                                                   task=True),  # fmt: skip
     "report: nonfinite_steps INT64_MAX": CoordCase("ReportTask", report(records=10, nonfinite_steps=I64), INVALID,
                                                    task=True),  # fmt: skip
+    "report: NaN first_loss": CoordCase("ReportTask", report(records=10, first_loss=math.nan), INVALID, task=True),
+    "report: first_loss 1e308": CoordCase("ReportTask", report(records=10, first_loss=1e308), INVALID, task=True),
+    "report: negative first_loss_version": CoordCase("ReportTask", report(records=10, first_loss=2.3,
+                                                     first_loss_version=-1), INVALID, task=True),  # fmt: skip
     "report: metric_sums 1e308": CoordCase(
         "ReportTask", report(records=10, metric_sums={"acc": 1e308}), INVALID, task=True
     ),

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.output import export_failure, export_path, predictions_path
+from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.curves import StalenessCounts, TrainingCurves
 from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.journal import Journals
@@ -70,6 +71,7 @@ class Report:
     error: str = ""
     records: int = 0
     nonfinite_steps: int = 0
+    first_loss: FirstLoss | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class Coordinator:
                 error=report.error,
                 records=report.records,
                 nonfinite_steps=report.nonfinite_steps,
+                first_loss=report.first_loss,
             )
             self._write_journal()
             after = ledger.queue.progress()

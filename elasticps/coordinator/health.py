@@ -8,7 +8,11 @@ Called by the task queue for every training task reported (its mean loss per rec
   times the first values or more. It stays diverged: the weights that gave it are trained on.
 * **Stalled**: ``stall_records`` records after the first values (``spec.training.stallEpochs``
   epochs), the recent loss is still not below them (within ``MARGIN``): a model at chance level
-  after an epoch (asynchronous SGD tipped over by momentum: loss 2.30 on MNIST's ten classes). A
+  after an epoch (asynchronous SGD tipped over by momentum: loss 2.30 on MNIST's ten classes). The
+  first values are the lower of the first tasks' mean loss and the initial model's: the first
+  minibatch of each task that began at the job's lowest model version (:class:`FirstLoss`). A run
+  that blows up within its first tasks has first tasks' losses above chance (3.6 at lr 0.5) and
+  would pass for learning when it settles at chance; the initial model's loss (2.30) does not. A
   stalled job whose loss falls again is healthy again.
 
 What follows from a verdict is the caller's: the coordinator reports it (``JobStatus.health``),
@@ -35,6 +39,14 @@ class Health(str, Enum):
 
 
 @dataclass(frozen=True)
+class FirstLoss:
+    """A training task's first finite minibatch loss and the model version it was computed at."""
+
+    loss: float
+    version: int
+
+
+@dataclass(frozen=True)
 class Verdict:
     health: Health = Health.HEALTHY
     message: str = ""
@@ -55,11 +67,19 @@ class HealthWatch:
         self._records = 0  # training records reported so far
         self._first_at = 0  # records reported once the first values were complete
         self._diverged = ""
+        self._initial: list[float] = []  # first minibatch losses at the lowest version reported
+        self._initial_version = -1
 
-    def record(self, loss: float, records: int, nonfinite_steps: int = 0) -> None:
+    def record(self, loss: float, records: int, nonfinite_steps: int = 0, first_loss: FirstLoss | None = None) -> None:
         """One training task's mean loss per record over ``records`` records, of which
-        ``nonfinite_steps`` minibatches had a loss that is not finite (left out of ``loss``)."""
+        ``nonfinite_steps`` minibatches had a loss that is not finite (left out of ``loss``);
+        ``first_loss``: its first finite minibatch's loss and version."""
         self._records += records
+        if first_loss is not None and math.isfinite(first_loss.loss) and first_loss.version >= 0:
+            if self._initial_version < 0 or first_loss.version < self._initial_version:
+                self._initial, self._initial_version = [], first_loss.version
+            if first_loss.version == self._initial_version and len(self._initial) < FIRST_TASKS:
+                self._initial.append(first_loss.loss)
         if nonfinite_steps or not math.isfinite(loss):
             if not self._diverged:
                 what = f"{nonfinite_steps} minibatches of a task" if nonfinite_steps else "a task"
@@ -83,11 +103,16 @@ class HealthWatch:
             return Verdict()
         since = self._records - self._first_at
         first, recent = self._means()
+        against = f"{first:.4g} (first {FIRST_TASKS} tasks)"
+        if self._initial:
+            initial = sum(self._initial) / len(self._initial)
+            if initial < first:
+                first, against = initial, f"{initial:.4g} (the model at version {self._initial_version})"
         if since >= self._stall_records and recent >= (1 - MARGIN) * first:
             return Verdict(
                 Health.STALLED,
                 f"the training loss has not fallen in {since} records: {recent:.4g} (latest {len(self._recent)} "
-                f"tasks) against {first:.4g} (first {FIRST_TASKS})",
+                f"tasks) against {against}",
             )
         return Verdict()
 

@@ -45,3 +45,14 @@ def decide(views: Sequence[ShardView], journals: Collection[int]) -> Rollback | 
 def needs_recovery(known_boots: Sequence[int | None], views: Sequence[ShardView]) -> bool:
     """Whether a shard restarted since the coordinator last looked (its boot number changed)."""
     return any(known is not None and known != view.boot for known, view in zip(known_boots, views))
+
+
+def rollback_message(newest: int, version: int, records_again: int) -> str:
+    """What a rollback undid, for the job's status. ``records_again`` is the ledger's count of
+    records done before it less after it; when PS 0 itself restarted, its ledger before the
+    rollback is the one it started with, so the count says nothing and is left out."""
+    again = f"{records_again} records to train again" if records_again > 0 else "the tasks after it are trained again"
+    return (
+        f"a PS shard restarted from its checkpoint: every shard and the task ledger went back from "
+        f"model version {newest} to {version}; {again}"
+    )

@@ -87,6 +87,8 @@ def check_report(request: pb.TaskResult) -> None:
     _in_range(method, "model_version", request.model_version)
     _bounded_sum(method, "loss_sum", request.loss_sum)
     _in_range(method, "nonfinite_steps", request.nonfinite_steps, MAX_RECORDS)
+    _bounded_sum(method, "first_loss", request.first_loss)
+    _in_range(method, "first_loss_version", request.first_loss_version)
     if len(request.metric_sums) > MAX_METRICS:
         raise RequestError(f"{method}: {len(request.metric_sums)} metric_sums, at most {MAX_METRICS}")
     for name, value in request.metric_sums.items():

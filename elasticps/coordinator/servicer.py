@@ -18,6 +18,7 @@ import grpc
 from grpc import aio
 
 from elasticps.coordinator import joins, requests
+from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.engine import Coordinator, JobView, Report
 from elasticps.coordinator.syncing import CommitFailed
 from elasticps.coordinator.tasks.base import Finished, ReportError, Task, TaskKind, Wait
@@ -87,6 +88,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             error=requests.error_text(request.error),
             records=request.records,
             nonfinite_steps=request.nonfinite_steps,
+            first_loss=FirstLoss(request.first_loss, request.first_loss_version) if request.HasField("first_loss") else None,
         )
         try:
             self.engine.report(report)

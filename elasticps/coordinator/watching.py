@@ -16,7 +16,7 @@ import grpc
 
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.ledger import Ledger
-from elasticps.coordinator.recovery import Rollback, decide, needs_recovery
+from elasticps.coordinator.recovery import Rollback, decide, needs_recovery, rollback_message
 from elasticps.coordinator.shards import ShardRefused, ShardView
 from elasticps.coordinator.syncing import SyncRounds
 
@@ -99,11 +99,7 @@ class ShardWatch:
                 decision.version, incarnation,
             )  # fmt: skip
             self.rollbacks += 1
-            again = records_before - self._records_done()
-            self._rolled_back(
-                f"a PS shard restarted from its checkpoint: every shard and the task ledger went back from "
-                f"model version {newest} to {decision.version}; {again} records to train again"
-            )
+            self._rolled_back(rollback_message(newest, decision.version, records_before - self._records_done()))
         else:
             sync.reset(decision.version)
             if decision.lost:

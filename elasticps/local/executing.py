@@ -17,7 +17,7 @@ and stops every process then, so no replica outlives the run whatever the policy
 The lines for a person: each replacement the pass began, as ``elasticps run`` has always said it
 (``NAME exited with code N: replacing it (replacement k of at most L)``; a replacement is a delete
 of an exited replica that the status now lists in ``replacing``), and the planner's Events except
-those the run's own output already says (created, succeeded, the replacement itself, the failure
+those the run's own output already says (created, running, succeeded, the replacement itself, the failure
 that ends it: its last line), a Warning one as ``warning: REASON: message``.
 """
 
@@ -31,7 +31,7 @@ from elasticps.local.fleet import Fleet
 from elasticps.planning.actions import Action, CreateReplica, DeleteReplica, Event, SetStatus
 from elasticps.planning.status import apply_merge_patch
 
-QUIET = ("Created", "Succeeded", "Restarting")
+QUIET = ("Created", "Succeeded", "Restarting", "Running")  # the progress lines say these
 
 
 def execute(

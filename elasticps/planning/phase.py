@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from elasticps.api.replicas import Role
 from elasticps.api.spec import JobPhase
+from elasticps.planning.actions import Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.observed import PodPhase
 
@@ -31,6 +32,10 @@ def phase(d: Draft) -> None:
         if len(workers) < d.desired(Role.WORKER):
             return
     if ps_running and any(p.role is Role.WORKER for p in running):
+        if status.phase is not JobPhase.RUNNING:
+            again = " again: every replacement runs" if status.phase is JobPhase.RESTARTING else ""
+            ready = f"{len([p for p in running if p.role is Role.WORKER])} of {d.desired(Role.WORKER)} workers"
+            d.events.append(Event("Running", f"TrainingJob {d.job_id} is running{again} ({ready} running)."))
         status.set(JobPhase.RUNNING.value, True, "TrainingJobRunning", f"TrainingJob {d.job_id} is running.")
         status.set_if_present(JobPhase.RESTARTING.value, False, "TrainingJobRunning", "Every replacement is running.")
         status.phase = JobPhase.RUNNING

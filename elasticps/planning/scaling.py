@@ -10,6 +10,7 @@ it: the first problem fails the job (InvalidSpec) and nothing is created in that
 from __future__ import annotations
 
 from elasticps.api.replicas import Role, parse_replica_name, replica_name
+from elasticps.api.spec import JobPhase
 from elasticps.planning.actions import CreateIngressPolicy, CreateReplica, CreateReplicaService, DeleteReplica, Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import fail
@@ -59,4 +60,15 @@ def create_missing(d: Draft) -> bool:
                 return False
             d.creates.append(CreateReplica(name, role, index))
             d.status.replacing.pop(name, None)
+    scaled_up(d)
     return True
+
+
+def scaled_up(d: Draft) -> None:
+    """An event when a job that ran wants more workers than the last pass reported (``kubectl
+    scale`` or a spec edit), naming those it creates now."""
+    before, now = d.status.workers_wanted, d.desired(Role.WORKER)
+    if before is None or now <= before or d.status.phase not in (JobPhase.RUNNING, JobPhase.RESTARTING):
+        return
+    names = [c.name for c in d.creates if isinstance(c, CreateReplica) and c.role is Role.WORKER and c.index >= before]
+    d.events.append(Event("ScaledUp", f"Workers scaled up from {before} to {now}: creating {', '.join(names) or 'none'}."))

@@ -35,6 +35,14 @@ ATTENTION = (
 )
 
 
+def wanted(workers: object) -> int | None:
+    """The wanted count of a reported ``workers`` field ("ready/wanted"); None when there is none."""
+    if not isinstance(workers, str) or "/" not in workers:
+        return None
+    text = workers.rsplit("/", 1)[1]
+    return int(text) if text.isdigit() else None
+
+
 class StatusDraft:
     """The job's status as read, edited by one pass, and diffed into a merge patch at the end."""
 
@@ -59,6 +67,7 @@ class StatusDraft:
                 self.replacing[item["name"]] = str(item.get("uid") or "")
         self.start_time = parse_time(raw.get("startTime"))
         self.completion_time = parse_time(raw.get("completionTime"))
+        self.workers_wanted = wanted(raw.get("workers"))  # as the last pass reported it
 
     # conditions
     def _find(self, kind: str) -> dict[str, Any] | None:

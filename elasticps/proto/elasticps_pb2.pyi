@@ -802,6 +802,8 @@ class TaskResult(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     EXPORT_FAILED_FIELD_NUMBER: _builtins.int
     NONFINITE_STEPS_FIELD_NUMBER: _builtins.int
+    FIRST_LOSS_FIELD_NUMBER: _builtins.int
+    FIRST_LOSS_VERSION_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     task_id: _builtins.int
     success: _builtins.bool
@@ -828,6 +830,12 @@ class TaskResult(_message.Message):
     Training: minibatches whose loss was not finite (not pushed, not in loss_sum), 0 to the task's
     records; any marks the job Diverged (coordinator/health.py).
     """
+    first_loss: _builtins.float
+    """Training: the loss of the task's first minibatch with a finite loss (bounded as the sums), and
+    the model version it was computed at (>= 0): the reports at the job's lowest version give the
+    initial model's loss, which a Stalled verdict compares with (coordinator/health.py).
+    """
+    first_loss_version: _builtins.int
     @_builtins.property
     def metric_sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """evaluation: sum of metric x records; <= 64 named metrics"""
@@ -846,12 +854,16 @@ class TaskResult(_message.Message):
         model_version: _builtins.int = ...,
         export_failed: _builtins.bool = ...,
         nonfinite_steps: _builtins.int = ...,
+        first_loss: _builtins.float | None = ...,
+        first_loss_version: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_first_loss", b"_first_loss", "first_loss", b"first_loss"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "export_failed", b"export_failed", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "nonfinite_steps", b"nonfinite_steps", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_loss", b"_first_loss", "error", b"error", "export_failed", b"export_failed", "first_loss", b"first_loss", "first_loss_version", b"first_loss_version", "loss_sum", b"loss_sum", "metric_sums", b"metric_sums", "model_version", b"model_version", "nonfinite_steps", b"nonfinite_steps", "records", b"records", "rejected", b"rejected", "success", b"success", "task_id", b"task_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__first_loss: _TypeAlias = _typing.Literal["first_loss"]  # noqa: Y015
+    _WhichOneofArgType__first_loss: _TypeAlias = _typing.Literal["_first_loss", b"_first_loss"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_loss) -> _WhichOneofReturnType__first_loss | None: ...
 
 Global___TaskResult: _TypeAlias = TaskResult  # noqa: Y015
 

@@ -239,7 +239,10 @@ class Worker:
             self._stop_if_asked()
             count = records_in(y)
             try:
-                loss_sum += self._step.train(x, y) * count
+                loss = self._step.train(x, y)
+                loss_sum += loss * count
+                if not result.HasField("first_loss"):  # the model it was computed at: the pull's
+                    result.first_loss, result.first_loss_version = loss, max(0, min(self._model.versions))
             except NonFiniteLoss as err:
                 nonfinite += 1  # nothing of it went to the PS; the coordinator hears of it (Diverged)
                 if nonfinite == 1:

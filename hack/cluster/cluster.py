@@ -64,6 +64,8 @@ STATE_DIR = Path(
     or Path.home() / ".cache" / "elasticps" / "cluster-run"
 )
 # Start order; `down` stops in reverse so nothing loses its apiserver first.
+REAL_NODE_PORTS = ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
+                   "coredns-health", "coredns-ready"]
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "containerd", "coredns", "kube-proxy", "kubelet"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -330,20 +332,64 @@ def env_lines(state: dict) -> str:
     return f"export KUBECONFIG={state['kubeconfig']}\nexport PATH={state['bin']}:$PATH\n"
 
 
+def apiserver_args(exe: str, etcd_url: str, port: int, pki: Path, real: bool) -> list[str]:
+    """kube-apiserver's command line: on loopback, or (``real``) where the real node's pods reach it."""
+    if real:
+        # Pods reach the apiserver through the `kubernetes` Service, whose endpoint is the advertise
+        # address: the node's bridge address (an address on this machine that pods can route to).
+        # It must listen there too, and 127.0.0.1 stays for kubectl: hence 0.0.0.0.
+        where = ["--bind-address=0.0.0.0", f"--advertise-address={realnode.NODE_IP}",
+                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                 f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                 f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                 # The node's Hostname address (real-node-0) resolves nowhere; its InternalIP does.
+                 "--kubelet-preferred-address-types=InternalIP,Hostname"]
+    else:
+        where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC",
+                 # The `kubernetes` Service's endpoint would be 127.0.0.1, which
+                 # Endpoints validation rejects every 10 s; no pod here needs it.
+                 "--endpoint-reconciler-type=none"]
+    return [
+        exe, f"--etcd-servers={etcd_url}", *where, f"--secure-port={port}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}", f"--cert-dir={pki}",
+        f"--token-auth-file={STATE_DIR / 'tokens.csv'}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        # Virtual IPs only: no kube-proxy exists, so nothing ever routes to them.
+        f"--service-cluster-ip-range={realnode.SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false",
+        # kcm and the scheduler read this CA from extension-apiserver-
+        # authentication and log errors without it; no front proxy uses it.
+        f"--requestheader-client-ca-file={pki / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+    ]
+
+
+def start_apiserver(exe: str, etcd_url: str, port: int, pki: Path, logs: Path, real: bool) -> subprocess.Popen:
+    if real:
+        realnode.host_setup()
+    return start("kube-apiserver", apiserver_args(exe, etcd_url, port, pki, real), logs)
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     state = load_state()
-    if running(state):
-        log("already running")
-        print(env_lines(state), end="")
-        return
-    if state:
-        log("stale state from an earlier run: stopping leftovers")
-        stop(state)
     real = args.real_node or os.environ.get("ELASTICPS_REAL_NODE") == "1"
     if real:
         missing = realnode.preflight()
         if missing:
             sys.exit("--real-node: this machine lacks " + "; ".join(missing))
+    if running(state):
+        if real and not state.get("real_node"):
+            add_real_node(state)
+        else:
+            log(f"already running{' with ' + realnode.NODE_NAME if state.get('real_node') else ''}")
+        print(env_lines(state), end="")
+        return
+    if state:
+        log("stale state from an earlier run: stopping leftovers")
+        stop(state)
     t_start = time.monotonic()
     names_needed = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
     if real:
@@ -361,8 +407,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     token = write_auth(STATE_DIR)
     port_names = ["etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"]
     if real:
-        port_names += ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
-                       "coredns-health", "coredns-ready"]
+        port_names += REAL_NODE_PORTS
     ports = {k: free_port() for k in port_names}
     kubeconfig = STATE_DIR / "kubeconfig"
     write_kubeconfig(kubeconfig, ports["apiserver"], pki / "ca.crt", token)
@@ -390,38 +435,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     t = wait_for("etcd", lambda: http_ok(f"{etcd_url}/health"), 30, procs["etcd"], logs / "etcd.log")
     log(f"etcd healthy after {t:.1f}s")
 
-    if real:
-        # Pods reach the apiserver through the `kubernetes` Service, whose endpoint is the advertise
-        # address: the node's bridge address (an address on this machine that pods can route to).
-        # It must listen there too, and 127.0.0.1 stays for kubectl: hence 0.0.0.0.
-        realnode.host_setup()
-        where = ["--bind-address=0.0.0.0", f"--advertise-address={realnode.NODE_IP}",
-                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-                 f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
-                 f"--kubelet-client-key={pki / 'kubelet-client.key'}",
-                 # The node's Hostname address (real-node-0) resolves nowhere; its InternalIP does.
-                 "--kubelet-preferred-address-types=InternalIP,Hostname"]
-    else:
-        where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC",
-                 # The `kubernetes` Service's endpoint would be 127.0.0.1, which
-                 # Endpoints validation rejects every 10 s; no pod here needs it.
-                 "--endpoint-reconciler-type=none"]
-    record("kube-apiserver", start("kube-apiserver", [
-        exe["kube-apiserver"], f"--etcd-servers={etcd_url}", *where, f"--secure-port={ports['apiserver']}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}", f"--cert-dir={pki}",
-        f"--token-auth-file={STATE_DIR / 'tokens.csv'}",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        # Virtual IPs only: no kube-proxy exists, so nothing ever routes to them.
-        f"--service-cluster-ip-range={realnode.SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false",
-        # kcm and the scheduler read this CA from extension-apiserver-
-        # authentication and log errors without it; no front proxy uses it.
-        f"--requestheader-client-ca-file={pki / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
-        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
-        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-    ], logs))
+    record("kube-apiserver", start_apiserver(exe["kube-apiserver"], etcd_url, ports["apiserver"], pki, logs, real))
     t = wait_for("kube-apiserver /readyz", lambda: api.call("GET", "/readyz")[0] == 200, 120,
                  procs["kube-apiserver"], logs / "kube-apiserver.log")
     t_api = time.monotonic() - t_start
@@ -521,6 +535,39 @@ def cmd_up(args: argparse.Namespace) -> None:
     log(f"{len(names)} fake nodes Ready{' + ' + realnode.NODE_NAME if real else ''}; cluster ready {t_total:.1f}s after up "
         f"(apiserver {t_api:.1f}s); logs in {logs}")
     print(env_lines(state), end="")
+
+
+def add_real_node(state: dict) -> None:
+    """The real node joins a running cluster that has none (``up`` then ``up --real-node``). Only
+    the apiserver starts again, listening where the node's pods reach it; etcd and every object in
+    it, the fake nodes and whatever was installed stay."""
+    t_start = time.monotonic()
+    log(f"adding {realnode.NODE_NAME} to the running cluster: the apiserver restarts on the node's bridge "
+        f"address; objects, fake nodes and installs stay")
+    exe = {n: binary(n) for n in ("kube-apiserver", "kubelet", "kube-proxy", "coredns", "pause")}
+    exe["containerd"] = shutil.which("containerd") or "containerd"
+    ports = state["ports"]
+    for name in REAL_NODE_PORTS:
+        ports[name] = free_port()
+    pki, logs = STATE_DIR / "pki", STATE_DIR / "logs"
+    api = Api(ports["apiserver"], pki / "ca.crt", (STATE_DIR / "admin.token").read_text().strip())
+    old = state["components"]["kube-apiserver"]
+    os.kill(old["pid"], signal.SIGTERM)
+    wait_for("the loopback apiserver to stop", lambda: not alive(old["pid"], old["exe"]), 30)
+    procs: dict[str, subprocess.Popen] = {}
+
+    def record(name: str, proc: subprocess.Popen) -> None:
+        procs[name] = proc
+        state["components"][name] = {"pid": proc.pid, "exe": exe[name]}
+        (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+
+    state["real_node"] = True
+    record("kube-apiserver", start_apiserver(exe["kube-apiserver"], f"http://127.0.0.1:{ports['etcd']}",
+                                             ports["apiserver"], pki, logs, real=True))
+    wait_for("kube-apiserver /readyz", lambda: api.call("GET", "/readyz")[0] == 200, 120,
+             procs["kube-apiserver"], logs / "kube-apiserver.log")
+    start_real_node(state, exe, ports, api, pki, logs, record, procs, t_start)
+    (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
 def versions(*names: str) -> dict[str, str]:
@@ -686,6 +733,13 @@ def cmd_down(args: argparse.Namespace) -> None:
             sys.exit(f"{STATE_DIR}: mounts remain ({realnode.mounts_under(STATE_DIR)[:3]}); not deleting")
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         log(f"removed {STATE_DIR}")
+        if realnode.kubelet_running():
+            log(f"another cluster's {realnode.NODE_NAME} runs: its bridge and iptables chains stay")
+            return
+        left = realnode.host_teardown()
+        if left:
+            sys.exit(f"the host keeps {'; '.join(left)} (root removes them; `iptables -S` lists them)")
+        log(f"host clean: no bridge {realnode.BRIDGE}, no KUBE-/CNI- iptables chains")
 
 
 def cmd_load_image(args: argparse.Namespace) -> None:
@@ -743,7 +797,9 @@ def main() -> None:
     li.add_argument("refs", nargs="+")
     li.set_defaults(fn=cmd_load_image)
     d = sub.add_parser("down")
-    d.add_argument("--purge", action="store_true", help="also delete the state dir (keys, token, logs)")
+    d.add_argument("--purge", action="store_true",
+                   help="also delete the state dir (keys, token, logs) and what a real node left on the host "
+                        "(its bridge, its iptables chains)")
     d.set_defaults(fn=cmd_down)
     sub.add_parser("env").set_defaults(fn=cmd_env)
     sub.add_parser("status").set_defaults(fn=cmd_status)

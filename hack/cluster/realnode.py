@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -372,6 +373,68 @@ def cleanup_network() -> None:
     """Pod network namespaces the CRI left behind (pods not torn down through the kubelet)."""
     for ns in Path("/var/run/netns").glob("cni-*") if Path("/var/run/netns").exists() else []:
         subprocess.run(["ip", "netns", "delete", ns.name], capture_output=True)
+
+
+# Chains the node's parts leave in the host's tables: the kubelet's (KUBE-FIREWALL,
+# KUBE-KUBELET-CANARY; kube-proxy --cleanup removes kube-proxy's) and the CNI bridge plugin's.
+LEFTOVER_CHAIN_PREFIXES = ("KUBE-", "CNI-")
+
+
+def leftover_rules(table: str, listing: str) -> list[list[str]]:
+    """The iptables arguments that take the node's chains out of one table, given its ``-S``
+    listing: first every rule that jumps to one of them (from any chain), then each chain flushed
+    and deleted. Pure."""
+    ours = [line.split()[1] for line in listing.splitlines()
+            if line.startswith("-N ") and line.split()[1].startswith(LEFTOVER_CHAIN_PREFIXES)]
+    if not ours:
+        return []
+    commands = []
+    for line in listing.splitlines():
+        words = shlex.split(line)
+        if len(words) < 2 or words[0] != "-A" or words[1] in ours:
+            continue  # a rule of one of ours goes with its chain
+        if any(w in ("-j", "-g") and nxt in ours for w, nxt in zip(words, words[1:])):
+            commands.append(["-t", table, "-D", *words[1:]])
+    for chain in ours:
+        commands.append(["-t", table, "-F", chain])
+    for chain in ours:
+        commands.append(["-t", table, "-X", chain])
+    return commands
+
+
+def kubelet_running() -> bool:
+    """Whether a real node's kubelet runs on this machine (of any cluster's state dir)."""
+    needle = f"--hostname-override={NODE_NAME}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "cmdline").read_bytes().split(b"\0"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def host_teardown() -> list[str]:
+    """What ``host_setup`` and the node's parts leave on the host: the bridge and the iptables chains
+    (IPv4 and IPv6). Returns what could not be removed (empty: the host is clean)."""
+    left = []
+    if shutil.which("ip") and sh("ip", "link", "show", BRIDGE, check=False).returncode == 0:
+        if sh("ip", "link", "delete", BRIDGE, check=False).returncode != 0:
+            left.append(f"bridge {BRIDGE}")
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            listing = sh(tool, "-t", table, "-S", check=False)
+            if listing.returncode != 0:
+                continue
+            for args in leftover_rules(table, listing.stdout.decode()):
+                sh(tool, "-w", *args, check=False)
+            after = sh(tool, "-t", table, "-S", check=False).stdout.decode()
+            left += [f"{tool} -t {table} chain {line.split()[1]}" for line in after.splitlines()
+                     if line.startswith("-N ") and line.split()[1].startswith(LEFTOVER_CHAIN_PREFIXES)]
+    return left
 
 
 def kube_proxy_cleanup(kube_proxy: str) -> None:

@@ -239,6 +239,21 @@ def test_examples_parse(path: Path) -> None:
     assert job.spec.image == "elasticps:latest" and job.name.startswith("mnist-")
 
 
+def test_the_real_node_example_trains_as_the_async_example_with_checkpoints() -> None:
+    """The README's one-machine path applies mnist-async-real-node.yaml: the cluster example's job,
+    placed on the real node, with checkpoints on (a deleted PS comes back from one)."""
+    generic = yaml.safe_load((MANIFESTS / "examples" / "mnist-async.yaml").read_text())["spec"]
+    real = yaml.safe_load((MANIFESTS / "examples" / "mnist-async-real-node.yaml").read_text())["spec"]
+    training = dict(real["training"])
+    assert training.pop("checkpointDir").startswith("/jobs/") and training.pop("checkpointSteps") > 0
+    assert training == generic["training"] and real["model"] == generic["model"] and real["data"] == generic["data"]
+    for role in ("ps", "worker"):
+        pod = real[role]["template"]["spec"]
+        assert pod["nodeSelector"] == {"elasticps.io/real-node": "true"}
+        assert {v["hostPath"]["path"] for v in pod["volumes"]} == {"/var/lib/elasticps/mnist", "/var/lib/elasticps/jobs"}
+        assert real[role]["replicas"] == generic[role]["replicas"]
+
+
 def test_sync_example_is_sync_with_a_backup_worker() -> None:
     from elasticps.api.parsing import load_job_file
 
@@ -326,6 +341,19 @@ def test_helm_sets_the_operators_client_rate_limit(helm: str) -> None:
     assert (default.kube_api_qps, default.kube_api_burst, default.kube_api_concurrency) == (50, 100, 16)
     raised = config("kubeApi.qps=400", "kubeApi.burst=800", "kubeApi.concurrency=32")
     assert (raised.kube_api_qps, raised.kube_api_burst, raised.kube_api_concurrency) == (400, 800, 32)
+
+
+def test_the_real_node_values_put_the_operator_on_the_real_node(helm: str) -> None:
+    # README "On one machine, with a real node": on a kwok node the operator "runs" without running.
+    done = subprocess.run(
+        [helm, "template", "elasticps", str(CHART), "-n", "elasticps-system", "-f", str(CHART / "values-real-node.yaml")],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    [deployment] = by_kind([d for d in yaml.safe_load_all(done.stdout) if d], "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"elasticps.io/real-node": "true"}
+    assert {"key": "elasticps.io/real-node", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 
 def test_helm_sets_the_job_pods_pull_policy(helm: str) -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from elasticps.coordinator.health import EXPLODED, FIRST_TASKS, Health, HealthWatch
+from elasticps.coordinator.health import EXPLODED, FIRST_TASKS, FirstLoss, Health, HealthWatch
 from elasticps.coordinator.requests import RequestError, check_report
 from elasticps.coordinator.tasks.base import QueueSettings, Task, TaskKind, Wait
 from elasticps.coordinator.tasks.queue import TaskQueue
@@ -62,9 +62,54 @@ def test_a_loss_at_its_first_values_after_the_stretch_is_stalled() -> None:
     verdict = w.verdict()  # 1,000 records after the first values
     assert verdict.health is Health.STALLED
     assert verdict.message == ("the training loss has not fallen in 1000 records: 2.303 (latest 8 tasks) "
-                               "against 2.303 (first 4)")
+                               "against 2.303 (first 4 tasks)")
     for loss in [2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.7, 0.6]:  # it learns after all
         w.record(loss, 100)
+    assert w.verdict().healthy
+
+
+def test_a_run_that_blew_up_in_its_first_tasks_and_settled_at_chance_is_stalled() -> None:
+    # Async at lr 0.5 (2026-11-28): the first tasks' mean losses 3.58, 2.76, ... lie above chance;
+    # the loss then sits at 2.33 for the rest of the job. The initial model's loss, 2.30 (the
+    # first minibatch of the tasks begun at version 0), is what it never fell below.
+    w = HealthWatch(1000)
+    w.record(3.58, 100, first_loss=FirstLoss(2.3021, 0))
+    w.record(2.76, 100, first_loss=FirstLoss(2.3035, 0))
+    w.record(2.41, 100, first_loss=FirstLoss(2.62, 37))  # begun later: not the initial model's
+    w.record(2.35, 100, first_loss=FirstLoss(2.36, 80))
+    for _ in range(10):
+        w.record(2.33, 100, first_loss=FirstLoss(2.33, 200))
+    verdict = w.verdict()
+    assert verdict.health is Health.STALLED
+    assert verdict.message == ("the training loss has not fallen in 1000 records: 2.33 (latest 8 tasks) "
+                               "against 2.303 (the model at version 0)")
+    # Without the initial model's loss the same run passes for learning (2.33 < 2.775).
+    assert watch([3.58, 2.76, 2.41, 2.35] + [2.33] * 10).verdict().healthy
+
+
+def test_the_initial_loss_is_the_lowest_versions_reported_in_any_order() -> None:
+    w = HealthWatch(1000)
+    w.record(3.0, 100, first_loss=FirstLoss(0.4, 500))  # a replaced worker's, reported first
+    w.record(3.0, 100, first_loss=FirstLoss(2.30, 0))  # the job's first model, reported later
+    w.record(3.0, 100, first_loss=FirstLoss(0.3, 900))
+    w.record(3.0, 100)
+    for _ in range(10):
+        w.record(2.2, 100)  # below the initial model's 2.30 (not below 0.4 or 0.3): learning
+    assert w.verdict().healthy
+    for _ in range(8):
+        w.record(2.31, 100)  # back above it
+    verdict = w.verdict()
+    assert verdict.health is Health.STALLED and verdict.message.endswith("against 2.3 (the model at version 0)")
+
+
+def test_a_healthy_run_whose_initial_loss_is_above_its_first_tasks_compares_with_those() -> None:
+    # A resumed job: its lowest version is the checkpoint's, its loss already low; the first
+    # tasks' mean (the lower) stays the reference, as before.
+    w = HealthWatch(1000)
+    for _ in range(FIRST_TASKS):
+        w.record(0.50, 100, first_loss=FirstLoss(0.52, 4000))
+    for _ in range(10):
+        w.record(0.49, 100, first_loss=FirstLoss(0.49, 4100))
     assert w.verdict().healthy
 
 

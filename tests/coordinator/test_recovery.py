@@ -3,7 +3,7 @@ roll back to, and when the coordinator must look."""
 
 from __future__ import annotations
 
-from elasticps.coordinator.recovery import CarryOn, Rollback, decide, needs_recovery
+from elasticps.coordinator.recovery import CarryOn, Rollback, decide, needs_recovery, rollback_message
 from elasticps.coordinator.shards import ShardView
 
 
@@ -56,3 +56,18 @@ def test_needs_recovery_only_when_a_known_boot_changed() -> None:
     assert not needs_recovery([7, 8], views)
     assert not needs_recovery([7, None], views)
     assert needs_recovery([7, 9], views)
+
+
+def test_the_rollback_message_counts_the_records_undone() -> None:
+    assert rollback_message(646, 600, 2944) == (
+        "a PS shard restarted from its checkpoint: every shard and the task ledger went back from model "
+        "version 646 to 600; 2944 records to train again"
+    )
+
+
+def test_the_rollback_message_leaves_out_a_count_from_a_restarted_ledger() -> None:
+    # PS 0 restarted: its ledger before the rollback is the one it booted with, behind the checkpoint's.
+    for records_again in (0, -4096):
+        message = rollback_message(646, 600, records_again)
+        assert message.endswith("went back from model version 646 to 600; the tasks after it are trained again")
+        assert "-" not in message and "0 records" not in message

@@ -30,7 +30,20 @@ from typing import Any
 import pytest
 import yaml
 
-from node_kit import IMAGE, NODE_LABEL, RESULTS, ROOT, TIMINGS, Kubectl, full_data, node_data, record, wait_for
+from node_kit import (
+    IMAGE,
+    NODE_LABEL,
+    RESULTS,
+    ROOT,
+    TIMINGS,
+    Kubectl,
+    full_data,
+    node_data,
+    readme_line,
+    record,
+    run_line,
+    wait_for,
+)
 
 CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
 sys.path.insert(0, str(ROOT / "hack" / "cluster"))
@@ -65,14 +78,9 @@ def _docker_env(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment (KUBECONFIG, PATH with kubectl/helm 1.34 first) of a cluster with a real node."""
+def node_binaries() -> dict[str, str]:
+    """The environment, once this machine can run a real node and the cluster's binaries are built."""
     env = dict(os.environ)
-    if os.environ.get("USE_EXISTING_CLUSTER") == "true":
-        if not env.get("KUBECONFIG"):
-            pytest.fail("USE_EXISTING_CLUSTER=true needs KUBECONFIG")
-        yield env
-        return
     missing = realnode.preflight()
     if missing:
         _skip("this machine lacks " + "; ".join(missing))
@@ -82,30 +90,59 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         if shutil.which("go") is None:
             _skip("no cached Kubernetes binaries and no Go toolchain to build them (hack/cluster/build.sh)")
         pytest.fail(f"hack/cluster/build.sh failed:\n{build.stderr[-3000:]}")
-    docker_env = _docker_env(env)
-    have = subprocess.run(["docker", "image", "inspect", IMAGE], env=docker_env, capture_output=True).returncode == 0
-    if not (have and os.environ.get("ELASTICPS_REUSE_IMAGE") == "1"):
-        image = _timed(f"hack/image/build.sh ({IMAGE})", ["bash", str(ROOT / "hack" / "image" / "build.sh")],
-                       {**docker_env, "PY": sys.executable})
-        assert image.returncode == 0, image.stdout[-2000:] + image.stderr[-3000:]
+    return env
+
+
+def _exports(env: dict[str, str], text: str) -> dict[str, str]:
+    """``env`` after the shell ran the ``export K=V`` lines of ``text`` (what ``eval "$(...)"`` does)."""
+    out = dict(env)
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            out[key] = value.replace("$PATH", out.get("PATH", ""))
+    return out
+
+
+@pytest.fixture(scope="session")
+def node_cluster(node_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment (KUBECONFIG, PATH with kubectl/helm 1.34 first) of a cluster with a real node,
+    brought up by the README's one-machine path as written (``readme_path``): ``make cluster-up
+    REAL_NODE=1``, its ``eval``, ``make image`` (skipped when ELASTICPS_REUSE_IMAGE=1 and Docker
+    has the image), ``load-image``; its last line, ``make cluster-down PURGE=1``, at the end."""
+    env = dict(node_binaries)
+    if os.environ.get("USE_EXISTING_CLUSTER") == "true":
+        if not env.get("KUBECONFIG"):
+            pytest.fail("USE_EXISTING_CLUSTER=true needs KUBECONFIG")
+        yield env
+        return
+    if realnode.kubelet_running():
+        pytest.fail(f"another cluster's {realnode.NODE_NAME} runs on this machine (one real node per machine)")
+    env = _docker_env(env)
     # A short path: the containerd socket lives in it (unix socket paths are limited to 108 bytes).
     env["ELASTICPS_CLUSTER_DIR"] = str(tmp_path_factory.mktemp("node"))
-    up = _timed("cluster.py up --real-node (control plane, kwok nodes, real node Ready)",
-                [sys.executable, str(CLUSTER_PY), "up", "--real-node"], env, timeout=600)
+    up = run_line(readme_line("make cluster-up"), env, timeout=1800)
     try:
         if up.returncode != 0:
-            pytest.fail(f"cluster.py up --real-node failed:\n{up.stderr[-4000:]}")
+            pytest.fail(f"{readme_line('make cluster-up')} failed:\n{up.stdout[-2000:]}{up.stderr[-4000:]}")
         print(up.stderr, file=sys.stderr)
-        for line in up.stdout.splitlines():  # export KUBECONFIG=...; export PATH=BIN:$PATH
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
-        load = _timed(f"cluster.py load-image {IMAGE} (docker save + ctr import; ~0 s when the node has it)",
-                      [sys.executable, str(CLUSTER_PY), "load-image", IMAGE], {**env, **{k: v for k, v in docker_env.items() if k == "DOCKER_HOST"}})
+        evaluated = readme_line("eval ")
+        inner = re.fullmatch(r'eval "\$\((.+?)\)".*', evaluated)
+        assert inner, f"the README's eval line changed: {evaluated}"
+        shown = subprocess.run(["bash", "-c", inner.group(1)], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        env = _exports(env, shown.stdout)
+        have = subprocess.run(["docker", "image", "inspect", IMAGE], env=env, capture_output=True).returncode == 0
+        if not (have and os.environ.get("ELASTICPS_REUSE_IMAGE") == "1"):
+            image = run_line(readme_line("make image"), {**env, "PY": sys.executable})
+            assert image.returncode == 0, image.stdout[-2000:] + image.stderr[-3000:]
+        load = run_line(readme_line("python3 hack/cluster/cluster.py load-image"), env)
         assert load.returncode == 0, load.stderr[-3000:]
         print(load.stderr, file=sys.stderr)
         yield env
     finally:
-        _timed("cluster.py down --purge (drains the real node)", [sys.executable, str(CLUSTER_PY), "down", "--purge"], env, timeout=300)
+        down = run_line(readme_line("make cluster-down"), env, timeout=300)
+        print(down.stdout + down.stderr, file=sys.stderr)
+        assert down.returncode == 0, f"{readme_line('make cluster-down')}: {down.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="session")
@@ -123,23 +160,15 @@ def operator(kubectl: Kubectl) -> Iterator[str]:
     if os.environ.get("USE_EXISTING_CLUSTER") == "true":
         yield OPERATOR_NS
         return
-    t0 = time.monotonic()
-    # What a user of this cluster writes into a values file: run the operator on the real node.
-    values = {
-        "nodeSelector": {NODE_LABEL: "true"},
-        "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-        "image": {"repository": IMAGE.split(":")[0], "tag": IMAGE.split(":")[1], "pullPolicy": "IfNotPresent"},
-    }
-    done = subprocess.run(
-        ["helm", "install", RELEASE, str(ROOT / "helm" / "elasticps"), "-n", OPERATOR_NS, "--create-namespace",
-         "-f", "-", "--wait", "--timeout", "5m"],
-        env=kubectl.env, input=yaml.safe_dump(values), capture_output=True, text=True, timeout=400,
-    )
+    # The README's line: the chart with helm/elasticps/values-real-node.yaml (the operator on the real node).
+    line = readme_line("helm install")
+    done = run_line(line, kubectl.env, timeout=400)
     if done.returncode != 0:
         pods = kubectl("get", "pods", "-n", OPERATOR_NS, "-o", "wide", check=False).stdout
         logs = kubectl("logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=elasticps", "--tail=50", check=False)
-        pytest.fail(f"helm install failed: {done.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
-    record("helm install --wait (operator Deployment available on the real node)", time.monotonic() - t0)
+        pytest.fail(f"{line}: {done.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
+    [pod] = kubectl.json("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=elasticps")["items"]
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME, pod["spec"].get("nodeName")
     yield OPERATOR_NS
     subprocess.run(["helm", "uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout", "2m"],
                    env=kubectl.env, capture_output=True, text=True, timeout=200)

@@ -187,3 +187,32 @@ def mnist_job(name: str, data: Path, *, use_async: bool = False, workers: int = 
             "runPolicy": {"backoffLimit": 3, "cleanPodPolicy": "None"},
         },
     }
+
+
+README = ROOT / "README.md"
+PATH_START = "<!-- one-machine path:"
+PATH_END = "<!-- end of the one-machine path -->"
+
+
+def readme_path() -> list[str]:
+    """The README's one-machine path ("On one machine, with a real node"), its lines as written:
+    the shell lines of the fenced block between its two markers."""
+    text = README.read_text()
+    start = text.index(PATH_START)
+    block = text[start : text.index(PATH_END, start)]
+    lines = block.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    return [line for line in lines if line.strip()]
+
+
+def readme_line(starting: str) -> str:
+    """The one line of the README's path that starts with ``starting``."""
+    [line] = [line for line in readme_path() if line.startswith(starting)]
+    return line
+
+
+def run_line(line: str, env: dict[str, str], timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """One README line, as a user's shell runs it (bash, in the repository), its time recorded."""
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    record(f"README: {line.split('  #')[0].strip()}", time.monotonic() - t0)
+    return done

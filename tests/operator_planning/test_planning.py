@@ -416,9 +416,12 @@ CASES = [
     Case("replacement told apart by uid", [pod("ps", 0), pod("worker", 0), _failed(1, 1, uid="new")],
          status={**REPLACING_W1, "replacing": [{"name": "tj-worker-1", "uid": "old"}]},
          deletes=["tj-worker-1"], restarts=2, events=["Restarting"]),
+    Case("every replica runs: Running and its event, once", up(), prior="created", phase="Running", events=["Running"]),
+    Case("running already: no second Running event", up(), phase="Running", events=[]),
     # scaling
     Case("scale up 2 -> 4 creates worker-2 and worker-3 only", up(), spec={"worker": {"replicas": 4}},
-         creates=["tj-worker-2", "tj-worker-3"], restarts=0, phase="Running", events=[],
+         status={"workers": "2/2"}, creates=["tj-worker-2", "tj-worker-3"], restarts=0, phase="Running",
+         events=["ScaledUp"],
          check=lambda a, s: condition(s, "Restarting") is None or pytest.fail(str(s))),
     Case("scale down 4 -> 2 deletes the highest indices first", up(workers=4), deletes=["tj-worker-3", "tj-worker-2"],
          restarts=0, phase="Running", events=["ScaledDown"]),
@@ -674,8 +677,9 @@ def undeclared(schema: dict[str, Any], value: Any, where: str = "status") -> lis
 
 def test_table_covers_every_rule_of_the_issue() -> None:
     reasons = {r for c in CASES for r in c.events or []} | {v[1] for c in CASES for v in c.conditions.values()}
-    for reason in ("Created", "TrainingJobRunning", "Restarting", "BackoffLimitExceeded", "ReplicaFailed", "Succeeded",
-                   "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "InvalidSpec",
+    for reason in ("Created", "TrainingJobRunning", "Running", "Restarting", "BackoffLimitExceeded", "ReplicaFailed",
+                   "Succeeded", "Unschedulable", "DeadlineExceeded", "Suspended", "Resumed", "ScaledDown", "ScaledUp",
+                   "InvalidSpec",
                    "ShardsDisagree", "ShardsAgree", "GradsToWaitClamped", "GradsToWaitMet", "ExportFailed"):
         assert reason in reasons, reason
 
@@ -807,7 +811,7 @@ def test_lifecycle_shards_split_and_heal_workers_leave_and_return() -> None:
     cluster.step()
     cluster.kubelet()
     cluster.coordinator = replace(SHARDED, live_workers=3, grads_to_wait=3)
-    assert events(cluster.step()) == []
+    assert events(cluster.step()) == ["Running"]
     assert condition(cluster.status, "ShardsConsistent") == ("True", "ShardsAgree")
     assert condition(cluster.status, "GradsToWaitClamped") is None
 

@@ -67,6 +67,11 @@ def test_reports_carry_the_records_the_loss_sum_and_the_metric_sums(mode: Traini
     assert train2.loss_sum == pytest.approx(labels[10:32].sum())
     assert dict(evaluation.metric_sums) == pytest.approx({"loss": labels[4:12].sum(), "count": 8.0})
     assert all(r.rejected == 0 for r in rig.coordinator.reports)
+    # The first minibatch's loss (minibatches of 4: the mean of its labels) and the version pulled.
+    assert train1.first_loss == pytest.approx(labels[0:4].mean())
+    assert train2.first_loss == pytest.approx(labels[10:14].mean())
+    assert train1.first_loss_version == 0 and train2.first_loss_version >= 0
+    assert not evaluation.HasField("first_loss")
 
 
 def test_a_sync_task_reports_its_own_rejections() -> None:

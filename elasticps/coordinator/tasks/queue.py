@@ -28,7 +28,7 @@ from typing import Any
 from elasticps.coordinator.tasks.base import (
     Finished, Ids, Progress, QueueSettings, ReportError, Task, TaskKind, Wait, saturated,
 )  # fmt: skip
-from elasticps.coordinator.health import HealthWatch, Verdict
+from elasticps.coordinator.health import FirstLoss, HealthWatch, Verdict
 from elasticps.coordinator.tasks.evaluation import Evaluations
 from elasticps.coordinator.tasks.export import Exports
 from elasticps.coordinator.tasks.prediction import Predictions
@@ -129,11 +129,13 @@ class TaskQueue:
         error: str = "",
         records: int | None = None,
         nonfinite_steps: int = 0,
+        first_loss: FirstLoss | None = None,
     ) -> bool:
         """Records a task's result; False when the task is not (any more) this worker's.
         ``model_version``: an export's, the version it wrote. ``export_failed``: a failed export
         that the output refused (``error`` says how), counted towards ``export_attempts``.
-        ``nonfinite_steps``: training minibatches whose loss was not finite (the job is Diverged).
+        ``nonfinite_steps``: training minibatches whose loss was not finite (the job is Diverged);
+        ``first_loss``: the task's first finite minibatch loss and its version (``health.py``).
         ``records``: what the worker says the task held, 0 (not said) or the task's own count;
         anything else raises :class:`ReportError` and changes nothing. ``rejected`` is added to a
         counter that saturates at :data:`~elasticps.coordinator.tasks.base.MAX_COUNT`."""
@@ -153,7 +155,7 @@ class TaskQueue:
         task = doing.task
         if task.kind is TaskKind.TRAINING:
             self._training.record(task, loss_sum)
-            self._health.record(loss_sum / max(1, task.records), task.records, nonfinite_steps)
+            self._health.record(loss_sum / max(1, task.records), task.records, nonfinite_steps, first_loss)
         elif task.kind is TaskKind.EXPORT:
             self._exports.record(task, model_version)
         elif task.kind is TaskKind.PREDICTION:
