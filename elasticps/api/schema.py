@@ -328,7 +328,7 @@ def status_schema() -> dict[str, Any]:
             "phase": {
                 "type": "string",
                 "enum": [phase.value for phase in JobPhase],
-                "description": "the type of the latest true condition",
+                "description": "the type of the latest true condition, or Pending while a job that never ran waits on a pod that cannot be scheduled or start",
             },
             "reason": {
                 "type": "string",

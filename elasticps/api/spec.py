@@ -150,14 +150,17 @@ class StalenessCompensation(str, Enum):
 
 
 class JobPhase(str, Enum):
-    """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types).
+    """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types),
+    or Pending (no condition of its own: Unschedulable or CannotStart say why).
 
     Created -> Running (every PS and at least one worker run) <-> Restarting (a failed pod is being
-    replaced, until every pod runs again); any non-final phase -> Suspended (``runPolicy.suspend``) -> back through Created when
+    replaced, until every pod runs again); Created <-> Pending while a pod cannot be scheduled or its
+    container cannot start (conditions Unschedulable, CannotStart, which say why); any non-final phase -> Suspended (``runPolicy.suspend``) -> back through Created when
     resumed; Succeeded and Failed are final. The operator's planner implements the transitions.
     """
 
     CREATED = "Created"
+    PENDING = "Pending"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from elasticps.api.spec import JobPhase
 from elasticps.planning.actions import Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import fail
@@ -26,6 +27,12 @@ def stuck(d: Draft) -> bool:
     cannot_start = _stuck_on(
         d, CANNOT_START, lambda p: p.cannot_start_since, "cannot start", "Started", "Every pod's container starts."
     )
+    # A job that never ran shows Pending while one of them holds (a running job keeps its phase).
+    held = d.status.is_true(UNSCHEDULABLE) or d.status.is_true(CANNOT_START)
+    if held and d.status.phase is JobPhase.CREATED:
+        d.status.phase = JobPhase.PENDING
+    elif not held and d.status.phase is JobPhase.PENDING:
+        d.status.phase = JobPhase.CREATED
     return unschedulable or cannot_start
 
 

@@ -515,6 +515,19 @@ CASES = [
                                 {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}],
                  "reason": "ErrImagePull", "message": "x"},
          conditions={"CannotStart": ("False", "Started")}, events=[], check=_check_headline_cleared),
+    # a job that never ran shows Pending while a pod is stuck (finding 7 of issue 34: PHASE said Created)
+    Case("never ran, no pod can start: phase Pending", [
+        pod(role, index, "Pending", cannot_start_since=NOW - 30, reason="ErrImagePull", message="not found")
+        for role, index in (("ps", 0), ("worker", 0), ("worker", 1))], prior="created", phase="Pending", conditions={"CannotStart": ("True", "ErrImagePull")}),
+    Case("never ran, the PS unschedulable: phase Pending", [pod("ps", 0, "Pending", unschedulable_since=NOW - 30),
+         pod("worker", 0), pod("worker", 1)], prior="created", phase="Pending", conditions={"Unschedulable": ("True", "Unschedulable")}),
+    Case("one worker of a running job cannot start: it trains on, Running", _cannot_start(NOW - 30), prior="created",
+         phase="Running", conditions={"CannotStart": ("True", "ImagePullBackOff")}),
+    Case("pending, then every pod runs: Running", up(), prior="created",
+         status={"phase": "Pending", "conditions": [
+             {"type": "Created", "status": "True", "reason": "TrainingJobCreated", "message": "x"},
+             {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}]},
+         phase="Running", conditions={"CannotStart": ("False", "Started")}, events=["Running"]),
     # deadline
     Case("activeDeadlineSeconds passed: Failed, running pods stopped", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 3700)}, phase="Failed", conditions={"Failed": ("True", "DeadlineExceeded")},
