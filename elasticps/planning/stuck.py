@@ -4,6 +4,11 @@ Callers: ``plan`` (rule 9 of its list). Two causes, each its own condition type 
 Unschedulable (the scheduler cannot place the pod; its message) and CannotStart (the container
 waits on an error it will not leave by itself; the kubelet's reason and message). Local processes
 are never stuck this way.
+
+An image that cannot exist as named (:func:`permanent`: an invalid name, a pull the registry
+answers "not found" or "denied", a registry host that does not resolve, an image that must not be
+pulled and is absent) fails the job at once with the kubelet's line: waiting would only repeat it.
+Other pull errors (a registry that is slow or briefly away) wait out the timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +23,19 @@ from elasticps.planning.observed import ObservedPod, PodPhase
 
 UNSCHEDULABLE = "Unschedulable"
 CANNOT_START = "CannotStart"
+
+
+PERMANENT_REASONS = ("InvalidImageName", "ErrImageNeverPull")
+# What a registry or the resolver answers for an image that is not there as named.
+PERMANENT_PULL_ERRORS = ("not found", "manifest unknown", "does not exist", "pull access denied", "no such host")
+
+
+def permanent(pod: ObservedPod) -> bool:
+    """Whether ``pod`` cannot start for good: its image cannot be pulled as named."""
+    if pod.reason in PERMANENT_REASONS:
+        return True
+    message = pod.message.lower()
+    return pod.reason == "ErrImagePull" and any(error in message for error in PERMANENT_PULL_ERRORS)
 
 
 def stuck(d: Draft) -> bool:
@@ -63,6 +81,11 @@ def _stuck_on(
     if len(stuck) > 1:
         message += f" (and {len(stuck) - 1} more pods)"
     reason = kind if kind == UNSCHEDULABLE else (first.reason or kind)
+    hopeless = [p for p in stuck if kind == CANNOT_START and permanent(p)]
+    if hopeless:
+        pod = hopeless[0]
+        return fail(d, pod.reason or kind, f"{pod.name} cannot start: {pod.reason}: {pod.message} (spec.image names "
+                                           f"an image the node cannot pull; a replacement would fail the same way)")
     if not status.is_true(kind):
         d.events.append(Event(reason, message, "Warning"))
     status.set(kind, True, reason, message)

@@ -333,6 +333,10 @@ def _unschedulable(since: float) -> list[ObservedPod]:
                 message="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")]
 
 
+NOT_FOUND = ('failed to pull and unpack image "docker.io/library/elasticps:nope": failed to resolve reference '
+             '"docker.io/library/elasticps:nope": docker.io/library/elasticps:nope: not found')
+
+
 def _cannot_start(since: float) -> list[ObservedPod]:
     return [pod("ps", 0), pod("worker", 0),
             pod("worker", 1, "Pending", cannot_start_since=since, reason="ImagePullBackOff",
@@ -515,9 +519,20 @@ CASES = [
                                 {"type": "CannotStart", "status": "True", "reason": "ErrImagePull", "message": "x"}],
                  "reason": "ErrImagePull", "message": "x"},
          conditions={"CannotStart": ("False", "Started")}, events=[], check=_check_headline_cleared),
+    Case("an image the registry does not have: Failed at once with the kubelet's line", [pod("ps", 0), pod("worker", 0),
+         pod("worker", 1, "Pending", cannot_start_since=NOW - 5, reason="ErrImagePull", message=NOT_FOUND)],
+         phase="Failed", conditions={"Failed": ("True", "ErrImagePull")}, deletes=[], events=["ErrImagePull"],
+         check=lambda a, s: s["message"].startswith(f"tj-worker-1 cannot start: ErrImagePull: {NOT_FOUND} (spec.image")
+         or pytest.fail(s["message"])),
+    Case("an invalid image name: Failed at once", [pod("ps", 0, "Pending", cannot_start_since=NOW - 1,
+         reason="InvalidImageName", message="couldn't parse image name Elasticps:x"), pod("worker", 0), pod("worker", 1)],
+         phase="Failed", conditions={"Failed": ("True", "InvalidImageName")}),
+    Case("a registry that timed out: waits, CannotStart", [pod("ps", 0), pod("worker", 0),
+         pod("worker", 1, "Pending", cannot_start_since=NOW - 5, reason="ErrImagePull", message="dial tcp: i/o timeout")],
+         phase="Running", conditions={"CannotStart": ("True", "ErrImagePull")}, recheck=595.0),
     # a job that never ran shows Pending while a pod is stuck (finding 7 of issue 34: PHASE said Created)
     Case("never ran, no pod can start: phase Pending", [
-        pod(role, index, "Pending", cannot_start_since=NOW - 30, reason="ErrImagePull", message="not found")
+        pod(role, index, "Pending", cannot_start_since=NOW - 30, reason="ErrImagePull", message="i/o timeout")
         for role, index in (("ps", 0), ("worker", 0), ("worker", 1))], prior="created", phase="Pending", conditions={"CannotStart": ("True", "ErrImagePull")}),
     Case("never ran, the PS unschedulable: phase Pending", [pod("ps", 0, "Pending", unschedulable_since=NOW - 30),
          pod("worker", 0), pod("worker", 1)], prior="created", phase="Pending", conditions={"Unschedulable": ("True", "Unschedulable")}),
