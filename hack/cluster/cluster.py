@@ -32,8 +32,10 @@ client rates of kube-scheduler and kube-controller-manager (their defaults are 5
 measures the operator, not the scheduler's, the garbage collector's or kwok's own limits.
 
 `up --real-node` adds one real node (hack/cluster/realnode.py): containerd, kubelet, kube-proxy
-and CoreDNS on this machine, as root; `load-image REF` copies an image from the local Docker
-engine into its containerd.
+and CoreDNS on this machine, as root, also to a cluster already up (its apiserver restarts to
+listen on the node's bridge; etcd and what it holds stay); `load-image REF` copies an image from
+the local Docker engine into its containerd. `down --purge` also takes away what the real node
+left on the host (the bridge, the kubelet's and CNI's iptables chains).
 
 Python 3.11 standard library only, so it runs before any venv exists.
 """
@@ -63,9 +65,10 @@ STATE_DIR = Path(
     os.environ.get("ELASTICPS_CLUSTER_DIR")
     or Path.home() / ".cache" / "elasticps" / "cluster-run"
 )
-# Start order; `down` stops in reverse so nothing loses its apiserver first.
+# The real node's parts listen on these (picked free when it starts).
 REAL_NODE_PORTS = ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-proxy-metrics",
                    "coredns-health", "coredns-ready"]
+# Start order; `down` stops in reverse so nothing loses its apiserver first.
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "containerd", "coredns", "kube-proxy", "kubelet"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -368,6 +371,7 @@ def apiserver_args(exe: str, etcd_url: str, port: int, pki: Path, real: bool) ->
 
 
 def start_apiserver(exe: str, etcd_url: str, port: int, pki: Path, logs: Path, real: bool) -> subprocess.Popen:
+    """kube-apiserver started; for a real node, once the host has its bridge to listen on."""
     if real:
         realnode.host_setup()
     return start("kube-apiserver", apiserver_args(exe, etcd_url, port, pki, real), logs)
