@@ -6,8 +6,8 @@ Called by the task queue for every training task reported (its mean loss per rec
 * **Diverged**: a task had minibatches whose loss was not finite (the worker pushed none of them,
   ``TaskResult.nonfinite_steps``) or a loss that is not finite, or the recent loss is ``EXPLODED``
   times the first values or more. It stays diverged: the weights that gave it are trained on.
-* **Stalled**: ``stall_records`` records after the first values (``spec.training.stallEpochs``
-  epochs), the recent loss is still not below them (within ``MARGIN``): a model at chance level
+* **Stalled**: ``stall_records`` records into the job (``spec.training.stallEpochs`` epochs), the
+  recent loss is still not below its first values (within ``MARGIN``): a model at chance level
   after an epoch (asynchronous SGD tipped over by momentum: loss 2.30 on MNIST's ten classes). The
   first values are the lower of the first tasks' mean loss and the initial model's: the first
   minibatch of each task that began at the job's lowest model version (:class:`FirstLoss`). A run
@@ -57,15 +57,14 @@ class Verdict:
 
 
 class HealthWatch:
-    """The verdict on the losses recorded so far. ``stall_records``: records after the first values
-    within which the loss must fall below them (0: never judged stalled)."""
+    """The verdict on the losses recorded so far. ``stall_records``: training records within which
+    the loss must fall below its first values (0: never judged stalled)."""
 
     def __init__(self, stall_records: int) -> None:
         self._stall_records = stall_records
         self._first: list[float] = []
         self._recent: list[float] = []
         self._records = 0  # training records reported so far
-        self._first_at = 0  # records reported once the first values were complete
         self._diverged = ""
         self._initial: list[float] = []  # first minibatch losses at the lowest version reported
         self._initial_version = -1
@@ -87,7 +86,6 @@ class HealthWatch:
             return
         if len(self._first) < FIRST_TASKS:
             self._first.append(loss)
-            self._first_at = self._records
         self._recent = [*self._recent, loss][-RECENT_TASKS:]
         first, recent = self._means()
         if not self._diverged and len(self._first) == FIRST_TASKS and recent >= EXPLODED * max(first, 1e-12):
@@ -101,7 +99,7 @@ class HealthWatch:
             return Verdict(Health.DIVERGED, self._diverged)
         if self._stall_records <= 0 or len(self._first) < FIRST_TASKS:
             return Verdict()
-        since = self._records - self._first_at
+        since = self._records  # from the job's start: "still at chance level after an epoch"
         first, recent = self._means()
         against = f"{first:.4g} (first {FIRST_TASKS} tasks)"
         if self._initial:

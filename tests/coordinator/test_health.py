@@ -55,11 +55,11 @@ def test_a_loss_ten_times_its_first_values_is_diverged() -> None:
 
 def test_a_loss_at_its_first_values_after_the_stretch_is_stalled() -> None:
     chance = [2.3026, 2.3031, 2.3020, 2.3027]
-    # The first values end at 400 records; the stretch is 1,000 records more.
-    w = watch(chance + [2.3025] * 9)  # 900 records after the first values: not judged yet
+    # The stretch is the job's first 1,000 records.
+    w = watch(chance + [2.3025] * 5)  # 900 records: not judged yet
     assert w.verdict().healthy
     w.record(2.3029, 100)
-    verdict = w.verdict()  # 1,000 records after the first values
+    verdict = w.verdict()  # 1,000 records
     assert verdict.health is Health.STALLED
     assert verdict.message == ("the training loss has not fallen in 1000 records: 2.303 (latest 8 tasks) "
                                "against 2.303 (first 4 tasks)")
@@ -72,16 +72,16 @@ def test_a_run_that_blew_up_in_its_first_tasks_and_settled_at_chance_is_stalled(
     # Async at lr 0.5 (2026-11-28): the first tasks' mean losses 3.58, 2.76, ... lie above chance;
     # the loss then sits at 2.33 for the rest of the job. The initial model's loss, 2.30 (the
     # first minibatch of the tasks begun at version 0), is what it never fell below.
-    w = HealthWatch(1000)
+    w = HealthWatch(1400)
     w.record(3.58, 100, first_loss=FirstLoss(2.3021, 0))
     w.record(2.76, 100, first_loss=FirstLoss(2.3035, 0))
     w.record(2.41, 100, first_loss=FirstLoss(2.62, 37))  # begun later: not the initial model's
     w.record(2.35, 100, first_loss=FirstLoss(2.36, 80))
     for _ in range(10):
         w.record(2.33, 100, first_loss=FirstLoss(2.33, 200))
-    verdict = w.verdict()
+    verdict = w.verdict()  # 1,400 records into the job: one stretch
     assert verdict.health is Health.STALLED
-    assert verdict.message == ("the training loss has not fallen in 1000 records: 2.33 (latest 8 tasks) "
+    assert verdict.message == ("the training loss has not fallen in 1400 records: 2.33 (latest 8 tasks) "
                                "against 2.303 (the model at version 0)")
     # Without the initial model's loss the same run passes for learning (2.33 < 2.775).
     assert watch([3.58, 2.76, 2.41, 2.35] + [2.33] * 10).verdict().healthy
