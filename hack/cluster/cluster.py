@@ -380,7 +380,7 @@ def start_apiserver(exe: str, etcd_url: str, port: int, pki: Path, logs: Path, r
 def cmd_up(args: argparse.Namespace) -> None:
     state = load_state()
     real = args.real_node or os.environ.get("ELASTICPS_REAL_NODE") == "1"
-    if real:
+    if real and not (running(state) and state.get("real_node")):
         missing = realnode.preflight()
         if missing:
             sys.exit("--real-node: this machine lacks " + "; ".join(missing))
@@ -555,9 +555,7 @@ def add_real_node(state: dict) -> None:
         ports[name] = free_port()
     pki, logs = STATE_DIR / "pki", STATE_DIR / "logs"
     api = Api(ports["apiserver"], pki / "ca.crt", (STATE_DIR / "admin.token").read_text().strip())
-    old = state["components"]["kube-apiserver"]
-    os.kill(old["pid"], signal.SIGTERM)
-    wait_for("the loopback apiserver to stop", lambda: not alive(old["pid"], old["exe"]), 30)
+    terminate("kube-apiserver", state["components"]["kube-apiserver"])
     procs: dict[str, subprocess.Popen] = {}
 
     def record(name: str, proc: subprocess.Popen) -> None:
@@ -692,6 +690,19 @@ def _patch_unschedulable(api: Api, node: str) -> bool:
         return False
 
 
+def terminate(name: str, c: dict) -> None:
+    """SIGTERM, then SIGKILL after 15 s, to a component of ours (``c``: its pid and executable)."""
+    os.kill(c["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while alive(c["pid"], c["exe"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(c["pid"], c["exe"]):
+        log(f"{name} ignored SIGTERM; killing")
+        os.kill(c["pid"], signal.SIGKILL)
+        wait_for(f"{name} to be killed", lambda: not alive(c["pid"], c["exe"]), 10)
+    log(f"stopped {name} (pid {c['pid']})")
+
+
 def stop(state: dict) -> None:
     real = state.get("real_node")
     sock = Path(state.get("containerd_sock", STATE_DIR / "node" / "containerd.sock"))
@@ -705,14 +716,7 @@ def stop(state: dict) -> None:
             realnode.cleanup_runtime(sock, log)
         if not c or not alive(c["pid"], c["exe"]):
             continue
-        os.kill(c["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while alive(c["pid"], c["exe"]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if alive(c["pid"], c["exe"]):
-            log(f"{name} ignored SIGTERM; killing")
-            os.kill(c["pid"], signal.SIGKILL)
-        log(f"stopped {name} (pid {c['pid']})")
+        terminate(name, c)
         if name == "containerd":
             realnode.kill_shims(sock, log)
     if real:
@@ -737,7 +741,7 @@ def cmd_down(args: argparse.Namespace) -> None:
             sys.exit(f"{STATE_DIR}: mounts remain ({realnode.mounts_under(STATE_DIR)[:3]}); not deleting")
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         log(f"removed {STATE_DIR}")
-        if realnode.kubelet_running():
+        if realnode.running_kubelet():
             log(f"another cluster's {realnode.NODE_NAME} runs: its bridge and iptables chains stay")
             return
         left = realnode.host_teardown()

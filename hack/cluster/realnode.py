@@ -402,19 +402,6 @@ def leftover_rules(table: str, listing: str) -> list[list[str]]:
     return commands
 
 
-def kubelet_running() -> bool:
-    """Whether a real node's kubelet runs on this machine (of any cluster's state dir)."""
-    needle = f"--hostname-override={NODE_NAME}".encode()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if needle in (proc / "cmdline").read_bytes().split(b"\0"):
-                    return True
-            except OSError:
-                continue
-    return False
-
-
 def host_teardown() -> list[str]:
     """What ``host_setup`` and the node's parts leave on the host: the bridge and the iptables chains
     (IPv4 and IPv6). Returns what could not be removed (empty: the host is clean)."""

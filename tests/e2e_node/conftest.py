@@ -115,7 +115,7 @@ def node_cluster(node_binaries: dict[str, str], tmp_path_factory: pytest.TempPat
             pytest.fail("USE_EXISTING_CLUSTER=true needs KUBECONFIG")
         yield env
         return
-    if realnode.kubelet_running():
+    if realnode.running_kubelet():
         pytest.fail(f"another cluster's {realnode.NODE_NAME} runs on this machine (one real node per machine)")
     env = _docker_env(env)
     # A short path: the containerd socket lives in it (unix socket paths are limited to 108 bytes).

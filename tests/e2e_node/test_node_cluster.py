@@ -44,7 +44,7 @@ def bridge_exists() -> bool:
 def test_a_real_node_joins_a_running_cluster_and_purge_leaves_the_host_clean(
     node_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    if realnode.kubelet_running():
+    if realnode.running_kubelet():
         pytest.skip(f"another cluster's {realnode.NODE_NAME} runs on this machine")
     env = {**node_binaries, "ELASTICPS_CLUSTER_DIR": str(tmp_path_factory.mktemp("life"))}
 
@@ -64,6 +64,9 @@ def test_a_real_node_joins_a_running_cluster_and_purge_leaves_the_host_clean(
 
         t0 = time.monotonic()
         added = cluster("up", "--real-node")
+        other = realnode.running_kubelet()
+        if added.returncode and other:
+            print(subprocess.run(["ps", "-o", "pid,ppid,etime,args", "-p", str(other)], capture_output=True, text=True).stdout)
         record("cluster.py up --real-node on a running cluster: the real node joins, Ready", time.monotonic() - t0)
         assert added.returncode == 0, added.stderr[-3000:]
         assert f"adding {realnode.NODE_NAME} to the running cluster" in added.stderr, added.stderr
