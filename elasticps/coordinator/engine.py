@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.output import export_failure, export_path, predictions_path
-from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.curves import StalenessCounts, TrainingCurves
+from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.iterations import Iterations
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.ledger import Ledger

@@ -18,8 +18,8 @@ import grpc
 from grpc import aio
 
 from elasticps.coordinator import joins, requests
-from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.engine import Coordinator, JobView, Report
+from elasticps.coordinator.health import FirstLoss
 from elasticps.coordinator.syncing import CommitFailed
 from elasticps.coordinator.tasks.base import Finished, ReportError, Task, TaskKind, Wait
 from elasticps.proto import elasticps_pb2 as pb
