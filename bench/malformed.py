@@ -207,6 +207,9 @@ def ps_cases(target: Target) -> dict[str, PSCase]:
         "model stream: empty": PSCase("PushModel", [], INVALID),
         # ---- PushModel on an initialised shard
         "model: the same model again": PSCase("PushModel", stream(model_head(), whole_model(target)), OK),
+        "model: the same model at version INT64_MAX": PSCase(
+            "PushModel", stream(model_head(version=I64), whole_model(target)), INVALID
+        ),
         "model: the same model, another optimizer config": PSCase(
             "PushModel", stream(model_head(OPTIMIZERS["adam"]), whole_model(target)), OK
         ),
@@ -249,6 +252,10 @@ def ps_cases(target: Target) -> dict[str, PSCase]:
             "CommitRound", pb.CommitRequest(round=0, workers=["a"]).SerializeToString(), PRECONDITION, modes=("async",)
         ),
         "restore: no checkpoint": PSCase("RestoreShard", pb.RestoreRequest(version=3).SerializeToString(), PRECONDITION),
+        "restore: version INT64_MAX": PSCase("RestoreShard", pb.RestoreRequest(version=I64).SerializeToString(), INVALID),
+        "restore: incarnation INT64_MAX": PSCase(
+            "RestoreShard", pb.RestoreRequest(version=3, incarnation=I64).SerializeToString(), INVALID
+        ),
         "pull: negative wait": PSCase(
             "PullDense", pb.PullRequest(worker="w", version=0, wait_ms=-5).SerializeToString(), OK
         ),

@@ -50,8 +50,13 @@ def adaptive_period(
     """AdaComm's K after a round of training loss ``loss`` at learning rate ``lr``."""
     if not (lr > 0 and first_lr > 0 and all(map(math.isfinite, (first_loss, loss, inf_loss)))):
         return previous
-    ratio = (first_lr * max(loss - inf_loss, 0.0)) / (lr * max(first_loss - inf_loss, MIN_LOSS_GAP))
-    period = max(1, int(k0 * math.sqrt(ratio)))
+    denominator = lr * max(first_loss - inf_loss, MIN_LOSS_GAP)
+    if denominator <= 0:  # underflowed (lr 5e-324): a ratio beyond any bound, as below
+        return previous
+    root = k0 * math.sqrt(first_lr * max(loss - inf_loss, 0.0) / denominator)
+    if not math.isfinite(root):  # loss 1e200 at lr 1e-300: a jump beyond any bound
+        return previous
+    period = max(1, int(root))
     return previous if period > previous + MAX_JUMP else period
 
 

@@ -53,6 +53,7 @@ from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.rpc.embedding_wire import ids_of, spec_of
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
+from elasticps.ps.versions import version_problem
 from elasticps.rpc import edges, frames, receiving
 from elasticps.rpc.limits import ServerLimits, Slots
 from elasticps.rpc.serving import AsyncServer
@@ -297,6 +298,9 @@ class ParameterServerServicer:
         )
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:
+        problem = version_problem("version", request.version) or version_problem("incarnation", request.incarnation)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"RestoreShard: {problem}")
         try:
             self._store.roll_back(request.version, request.incarnation)
         except CheckpointError as err:

@@ -52,7 +52,7 @@ from elasticps.ps.rules import CommitOutcome, Gradient, RoundError, Rule, make_r
 from elasticps.ps.settings import StoreSettings
 from elasticps.ps.state_table import STATE
 from elasticps.ps.tables import DENSE, FLOATS, Table
-from elasticps.ps.versions import ModelVersion
+from elasticps.ps.versions import ModelVersion, version_problem
 
 __all__ = [
     "CommitOutcome",
@@ -88,11 +88,12 @@ def _disjoint(variables: Mapping[str, object], state: Mapping[str, object]) -> N
         raise GradientError(f"{both[0]!r} is both a variable and a state tensor")
 
 
-def _check_offer(version: int, variables: Mapping[str, object], state: Mapping[str, object],
+def _check_offer(version: int, incarnation: int, variables: Mapping[str, object], state: Mapping[str, object],
                  tables: Sequence[TableSpec]) -> None:  # fmt: skip
     """What a pushed model's head must be, its values aside (GradientError)."""
-    if version < 0:
-        raise GradientError(f"a model's version must be >= 0, got {version}")
+    problem = version_problem("a model's version", version) or version_problem("a model's incarnation", incarnation)
+    if problem:
+        raise GradientError(problem)  # its next update would overflow the version the shard answers with
     _disjoint(variables, state)
     if len({spec.name for spec in tables}) != len(tables):
         raise GradientError("the pushed model names an embedding table twice")
@@ -195,7 +196,7 @@ class ParameterStore:
         an empty push can never take the place of a model's variables.
         ``received``: ``tensors`` were received into this PS's own buffers, for this call alone:
         the shard may keep them as its variables rather than copy them."""
-        _check_offer(version, tensors, state, tables)
+        _check_offer(version, incarnation, tensors, state, tables)
         shard = self.settings.shard
         built = make_optimizer(self._rule.optimizer(optimizer))
         made: dict[str, Table[Any]] = {}
@@ -240,7 +241,7 @@ class ParameterStore:
         held = self._model
         if held is None or held.empty:
             return False
-        _check_offer(version, variables, state, tables)
+        _check_offer(version, 0, variables, state, tables)
         for kind, tensors in (("variable", variables), ("state", state)):
             for name, tensor in tensors.items():
                 if np.dtype(tensor.dtype) not in FLOATS:

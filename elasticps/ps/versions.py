@@ -14,6 +14,18 @@ import threading
 from collections.abc import Callable
 
 
+# The highest version or incarnation a shard installs (a pushed model's, a restore's): 2^62 leaves an
+# update a nanosecond for 146 years before the int64 on the wire could overflow.
+MAX_VERSION = 1 << 62
+
+
+def version_problem(field: str, value: int) -> str:
+    """Why ``value`` cannot be a shard's ``field`` (a version or an incarnation); "" when it can."""
+    if not 0 <= value <= MAX_VERSION:
+        return f"{field} must be 0 to 2^62, got {value}"
+    return ""
+
+
 class ModelVersion:
     def __init__(self, on_advance: Callable[[int], None] | None = None) -> None:
         self._value = 0

@@ -100,6 +100,12 @@ def test_a_non_finite_or_zero_learning_rate_keeps_the_previous_k() -> None:
     assert adaptive_period(8, 2.0, 0.1, math.nan, 0.1, 0.0, 3) == 3
 
 
+@pytest.mark.parametrize(("loss", "lr"), [(1.0, 5e-324), (1e200, 1e-300), (1e308, 1e-308), (1.0, 1e-320)])
+def test_a_learning_rate_or_loss_at_the_edge_of_the_floats_keeps_the_previous_k(loss: float, lr: float) -> None:
+    # Issue 35, Found 3: 5e-324 raised ZeroDivisionError, 1e200 at 1e-300 OverflowError (UNKNOWN on the wire).
+    assert adaptive_period(8, 2.0, 0.1, loss, lr, 0.0, 3) == 3
+
+
 # ---- the rounds hand the members' periods to the schedule -------------------------------------------
 def test_a_committed_round_decides_the_next_period_from_its_members_mean_loss() -> None:
     rounds = Rounds(periods=LocalSteps(LocalSGD(steps=8, adaptive=True)))

@@ -311,6 +311,21 @@ def test_a_localsgd_join_is_answered_with_the_next_period(make_job: Callable[...
     assert (again.outcome, again.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 4)
 
 
+@pytest.mark.parametrize(("loss", "learning_rate"), [(1.0, 5e-324), (1e200, 1e-300)])
+def test_a_localsgd_join_at_the_edge_of_the_floats_keeps_the_period(
+    make_job: Callable[..., SyncJob], loss: float, learning_rate: float
+) -> None:
+    """Issue 35, Found 3: these answered UNKNOWN (ZeroDivisionError, OverflowError in AdaComm's K)."""
+    job = make_job(grads_to_wait=0, num_records=8, records_per_task=8, periods=LocalSteps(LocalSGD(steps=8, adaptive=True)))
+    ps, coordinator = job.ps_client("w0"), job.coordinator("w0")
+    coordinator.get_task()
+    assert ps.push(PushRequest(gradient("p1"), [0, 0], minibatch="p1")).result().all_accepted
+    assert coordinator.join_round(0, 5000, local_steps=1, loss=2.0, learning_rate=0.1).local_steps == 8
+    assert ps.push(PushRequest(gradient("p2"), [1, 1], minibatch="p2")).result().all_accepted
+    reply = coordinator.join_round(1, 5000, local_steps=8, loss=loss, learning_rate=learning_rate)
+    assert (reply.outcome, reply.version, reply.local_steps) == (pb.JOIN_OUTCOME_COMMITTED, 2, 8)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

@@ -665,6 +665,26 @@ def test_a_push_from_another_incarnation_is_refused_over_the_wire(make_cluster: 
     assert [(s.incarnation, s.version) for s in c.stores] == [(2, 4), (2, 4)]
 
 
+I64_MAX = (1 << 63) - 1
+
+
+@pytest.mark.parametrize(("version", "incarnation"), [(I64_MAX, 0), (0, I64_MAX), ((1 << 62) + 1, 0)])
+def test_a_model_at_a_version_that_could_overflow_is_refused_and_the_shard_serves_on(
+    make_cluster: Callable[..., Cluster], version: int, incarnation: int
+) -> None:
+    """Issue 35, Found 1: a first PushModel at version INT64_MAX was answered OK, and the next
+    update's version + 1 left the shard answering UNKNOWN to every call, for good."""
+    c = make_cluster(shards=1)
+    with pytest.raises(grpc.RpcError) as raised:
+        c.client.push_model(model(), SGD, versions=[version], incarnation=incarnation)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be 0 to 2^62" in str(raised.value.details())
+    assert not c.stores[0].initialized
+    c.client.push_model(model(), SGD)  # the job's own model still installs, at version 0
+    assert c.client.push(PushRequest(gradients(), [0])).result().all_accepted
+    assert c.commit(0) == [1]
+
+
 def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
     grpc_servers: Callable[..., int], tmp_path: Path
 ) -> None:
@@ -682,6 +702,10 @@ def test_restore_shard_rolls_back_to_a_checkpoint_or_is_failed_precondition(
         with pytest.raises(grpc.RpcError) as raised:
             stub.RestoreShard(pb.RestoreRequest(version=0, incarnation=6), timeout=30)
         assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        for version, incarnation in ((I64_MAX, 7), (1, I64_MAX)):
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.RestoreShard(pb.RestoreRequest(version=version, incarnation=incarnation), timeout=30)
+            assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
         assert (store.version, store.incarnation) == (1, 5)
         pulled = client.pull([1], incarnations=[0])
         assert pulled.incarnations == [5]
