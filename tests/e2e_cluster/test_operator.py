@@ -465,6 +465,11 @@ def test_the_operator_serves_its_reconcile_metrics(kubectl: Kubectl, ns: str, op
     assert passes and float(passes[0].split()[-1]) >= 1
     assert 'elasticps_operator_actions_total{kind="CreatePod"}' in text
     assert "elasticps_operator_reconcile_seconds_bucket" in text
+    # Its start-up line names where it reads a job's progress, filled in (issue 34: "{coordinator}").
+    [started] = {line.split("elasticps operator: ", 1)[1] for line in operator.log_path.read_text().splitlines()
+                 if "elasticps operator: watching" in line}  # fmt: skip
+    assert "coordinators at unix://" in started and "/NAMESPACE.JOB.sock" in started, started
+    assert "{" not in started, started
 
 
 # ---- (i) a 64-worker job: bounded requests, early status, one event per batch, one delete -------------
