@@ -3,9 +3,10 @@ runc, CNI bridge, kubelet, kube-proxy, CoreDNS; ``cluster.py up --real-node``), 
 imported into the node's containerd, the operator installed with the Helm chart from that image, MNIST
 on the node's disk mounted by hostPath, and ``kubectl`` for everything a user does.
 
-Session fixtures: ``node_cluster`` (build.sh, a no-op when cached; the image built by
-hack/image/build.sh unless ELASTICPS_REUSE_IMAGE=1 and Docker has it; ``up --real-node``;
-``load-image``), ``operator`` (helm install, Deployment available) and ``data``. With
+Session fixtures: ``node_binaries`` (build.sh, a no-op when cached), ``node_cluster`` and
+``operator``: the README's one-machine path as written (``make cluster-up REAL_NODE=1``, ``make
+image`` unless ELASTICPS_REUSE_IMAGE=1 and Docker has the image, ``load-image``, ``helm install``
+with ``values-real-node.yaml``; ``make cluster-down PURGE=1`` at the end), and ``data``. With
 USE_EXISTING_CLUSTER=true the tests use the cluster of KUBECONFIG, which must have a node labelled
 ``elasticps.io/real-node=true`` with the image on it and the operator installed.
 
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from node_kit import (
     IMAGE,
@@ -45,7 +45,6 @@ from node_kit import (
     wait_for,
 )
 
-CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
 sys.path.insert(0, str(ROOT / "hack" / "cluster"))
 import realnode  # noqa: E402
 
