@@ -389,7 +389,9 @@ def test_a_worker_no_node_can_hold_stays_pending_with_the_schedulers_reason(kube
     assert message.startswith("tj-worker-0 cannot be scheduled: 0/") and "nodes are available" in message
     assert "Insufficient nvidia.com/gpu" in message
     assert phases(kubectl.pods(ns, "tj"))["tj-worker-0"] == "Pending"
-    assert job["status"]["phase"] == "Created"  # not Failed before the pending timeout (10 min)
+    # Pending (issue 34: PHASE said Created while a condition said why), not Failed before the
+    # pending timeout (10 min).
+    assert job["status"]["phase"] == "Pending"
     assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in kubectl.events(ns, "tj"))
 
 

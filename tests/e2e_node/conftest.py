@@ -198,6 +198,21 @@ def ns(kubectl: Kubectl, operator: str, request: pytest.FixtureRequest) -> Itera
     kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+FIRST = "test_node_cluster.py"  # brings up and purges a cluster of its own: before the session's
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs FIRST's tests before the other real-node tests: one real node per machine, and the
+    session's cluster (the README's path) lives from the first test that asks for it to the end."""
+    here = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == Path(__file__).parent]
+    if not here:
+        return
+    block = [items[i] for i in here]
+    ordered = sorted(block, key=lambda item: Path(str(item.fspath)).name != FIRST)  # stable
+    for i, item in zip(here, ordered):
+        items[i] = item
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
