@@ -377,6 +377,16 @@ def start_apiserver(exe: str, etcd_url: str, port: int, pki: Path, logs: Path, r
     return start("kube-apiserver", apiserver_args(exe, etcd_url, port, pki, real), logs)
 
 
+def recorder(state: dict, exe: dict[str, str], procs: dict[str, subprocess.Popen]):
+    """``record(name, proc)``: a started component kept in ``procs`` and in the state file, written
+    after every start so `down` can clean up a half-started cluster."""
+    def record(name: str, proc: subprocess.Popen) -> None:
+        procs[name] = proc
+        state["components"][name] = {"pid": proc.pid, "exe": exe[name]}
+        (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    return record
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     state = load_state()
     real = args.real_node or os.environ.get("ELASTICPS_REAL_NODE") == "1"
@@ -419,12 +429,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     api = Api(ports["apiserver"], pki / "ca.crt", token)
     procs: dict[str, subprocess.Popen] = {}
     state = {"bin": str(bin_dir()), "kubeconfig": kc, "ports": ports, "components": {}, "real_node": real}
-
-    def record(name: str, proc: subprocess.Popen) -> None:
-        procs[name] = proc
-        state["components"][name] = {"pid": proc.pid, "exe": exe[name]}
-        # Written after every start so `down` can clean up a half-started cluster.
-        (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    record = recorder(state, exe, procs)
 
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
@@ -557,12 +562,7 @@ def add_real_node(state: dict) -> None:
     api = Api(ports["apiserver"], pki / "ca.crt", (STATE_DIR / "admin.token").read_text().strip())
     terminate("kube-apiserver", state["components"]["kube-apiserver"])
     procs: dict[str, subprocess.Popen] = {}
-
-    def record(name: str, proc: subprocess.Popen) -> None:
-        procs[name] = proc
-        state["components"][name] = {"pid": proc.pid, "exe": exe[name]}
-        (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-
+    record = recorder(state, exe, procs)
     state["real_node"] = True
     record("kube-apiserver", start_apiserver(exe["kube-apiserver"], f"http://127.0.0.1:{ports['etcd']}",
                                              ports["apiserver"], pki, logs, real=True))

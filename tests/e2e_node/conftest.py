@@ -37,6 +37,7 @@ from node_kit import (
     ROOT,
     TIMINGS,
     Kubectl,
+    exports,
     full_data,
     node_data,
     readme_line,
@@ -92,16 +93,6 @@ def node_binaries() -> dict[str, str]:
     return env
 
 
-def _exports(env: dict[str, str], text: str) -> dict[str, str]:
-    """``env`` after the shell ran the ``export K=V`` lines of ``text`` (what ``eval "$(...)"`` does)."""
-    out = dict(env)
-    for line in text.splitlines():
-        if line.startswith("export "):
-            key, _, value = line.removeprefix("export ").partition("=")
-            out[key] = value.replace("$PATH", out.get("PATH", ""))
-    return out
-
-
 @pytest.fixture(scope="session")
 def node_cluster(node_binaries: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The environment (KUBECONFIG, PATH with kubectl/helm 1.34 first) of a cluster with a real node,
@@ -129,7 +120,7 @@ def node_cluster(node_binaries: dict[str, str], tmp_path_factory: pytest.TempPat
         assert inner, f"the README's eval line changed: {evaluated}"
         shown = subprocess.run(["bash", "-c", inner.group(1)], cwd=ROOT, env=env, capture_output=True, text=True)
         assert shown.returncode == 0, shown.stderr
-        env = _exports(env, shown.stdout)
+        env = exports(env, shown.stdout)
         have = subprocess.run(["docker", "image", "inspect", IMAGE], env=env, capture_output=True).returncode == 0
         if not (have and os.environ.get("ELASTICPS_REUSE_IMAGE") == "1"):
             image = run_line(readme_line("make image"), {**env, "PY": sys.executable})

@@ -216,3 +216,13 @@ def run_line(line: str, env: dict[str, str], timeout: float = 3600) -> subproces
     done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     record(f"README: {line.split('  #')[0].strip()}", time.monotonic() - t0)
     return done
+
+
+def exports(env: dict[str, str], text: str) -> dict[str, str]:
+    """``env`` after the shell ran the ``export K=V`` lines of ``text`` (what ``eval "$(...)"`` does)."""
+    out = dict(env)
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            out[key] = value.replace("$PATH", out.get("PATH", ""))
+    return out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node_kit import ROOT, Kubectl, record
+from node_kit import ROOT, Kubectl, exports, record
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 
@@ -54,9 +54,7 @@ def test_a_real_node_joins_a_running_cluster_and_purge_leaves_the_host_clean(
     up = cluster("up")
     try:
         assert up.returncode == 0, up.stderr[-3000:]
-        for line in up.stdout.splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = value.replace("$PATH", node_binaries.get("PATH", ""))
+        env = exports(env, up.stdout)
         kubectl = Kubectl(env)
         kubectl("create", "configmap", "kept", "--from-literal=installed=before")
         fake = {n["metadata"]["name"] for n in kubectl.json("get", "nodes")["items"]}
