@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +101,7 @@ def kill_run(work: Path, mnist: Path, moment: int) -> dict[str, Any]:
     process, run_dir, result_file, logs = start(work, job("restart", mnist, gradsToWait=2, checkpointSteps=20))
     while not (run_dir / "ps-0.port").exists():
         time.sleep(0.2)
-    client = CoordinatorClient(f"127.0.0.1:{int((run_dir / 'ps-0.port').read_text())}", worker="bench")
+    client = CoordinatorClient(f"127.0.0.1:{int((run_dir / 'ps-0.port').read_text())}", worker="bench", token=observer_token(run_dir))
     while process.poll() is None:
         try:
             if client.status().model_version >= moment:

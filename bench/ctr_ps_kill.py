@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 from elasticps.ps import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def main() -> None:
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while not (run_dir / "ps-0.port").exists():
             time.sleep(0.2)
-        status = CoordinatorClient(f"127.0.0.1:{(run_dir / 'ps-0.port').read_text().strip()}", worker="bench")
+        status = CoordinatorClient(f"127.0.0.1:{(run_dir / 'ps-0.port').read_text().strip()}", worker="bench", token=observer_token(run_dir))
         while True:
             try:
                 version = status.status().model_version

@@ -96,12 +96,13 @@ class _Coordinator:
 
     def status(self) -> Any:
         from elasticps.coordinator.client import CoordinatorClient
+        from elasticps.local.fleet import observer_token
 
         if self._client is None:
             text = self._port.read_text().strip() if self._port.exists() else ""
             if not text:
                 return None
-            self._client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench")
+            self._client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench", token=observer_token(self._port.parent))
         try:
             return self._client.status(timeout_s=1.0)
         except Exception:  # noqa: BLE001 - PS 0 starting, or just killed

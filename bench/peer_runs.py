@@ -33,7 +33,7 @@ from bench.peer_jobs import WORKER_REPLICAS
 from bench.peer_tf import cpu_seconds
 from bench.peer_timeline import Sample, figures
 from elasticps.coordinator.client import CoordinatorClient
-from elasticps.local.fleet import worker_threads
+from elasticps.local.fleet import observer_token, worker_threads
 from elasticps.proto import elasticps_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def run_elasticps(
                 if client is None and port_file is not None:
                     text = port_file.read_text().strip()
                     if text:
-                        client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench")
+                        client = CoordinatorClient(f"127.0.0.1:{int(text)}", worker="bench", token=observer_token(run_dir))
                 if client is not None:
                     try:
                         reply = client.status(timeout_s=1.0)

@@ -47,6 +47,7 @@ import numpy as np
 import yaml
 
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 from elasticps.ps import checkpoint
 from elasticps.psclient.client import PSClient
 
@@ -132,13 +133,13 @@ def kill(work: Path, checkpoint_steps: int, moment: int) -> dict[str, Any]:
     process, run_dir, _ = start(work, document)
     wait_for(lambda: all((run_dir / f"ps-{i}.port").exists() for i in range(shards)), 120, "the PS to serve", process)
     addresses = [f"127.0.0.1:{int((run_dir / f'ps-{i}.port').read_text())}" for i in range(shards)]
-    coordinator = CoordinatorClient(addresses[0], worker="bench")
+    coordinator = CoordinatorClient(addresses[0], worker="bench", token=observer_token(run_dir))
     wait_for(lambda: coordinator.status().model_version >= moment, 900, f"version {moment}", process)
 
     pids = [int((run_dir / f"{name}-worker-{i}.pid").read_text()) for i in range(workers)]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    observer = PSClient(addresses, worker="bench-observer", deadline_s=120.0, timeout_s=60.0)
+    observer = PSClient(addresses, worker="bench-observer", deadline_s=120.0, timeout_s=60.0, token=observer_token(run_dir))
     try:
         before = observer.pull([-1] * shards)
         ps0_log = run_dir / f"{name}-ps-0.log"

@@ -19,6 +19,7 @@ import pytest
 
 from elasticps import storage
 from elasticps.data import index_cache
+from elasticps.identity import Verifier
 from elasticps.rpc.channels import bind
 from elasticps.rpc.serving import AsyncServer
 
@@ -30,14 +31,15 @@ Register = Callable[[AsyncServer], None]
 
 @pytest.fixture
 def grpc_servers() -> Iterator[Callable[..., int]]:
-    """``port = grpc_servers(register, port=0)`` starts a server as the PS serves (asyncio, the
-    project's options) on 127.0.0.1 (port 0: a free one) and returns its port; every server is
-    stopped at teardown. Callable from any thread."""
+    """``port = grpc_servers(register, port=0, verifier=None)`` starts a server as the PS serves
+    (asyncio, the project's options; with ``verifier``, the job's key: only the job's members are
+    served) on 127.0.0.1 (port 0: a free one) and returns its port; every server is stopped at
+    teardown. Callable from any thread."""
     started: list[AsyncServer] = []
     lock = threading.Lock()
 
-    def start(register: Register, port: int = 0) -> int:
-        server = AsyncServer(8)
+    def start(register: Register, port: int = 0, verifier: Verifier | None = None) -> int:
+        server = AsyncServer(8, verifier)
         register(server)
         bound = bind(server, "127.0.0.1", port)
         server.start()

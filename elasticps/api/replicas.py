@@ -24,6 +24,13 @@ class Role(str, Enum):
     COORDINATOR = "coordinator"  # a decentralized job's (under the PS strategy PS 0 coordinates)
 
 
+def holds_job_key(job: TrainingJob, role: Role) -> bool:
+    """Whether the role's processes serve the job's calls and so check callers with the job's key
+    (``identity.py``): PS and coordinator, and a decentralized job's workers (their peer service).
+    Every other member holds only its own token."""
+    return role is not Role.WORKER or not job.uses_ps
+
+
 @dataclass(frozen=True)
 class Replica:
     role: Role

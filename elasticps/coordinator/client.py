@@ -24,12 +24,14 @@ class CoordinatorClient:
         timeout_s: float = 30.0,
         interceptors: Sequence[grpc.Interceptor] = (),
         iteration_fn: Callable[[], int] | None = None,
+        token: str | None = None,
     ) -> None:
         """``interceptors``: as for ``PSClient``, gRPC client interceptors every call goes through.
-        ``iteration_fn``: a decentralized worker's iteration, sent with every heartbeat."""
+        ``iteration_fn``: a decentralized worker's iteration, sent with every heartbeat. ``token``:
+        the caller's identity in the job (None: this process's, ``identity.own_token``)."""
         self.worker = worker
         self._iteration_fn = iteration_fn
-        self._channel = create_channel(address)
+        self._channel = create_channel(address, token)
         self._stub = pb_grpc.CoordinatorStub(grpc.intercept_channel(self._channel, *interceptors))
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from elasticps import identity
 from elasticps.api.context import RoleContext, add_job_flags, context_from_args
 from elasticps.api.replicas import Role
 from elasticps.coordinator.engine import Coordinator
@@ -66,14 +67,15 @@ def run(config: CoordinatorConfig) -> int:
         settings = queue_settings(job.data, job.training, job.prediction, job.output)
         if job.output:
             check_output(job.output)
-    except (DataError, OutputError) as err:
+        verifier = identity.key_from_env()
+    except (DataError, OutputError, identity.IdentityError) as err:
         return user_error("coordinator", err)
     iterations = Iterations()
     t = job.training
     journal = Path(t.checkpoint_dir) / "coordinator.json" if t.checkpoint_dir else None
     coordinator = Coordinator(settings, version_fn=lambda: iterations.newest, journal=journal,
                               output=job.output, iterations=iterations)
-    server = AsyncServer(WORK_THREADS)
+    server = AsyncServer(WORK_THREADS, verifier)
     add_to_server(CoordinatorServicer(coordinator), server)
     coordinator.start()
     health = add_async_health(server)

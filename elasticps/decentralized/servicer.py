@@ -23,10 +23,11 @@ import grpc
 import numpy as np
 from grpc import aio
 
+from elasticps import identity
 from elasticps.decentralized.peer_state import PeerState
 from elasticps.decentralized.queues import Update
 from elasticps.proto import elasticps_pb2 as pb
-from elasticps.rpc import edges, frames, receiving
+from elasticps.rpc import edges, frames, guard, receiving
 from elasticps.rpc.limits import ServerLimits
 from elasticps.rpc.serving import AsyncServer
 
@@ -70,6 +71,9 @@ class PeerServicer:
         if first.WhichOneof("head") != "peer":
             raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, "SendModel: the first frame must carry a peer head")
         self._check_worker(first.peer.sender, "sender")
+        claimed = guard.claimed_worker(first.peer.sender, index=True)
+        if (problem := identity.claim_refusal(guard.caller(), claimed, "SendModel: sender")) is not None:
+            raise receiving.Refused(grpc.StatusCode.PERMISSION_DENIED, problem)
         if first.peer.iteration < 0:
             raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, f"SendModel: iteration {first.peer.iteration} < 0")
         got = {t.name: (t.shape, t.dtype) for t in head.tensors}

@@ -14,6 +14,12 @@ process is read back as the planner's ``ObservedPod``:
 - a deleted slot gets SIGTERM and reads as ``deleted`` until its process is gone (SIGKILL after
   ``grace_s``); then the slot goes, and the planner may create the replica again.
 
+Each run makes its own job key (``identity.py``): a replica's process gets its token, and the PS,
+the coordinator and a decentralized job's workers the key, in their environment; a process on this
+machine that is not one of the run's is refused by every one of them. The run's folder holds a token
+that may read the job's status and model (``observer.token``, its owner's only), for tools and tests
+that watch the run.
+
 A PS keeps its port for the whole run: the first start binds port 0 and reports it, every later
 start (a replacement, a resume after suspend) binds that port again, so the workers' addresses
 stay valid. Each start gets a fresh uid, so the planner tells a replacement from the old one.
@@ -34,7 +40,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticps.api.replicas import Replica, Role, coordinator_replica, peer_worker_replica, ps_replica, worker_replica
+from elasticps import identity
+from elasticps.api.replicas import (
+    Replica, Role, coordinator_replica, holds_job_key, peer_worker_replica, ps_replica, worker_replica,
+)
 from elasticps.api.spec import TrainingJob
 from elasticps.local import processes
 from elasticps.local.ports import HOST, free_ports
@@ -43,6 +52,8 @@ from elasticps.planning.observed import ObservedPod, PodPhase
 from elasticps.planning.roles import coordinating, desired
 
 STOP_GRACE_S = 5.0
+OBSERVER_TOKEN = "observer.token"  # in the run's folder: a token that may read the job's status and model
+OBSERVER = identity.member_name(identity.OBSERVER, "local")
 
 
 def worker_threads(cpus: int, workers: int) -> int:
@@ -72,6 +83,20 @@ class Fleet:
     coordinator_port: int | None = None  # a decentralized job's coordinator: the port it bound
     peer_ports: dict[int, int] = field(default_factory=dict)  # decentralized: worker -> its Peer port
     starts: dict[str, int] = field(default_factory=dict)  # replica name -> processes started so far
+    key: bytes = field(default_factory=identity.new_key)  # the run's job key (identity.py)
+
+    def __post_init__(self) -> None:
+        """Writes the run's observer token (:data:`OBSERVER_TOKEN`), readable by its owner only."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / OBSERVER_TOKEN
+        path.unlink(missing_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(self.observer() + "\n")
+
+    def observer(self) -> str:
+        """A token of the run that may read the job's status and model (the runner's, tools')."""
+        return identity.token_for(self.key, OBSERVER)
 
     # ---- what the planner asks ---------------------------------------------------------------
     def create(self, job: TrainingJob, name: str, role: Role, index: int) -> None:
@@ -164,7 +189,9 @@ class Fleet:
                 replica = self._replica(job, slot)
                 if replica is not None:
                     count = self.starts.get(slot.name, 0)
-                    slot.process = processes.start(replica, self.run_dir, restarts=count)
+                    member = identity.member_name(slot.role.value, slot.index)
+                    env = identity.member_env(self.key, member, serves=holds_job_key(job, slot.role))
+                    slot.process = processes.start(replica, self.run_dir, restarts=count, env=env)
                     slot.uid = f"{slot.name}#{count}"
                     self.starts[slot.name] = count + 1
 
@@ -234,6 +261,14 @@ class Fleet:
         port = _port_in(self._port_file(index))
         if port is not None:
             self.ports[index] = port
+
+
+def observer_token(run_dir: Path) -> str:
+    """The token a run wrote for its observers (a tool or a test watching the job; "" before it did)."""
+    try:
+        return (run_dir / OBSERVER_TOKEN).read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def _port_in(path: Path) -> int | None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class Process:
         return self.popen.poll()
 
 
-def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
+def start(replica: Replica, log_dir: Path, restarts: int = 0, env: Mapping[str, str] | None = None) -> Process:
+    """Starts the replica's process; ``env``: added to its environment (its identity)."""
     log_path = log_dir / f"{replica.name}.log"
     # Where the replica writes its one-line reason before exiting on a user's mistake (exits.py);
     # a replacement starts without its predecessor's.
@@ -54,7 +56,7 @@ def start(replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **CHILD_ENV, TERMINATION_LOG_ENV: str(termination_path)},
+            env={**os.environ, **CHILD_ENV, **(env or {}), TERMINATION_LOG_ENV: str(termination_path)},
             start_new_session=True,  # Ctrl-C and SIGTERM reach the runner, which stops every child itself
         )
     # The pid file lets a person (or a fault-injection test) find a replica's process. Written

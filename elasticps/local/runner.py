@@ -158,7 +158,7 @@ class LocalRunner:
         if address is None:
             return None
         if self._coordinator is None:
-            self._coordinator = CoordinatorClient(address, worker="runner")  # it keeps its port
+            self._coordinator = CoordinatorClient(address, worker="runner", token=self._fleet.observer())  # it keeps its port
         try:
             reply = self._coordinator.status(timeout_s=COORDINATOR_TIMEOUT_S)
         except grpc.RpcError:

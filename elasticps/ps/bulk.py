@@ -26,6 +26,9 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   connection's thread; a pull written behind it is answered as soon as the round is committed. The
   coordinator's answer is the same as over gRPC (``coordinator/bulk.py``, ``BulkJoins``); waiting
   joins are bounded by the connections (``max_push_streams``); another PS answers UNIMPLEMENTED;
+* job identity (``identity.py``): with the job's key, a connection's calls are served only once
+  its hello named a member allowed them, and a push or join only when it names that member's own
+  worker (UNAUTHENTICATED or PERMISSION_DENIED, then the connection is closed);
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).
 """
@@ -44,6 +47,7 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
+from elasticps import identity
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
@@ -61,9 +65,10 @@ Joiner = Callable[[pb.JoinRequest], pb.JoinReply]  # the coordinator's JoinRound
 class BulkServer:
     def __init__(
         self, store: ParameterStore, metrics: PSMetrics, limits: ServerLimits, host: str, port: int,
-        joiner: Joiner | None = None,
+        joiner: Joiner | None = None, verifier: identity.Verifier | None = None,
     ) -> None:  # fmt: skip
         self._store = store
+        self._verifier = verifier
         self._joiner = joiner
         self._metrics = metrics
         self._limits = limits
@@ -133,6 +138,7 @@ class BulkServer:
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = [np.empty(0, dtype=np.uint8)]  # the connection's receive buffer, reused while free
+        member: str | None = None  # named by the connection's hello
         try:
             while True:
                 between = bulk.Deadline.within(self._limits.stream_deadline_s, self._limits.stream_deadline_s, "bulk")
@@ -140,16 +146,23 @@ class BulkServer:
                     magic, method = bulk.REQUEST.unpack(bulk.recv_bytes(conn, bulk.REQUEST.size, between))
                 except (bulk.BulkClosed, bulk.DeadlineExceeded, OSError):
                     return  # closed or idle between calls: nothing was under way
+                if magic == bulk.MAGIC and method == bulk.HELLO:
+                    member = self._hello(conn)
+                    continue
                 if magic != bulk.MAGIC or method not in bulk.METHODS:
                     self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, "bulk: not a bulk request")
                     return
                 what = bulk.METHODS[method]
                 deadline = self._deadline(what)
+                if self._verifier is not None and (problem := identity.refusal(member, what)) is not None:
+                    code = grpc.StatusCode.UNAUTHENTICATED if member is None else grpc.StatusCode.PERMISSION_DENIED
+                    self._refuse(conn, code, f"bulk: {problem}")
+                    return
                 try:
                     if method == bulk.PUSH_GRADIENTS:
-                        self._push(conn, deadline, buffer)
+                        self._push(conn, deadline, buffer, member)
                     elif method == bulk.JOIN_ROUND:
-                        self._join(conn, deadline)
+                        self._join(conn, deadline, member)
                     else:
                         self._pull(conn, deadline)
                 except bulk.DeadlineExceeded as err:
@@ -170,6 +183,15 @@ class BulkServer:
                 self._connections.discard(conn)
             conn.close()
 
+    def _hello(self, conn: socket.socket) -> str | None:
+        """The member the connection's hello names (None: no valid token, or no key here)."""
+        deadline = bulk.Deadline.within(self._limits.stream_idle_s, self._limits.stream_idle_s, "hello")
+        length = bulk.recv_length(conn, deadline)
+        if length > identity.MAX_TOKEN_BYTES:
+            raise bulk.BulkClosed(f"hello: a token of {length} bytes")
+        token = bulk.recv_bytes(conn, length, deadline)
+        return self._verifier.member(token) if self._verifier is not None else None
+
     def _refuse(self, conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
         try:
             bulk.send(conn, bulk.reply_parts(code, message.encode()), bulk.Deadline.within(1.0, 1.0, "refusal"))
@@ -177,13 +199,15 @@ class BulkServer:
             pass
 
     # ---- calls --------------------------------------------------------------------------------------
-    def _push(self, conn: socket.socket, deadline: bulk.Deadline, buffer: list[np.ndarray]) -> None:
+    def _push(self, conn: socket.socket, deadline: bulk.Deadline, buffer: list[np.ndarray], member: str | None) -> None:
         """One push. ``buffer[0]``: the connection's receive buffer, replaced when too small or
         when the store keeps views of it (a sync round's staged gradient)."""
         store = self._store
         head = bulk.receive_head(conn, deadline)
         self._admit_push(head)
         push = head.first.push
+        if (problem := identity.claim_refusal(member, push.worker, "PushGradients: worker")) is not None:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, problem)
         with self._refusals():
             stream = store.open_stream(head.tensors, push.version, push.learning_rate, push.worker, push.minibatch,
                                        push.incarnation)  # fmt: skip
@@ -250,8 +274,10 @@ class BulkServer:
             self._metrics.pushed("uninitialized" if refused.code is grpc.StatusCode.FAILED_PRECONDITION else "invalid")
             raise
 
-    def _join(self, conn: socket.socket, deadline: bulk.Deadline) -> None:
+    def _join(self, conn: socket.socket, deadline: bulk.Deadline, member: str | None) -> None:
         request = _message(conn, deadline, pb.JoinRequest(), "JoinRound")
+        if (problem := identity.claim_refusal(member, request.worker, "JoinRound: worker")) is not None:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, problem)
         if self._joiner is None:
             raise Refused(grpc.StatusCode.UNIMPLEMENTED, "JoinRound: only PS 0 takes joins (it hosts the coordinator)")
         reply = self._joiner(request)  # waits for the round, up to request.wait_ms

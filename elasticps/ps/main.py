@@ -20,7 +20,7 @@ from types import FrameType
 
 from prometheus_client import REGISTRY, start_http_server
 
-from elasticps import allocator
+from elasticps import allocator, identity
 from elasticps.api.context import RoleContext, add_job_flags, context_from_args
 from elasticps.api.modes import UpdateRule
 from elasticps.api.replicas import Role
@@ -245,10 +245,14 @@ def rounds_and_shards(
 
 
 def run(config: PSConfig) -> int:
+    try:
+        verifier = identity.key_from_env()
+    except identity.IdentityError as err:
+        return user_error(f"ps-{config.job.index}", err)
     store = ParameterStore(store_settings(config))
     if store.restore():
         log.info("PS %d resumes at version %d%s", config.job.index, store.version, _rows_line(store))
-    server = AsyncServer(config.rpc_threads)
+    server = AsyncServer(config.rpc_threads, verifier)
     metrics = PSMetrics(REGISTRY, config.job.index)
     metrics.model_version.set(store.version)
     servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
@@ -285,7 +289,7 @@ def run(config: PSConfig) -> int:
     bulk_server: BulkServer | None = None
     if config.bulk_port >= 0:
         joiner = BulkJoins(coordinator) if coordinator is not None else None  # joins behind pushes to PS 0
-        bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port, joiner)
+        bulk_server = BulkServer(store, metrics, config.limits, config.host, config.bulk_port, joiner, verifier)
         servicer.bulk_port = bulk_server.port
         bulk_server.start()
     health = add_async_health(server)

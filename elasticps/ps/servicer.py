@@ -43,7 +43,7 @@ import numpy as np
 from grpc import aio
 from prometheus_client import CollectorRegistry
 
-from elasticps import allocator
+from elasticps import allocator, identity
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
@@ -54,7 +54,7 @@ from elasticps.ps.checkpoint import CheckpointError
 from elasticps.rpc.embedding_wire import ids_of, spec_of
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.ps.versions import version_problem
-from elasticps.rpc import edges, frames, receiving
+from elasticps.rpc import edges, frames, guard, receiving
 from elasticps.rpc.limits import ServerLimits, Slots
 from elasticps.rpc.serving import AsyncServer
 from elasticps.rpc.waking import Changes
@@ -247,6 +247,8 @@ class ParameterServerServicer:
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
 
     def _admit_push(self, head: frames.Head) -> None:
+        if (problem := identity.claim_refusal(guard.caller(), head.first.push.worker, "PushGradients: worker")) is not None:
+            raise receiving.Refused(grpc.StatusCode.PERMISSION_DENIED, problem)
         try:
             intake.admit_push(head, self._store.layout, self._store.settings.shard)
         except receiving.Refused as refused:

@@ -316,11 +316,14 @@ class PSClient:
         interceptors: Sequence[grpc.Interceptor] = (),
         split_bytes: int = DEFAULT_SPLIT_BYTES,
         use_bulk: bool = True,
+        token: str | None = None,
     ) -> None:
         """``interceptors``: gRPC client interceptors every call goes through (a harness counting
         each attempt's status code; none for a real worker). ``placement``: one made by hand (tests),
         instead of the one :meth:`place` computes with ``split_bytes``. ``use_bulk``: pushes and
-        pulls over the shards' bulk channels where they connect (False: gRPC frames only)."""
+        pulls over the shards' bulk channels where they connect (False: gRPC frames only).
+        ``token``: the caller's identity in the job on every call, gRPC and bulk (None: this
+        process's, ``identity.own_token``)."""
         if not addresses:
             raise ValueError("at least one PS address is needed")
         if placement is not None and placement.num_shards != len(addresses):
@@ -338,10 +341,10 @@ class PSClient:
         self._chunk_bytes = chunk_bytes
         self._deadline_s = deadline_s
         self._timeout_s = timeout_s
-        self._channels = [create_channel(a) for a in addresses]
+        self._channels = [create_channel(a, token) for a in addresses]
         self._stubs = [_FrameStub(grpc.intercept_channel(c, *interceptors)) for c in self._channels]
         self._routes: list[BulkRoute | None] = [
-            BulkRoute(address, self._describer(shard), timeout_s) if use_bulk else None
+            BulkRoute(address, self._describer(shard), timeout_s, token=token) if use_bulk else None
             for shard, address in enumerate(addresses)
         ]
         self._pool = ThreadPoolExecutor(max_workers=2 * self.num_shards, thread_name_prefix="ps-client")

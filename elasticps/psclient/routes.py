@@ -39,9 +39,12 @@ class BulkRoute:
         describe: Callable[[], int],
         timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
+        token: str | None = None,
     ) -> None:
-        """``describe()``: the shard's bulk port (0: none), asked over gRPC."""
+        """``describe()``: the shard's bulk port (0: none), asked over gRPC. ``token``: sent in each
+        connection's hello (None: this process's)."""
         self._host = host_of(address)
+        self._token = token
         self._describe = describe
         self._timeout_s = timeout_s
         self._clock = clock
@@ -72,7 +75,7 @@ class BulkRoute:
             with self._lock:
                 self._port = port
         try:
-            connection = BulkConnection(self._host, port, CONNECT_TIMEOUT_S, self._timeout_s)
+            connection = BulkConnection(self._host, port, CONNECT_TIMEOUT_S, self._timeout_s, self._token)
         except OSError as err:
             log.info("bulk: %s:%d does not connect (%s): gRPC frames for a while", self._host, port, err)
             with self._lock:

@@ -5,7 +5,11 @@ Callers: the PS's bulk server (``ps/bulk.py``) and the PS client (``psclient/cli
 whenever the channel cannot be used, stays on gRPC. The bytes are those of the gRPC path's frames
 (``rpc/frames.py``), so one set of rules reads them, with a length before each:
 
-* request: ``EPB1``, the method (1 push, 2 pull), then frames, each ``u64 length`` + the serialized
+* hello: a connection's first bytes, written ahead of its first call and never answered: ``EPB2``,
+  method 0, then ``u64 length`` + the member's token (``identity.py``, at most
+  ``identity.MAX_TOKEN_BYTES``; empty without one). A server with the job's key answers a call on a
+  connection whose hello named no member UNAUTHENTICATED and closes it;
+* request: ``EPB2``, the method (1 push, 2 pull), then frames, each ``u64 length`` + the serialized
   ``Frame`` bytes: a push is its head frame (head and tensor metadata) and payload frames, ended by
   a zero length; a pull is one serialized ``PullRequest``;
 * reply: the status (a ``grpc.StatusCode`` value, 0 OK) and ``u64 length`` + bytes: the reply
@@ -39,10 +43,12 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
+from elasticps import identity
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import frames
 
 MAGIC = b"EPB2"  # 2: a pull's reply ends with the intact byte
+HELLO = 0  # the connection's token, first; no reply
 PUSH_GRADIENTS = 1
 PULL_DENSE = 2
 JOIN_ROUND = 3  # sync: the coordinator's JoinRound, on PS 0 only, behind the worker's push there
@@ -242,14 +248,29 @@ def _message(method: int, request: pb.PullRequest | pb.JoinRequest) -> list[byte
     return [REQUEST.pack(MAGIC, method), LENGTH.pack(len(body)), body]
 
 
+def hello(token: str) -> list[bytes | memoryview]:
+    body = token.encode("ascii")
+    return [REQUEST.pack(MAGIC, HELLO), LENGTH.pack(len(body)), body]
+
+
 class BulkConnection:
     """One connection to a PS's bulk server: one call at a time (the client keeps a few)."""
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float,
+                 token: str | None = None) -> None:
+        """``token``: the member's (None: this process's, ``identity.own_token``), sent in the
+        connection's hello ahead of its first call."""
         self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeout_s = timeout_s
+        self._hello = hello(identity.own_token() if token is None else token)
         self.broken = False
+
+    def _send(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> None:
+        """Writes a call, the hello ahead of the connection's first."""
+        if self._hello:
+            parts, self._hello = [*self._hello, *parts], []
+        send(self._sock, parts, deadline)
 
     def _deadline(self, what: str) -> Deadline:
         return Deadline.within(self._timeout_s, self._timeout_s, what)
@@ -306,7 +327,7 @@ class BulkConnection:
         """Sends a pull without reading its answer (:meth:`read_pull` does); a failed send leaves
         the connection broken, and the read then fails at once."""
         try:
-            send(self._sock, _message(PULL_DENSE, request), self._deadline("PullDense"))
+            self._send(_message(PULL_DENSE, request), self._deadline("PullDense"))
         except (OSError, DeadlineExceeded):
             self.broken = True
 
@@ -339,7 +360,7 @@ class BulkConnection:
 
     def _exchange(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
         try:
-            send(self._sock, parts, deadline)
+            self._send(parts, deadline)
         except BaseException:
             self.broken = True
             raise

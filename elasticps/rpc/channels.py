@@ -13,6 +13,9 @@ from typing import Protocol
 
 import grpc
 
+from elasticps import identity
+from elasticps.rpc import guard
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 _OPTIONS: list[tuple[str, int]] = [
@@ -26,8 +29,11 @@ _OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def create_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+def create_channel(address: str, token: str | None = None) -> grpc.Channel:
+    """A channel whose every call carries ``token`` (None: this process's, ``identity.own_token``;
+    "": none), the proof that the caller belongs to the job (``rpc/guard.py``)."""
+    token = identity.own_token() if token is None else token
+    return guard.with_token(grpc.insecure_channel(address, options=_OPTIONS), token)
 
 
 def server_options() -> list[tuple[str, int]]:

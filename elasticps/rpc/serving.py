@@ -21,6 +21,8 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 from grpc import aio
 
+from elasticps import identity
+from elasticps.rpc import guard
 from elasticps.rpc.channels import server_options
 
 T = TypeVar("T")
@@ -30,9 +32,12 @@ WORK_THREADS = 32
 
 
 class AsyncServer:
-    def __init__(self, work_threads: int = WORK_THREADS) -> None:
+    def __init__(self, work_threads: int = WORK_THREADS, verifier: identity.Verifier | None = None) -> None:
+        """``verifier``: the job's key; every call to the job's services must then carry a token it
+        made (``rpc/guard.py``). None: every caller is taken."""
         if work_threads < 1:
             raise ValueError(f"work_threads must be >= 1, got {work_threads}")
+        self._interceptors = (guard.Guard(verifier),) if verifier is not None else ()
         self._pool = futures.ThreadPoolExecutor(max_workers=work_threads, thread_name_prefix="rpc-work")
         self._loop = asyncio.new_event_loop()
         self._loop.set_default_executor(self._pool)
@@ -51,7 +56,7 @@ class AsyncServer:
             self._loop.close()
 
     def _create(self) -> aio.Server:
-        return aio.server(migration_thread_pool=self._pool, options=server_options())
+        return aio.server(migration_thread_pool=self._pool, options=server_options(), interceptors=self._interceptors)
 
     def _on_loop(self, call: Callable[[], T]) -> T:
         async def run() -> T:

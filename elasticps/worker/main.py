@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from elasticps import identity
 from elasticps.api.context import RoleContext, add_job_flags, context_from_args
 from elasticps.api.flags import add_decentralized_flags, decentralized_from_args
 from elasticps.api.output import exported_job
@@ -135,6 +136,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             decentralized.graph_for(len(peers))
         except ValueError as err:
             raise SystemExit(f"error: --graph: {err}") from None
+    try:
+        identity.key_from_env()  # a decentralized worker's peer service checks its callers with it
+    except identity.IdentityError as err:
+        raise SystemExit(f"error: {err}") from None
     job = context_from_args(args, Role.WORKER, args.worker_id)
     prediction = job.prediction
     if not args.training_data and not prediction.standalone:

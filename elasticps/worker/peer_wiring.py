@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from elasticps import identity
 from elasticps.api.spec import DecentralizedSpec
 from elasticps.decentralized.loop import Hop
 from elasticps.decentralized.peer_state import PeerState
@@ -46,7 +47,7 @@ def start_peer(me: int, addresses: Sequence[str], port: int, spec: Decentralized
     rule = rule_for(len(graph.in_neighbours(me)), spec.backup_workers, spec.staleness)
     state: PeerState[dict[str, np.ndarray]] = PeerState(me, graph, rule, spec.max_iteration_gap)
     servicer = PeerServicer(state)
-    server = AsyncServer(PEER_THREADS)
+    server = AsyncServer(PEER_THREADS, identity.key_from_env())  # checked by the worker's flags
     add_to_server(servicer, server)
     own_port = port or int(addresses[me].rsplit(":", 1)[1])
     bind(server, "0.0.0.0", own_port)

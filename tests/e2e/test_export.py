@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from local_jobs import REPO, elasticps, job_document, read_curves, wait_for, write_job
+from elasticps.local.fleet import observer_token
 from elasticps.ps import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -197,7 +198,7 @@ def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data:
     try:
         port_file = run / "ps-1.port"
         wait_for(lambda: port_file.exists() and port_file.read_text().strip(), timeout=120, what="PS 1 to serve")
-        shard = PSClient([f"127.0.0.1:{port_file.read_text().strip()}"], worker="one-shard-only")
+        shard = PSClient([f"127.0.0.1:{port_file.read_text().strip()}"], worker="one-shard-only", token=observer_token(run))
         try:
             pulled = None
 

@@ -15,6 +15,7 @@ import pytest
 
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 from elasticps.proto import elasticps_pb2 as pb
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def first_answer(client: CoordinatorClient) -> pb.JobStatus:
 def coordinator(run_dir: Path) -> CoordinatorClient:
     wait_for(lambda: (run_dir / "ps-0.port").exists(), 60, "PS 0 to serve")
     port = int((run_dir / "ps-0.port").read_text())
-    return CoordinatorClient(f"127.0.0.1:{port}", worker="test")
+    return CoordinatorClient(f"127.0.0.1:{port}", worker="test", token=observer_token(run_dir))
 
 
 def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

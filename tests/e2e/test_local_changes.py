@@ -26,6 +26,7 @@ from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.api.parsing import parse_job
 from elasticps.api.spec import TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 from elasticps.local.progress import Progress
 from elasticps.local.results import RunResult
 from elasticps.local.runner import LocalRunner
@@ -83,7 +84,7 @@ def records_done(run_dir: Path) -> int:
     port_file = run_dir / "ps-0.port"
     if not port_file.exists():
         return 0
-    client = CoordinatorClient(f"127.0.0.1:{int(port_file.read_text())}", worker="test")
+    client = CoordinatorClient(f"127.0.0.1:{int(port_file.read_text())}", worker="test", token=observer_token(run_dir))
     try:
         return int(client.status(timeout_s=2.0).records_done)
     except grpc.RpcError:

@@ -16,6 +16,7 @@ import pytest
 
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 from elasticps.coordinator.client import CoordinatorClient
+from elasticps.local.fleet import observer_token
 from elasticps.ps import checkpoint
 from elasticps.psclient.client import PSClient
 from elasticps.psclient.sharding import Placement, TensorInfo, place
@@ -66,14 +67,14 @@ def test_the_ps_keeps_batchnorm_statistics_and_a_killed_shard_restores_them(
     try:
         wait_for(lambda: (run_dir / "ps-1.port").exists() and (run_dir / "ps-0.port").exists(), 60, "both PS")
         addresses = [f"127.0.0.1:{int((run_dir / f'ps-{i}.port').read_text())}" for i in range(2)]
-        status = CoordinatorClient(addresses[0], worker="test")
+        status = CoordinatorClient(addresses[0], worker="test", token=observer_token(run_dir))
         wait_for(lambda: status.status().model_version >= 30, 180, "30 sync rounds")
 
         # Workers frozen: nothing moves on the shards while the test looks at them.
         workers = [int((run_dir / f"{NAME}-worker-{i}.pid").read_text()) for i in range(2)]
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
-        observer = PSClient(addresses, worker="observer", deadline_s=120.0, timeout_s=60.0)
+        observer = PSClient(addresses, worker="observer", deadline_s=120.0, timeout_s=60.0, token=observer_token(run_dir))
         try:
             before = observer.pull([-1, -1])
             assert sorted(before.state) == sorted(STATISTICS)

@@ -4,6 +4,8 @@ PS 0 and the workers waiting for the PS ports they need, and the executor carryi
 
 from __future__ import annotations
 
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,12 @@ import pytest
 
 import job_builders
 
+from elasticps import identity
 from elasticps.api.replicas import Replica, Role
 from elasticps.api.spec import TrainingJob
 from elasticps.local import fleet as fleet_module
 from elasticps.local.executing import execute
-from elasticps.local.fleet import Fleet
+from elasticps.local.fleet import Fleet, observer_token
 from elasticps.local.processes import Process
 from elasticps.planning.actions import (
     CreateIngressPolicy,
@@ -47,9 +50,11 @@ class Launcher:
     def __init__(self) -> None:
         self.started: list[Replica] = []
         self.popens: dict[str, FakePopen] = {}
+        self.envs: dict[str, Mapping[str, str]] = {}
 
-    def start(self, replica: Replica, log_dir: Path, restarts: int = 0) -> Process:
+    def start(self, replica: Replica, log_dir: Path, restarts: int = 0, env: Mapping[str, str] | None = None) -> Process:
         self.started.append(replica)
+        self.envs[replica.name] = dict(env or {})
         popen = FakePopen(pid=1000 + len(self.started))
         self.popens[replica.name] = popen
         log, termination = log_dir / f"{replica.name}.log", log_dir / f"{replica.name}.termination"
@@ -108,6 +113,23 @@ def test_ps_0_waits_for_the_other_shards_ports_and_workers_for_every_port(tmp_pa
     worker = launcher.started[-1]
     assert fleet.coordinator_address(job) == "127.0.0.1:4100"
     assert worker.name == "tj-worker-0" and arg(worker, "ps_addrs") == "127.0.0.1:4100,127.0.0.1:4101,127.0.0.1:4102"
+
+
+def test_each_process_of_a_run_gets_its_own_token_and_only_servers_the_key(tmp_path: Path, launcher: Launcher) -> None:
+    job, fleet = make_job(ps=1), Fleet(tmp_path)
+    fleet.create(job, "tj-ps-0", Role.PS, 0)
+    serve(fleet, job, 0, 4100)
+    for index in (0, 1):
+        fleet.create(job, f"tj-worker-{index}", Role.WORKER, index)
+    verifier = identity.Verifier(fleet.key)
+    envs = launcher.envs
+    assert {name: verifier.member(env[identity.TOKEN_ENV]) for name, env in envs.items()} == {
+        "tj-ps-0": "ps-0", "tj-worker-0": "worker-0", "tj-worker-1": "worker-1"}
+    assert identity.parse_key(envs["tj-ps-0"][identity.KEY_ENV]) == fleet.key
+    assert identity.KEY_ENV not in envs["tj-worker-0"] and identity.KEY_ENV not in envs["tj-worker-1"]
+    assert verifier.member(observer_token(tmp_path)) == "observer-local"
+    assert stat.S_IMODE((tmp_path / "observer.token").stat().st_mode) == 0o600
+    assert Fleet(tmp_path / "another").key != fleet.key  # a key per run
 
 
 def test_a_restarted_ps_0_gets_every_real_address(tmp_path: Path, launcher: Launcher) -> None:
