@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity bench-async bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -111,6 +111,11 @@ scale: $(STAMP) cluster-binaries
 ASYNC_ARGS ?=
 bench-async: $(STAMP)
 	$(PY) -m bench.async_convergence $(ASYNC_ARGS)
+
+# Issue 35: job identity's cost on the data path: PS round trips with a job key and a worker's
+# token against the same without, interleaved in one run (bench/results/identity.json).
+bench-identity: $(STAMP)
+	$(PY) -m bench.identity_cost $(IDENTITY_ARGS)
 
 # Issue 33: 20 local jobs, each with one PS killed -9 at a random moment (every 4th after the last
 # training task): all must end Succeeded with every record counted once (docs/reliability.md).

@@ -62,6 +62,7 @@ from bench import report, stages  # noqa: E402
 from bench.grpc_raw import RawClient  # noqa: E402
 from bench.tcp_apply import ApplyClient  # noqa: E402
 from bench.tcp_echo import EchoClient  # noqa: E402
+from elasticps import identity  # noqa: E402
 from elasticps.psclient.client import PSClient, PullBehind, PushRequest  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.rpc.frames import CHUNK_BYTES  # noqa: E402
@@ -131,7 +132,7 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _spawn(name: str, args: list[str], port_file: Path) -> Child:
+def _spawn(name: str, args: list[str], port_file: Path, env: dict[str, str] | None = None) -> Child:
     log = port_file.with_suffix(".log")
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -140,7 +141,7 @@ def _spawn(name: str, args: list[str], port_file: Path) -> Child:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **CHILD_ENV},
+            env={**os.environ, **CHILD_ENV, **(env or {})},
         )
     return Child(name, popen, log, port_file)
 
@@ -160,7 +161,8 @@ def start_grpc_raw(workdir: Path) -> Child:
     return _spawn("grpc-raw", ["-m", "bench.grpc_raw", str(port_file)], port_file)
 
 
-def start_ps(name: str, workdir: Path, data: Path, chunk_bytes: int) -> Child:
+def start_ps(name: str, workdir: Path, data: Path, chunk_bytes: int, key: bytes | None = None) -> Child:
+    """``key``: the job's (``identity.py``): the PS then serves only callers with its tokens."""
     port_file = workdir / f"{name}.port"
     args = [
         "-m", "elasticps", "--log_level", "WARNING", "ps",
@@ -169,7 +171,7 @@ def start_ps(name: str, workdir: Path, data: Path, chunk_bytes: int) -> Child:
         "--data_reader", "npz", "--training_data", str(data),
         "--chunk_bytes", str(chunk_bytes),
     ]  # fmt: skip
-    return _spawn(name, args, port_file)
+    return _spawn(name, args, port_file, {identity.KEY_ENV: key.hex()} if key is not None else {})
 
 
 # ---- measured cases -----------------------------------------------------------------------------------
@@ -207,9 +209,11 @@ class Case:
 class PSCase:
     """A PSClient against one PS process holding a ``size_mb`` model; one round trip = push + full pull."""
 
-    def __init__(self, port: int, size_mb: int, chunk_bytes: int, use_bulk: bool) -> None:
+    def __init__(self, port: int, size_mb: int, chunk_bytes: int, use_bulk: bool, token: str = "") -> None:
+        """``token``: the client's in the job (with a PS started with its key), "" for none."""
         self.client = PSClient(
-            [f"127.0.0.1:{port}"], worker="bench", chunk_bytes=chunk_bytes, deadline_s=60.0, use_bulk=use_bulk
+            [f"127.0.0.1:{port}"], worker="worker-0" if token else "bench", chunk_bytes=chunk_bytes, deadline_s=60.0,
+            use_bulk=use_bulk, token=token,
         )
         elements = size_mb * MB // 4 // NUM_VARIABLES
         model = {f"layer{i}/kernel": np.full(elements, 0.5, dtype=np.float32) for i in range(NUM_VARIABLES)}

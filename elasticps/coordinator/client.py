@@ -30,6 +30,7 @@ class CoordinatorClient:
         ``iteration_fn``: a decentralized worker's iteration, sent with every heartbeat. ``token``:
         the caller's identity in the job (None: this process's, ``identity.own_token``)."""
         self.worker = worker
+        self.token = token
         self._iteration_fn = iteration_fn
         self._channel = create_channel(address, token)
         self._stub = pb_grpc.CoordinatorStub(grpc.intercept_channel(self._channel, *interceptors))

@@ -92,6 +92,13 @@ class ClusterApi:
             return None
         return self._ok(status, body)
 
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret (a job's identity, ``operator/identities.py``); None when there is none."""
+        status, body = self._call("GET", f"{_collection(namespace, 'secrets')}/{name}")
+        if status == 404:
+            return None
+        return self._ok(status, body)
+
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return self._list(_collection(namespace, "pods"), job)
 
@@ -207,6 +214,15 @@ class ClusterApi:
         )
         if status != 404:
             self._ok(status, body)
+
+    def patch_secret(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """Applies ``patch``, a JSON merge patch of the Secret; False when it is gone."""
+        status, body = self._call("PATCH", f"{_collection(namespace, 'secrets')}/{name}", body=patch,
+                                  content_type=MERGE_PATCH)
+        if status == 404:
+            return False
+        self._ok(status, body)
+        return True
 
     def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
         """Applies ``patch``, a JSON merge patch of ``.status``; False when the job is gone."""

@@ -20,6 +20,12 @@ Children of job ``J`` (every one labelled and owned by the job, ``controller: tr
   ``path`` /metrics) and runs locked down: non-root (uid/gid 1000, fsGroup 1000), no privilege
   escalation, every capability dropped, the RuntimeDefault seccomp profile, a read-only root
   filesystem with an ``emptyDir`` at ``/tmp`` (Python and TensorFlow need a writable temp dir).
+- Secret ``J-identity`` (``identity.py``): the job's key (``key``, hex) and a token per member the
+  operator created a pod for (``ps-0``, ``worker-3`` ...), added before that pod is created. Every
+  pod reads its own token from it (``ELASTICPS_TOKEN``); the pods that serve the job's calls (PS,
+  coordinator, a decentralized job's workers) also read the key (``ELASTICPS_JOB_KEY``). A PS
+  worker never sees the key, so it cannot speak as another worker. The template's own entries of
+  these two names are replaced.
 - NetworkPolicy ``J-ps``: the job's PS pods accept gRPC (2222) and the bulk tensor channel (2224)
   only from the job's own pods and from the operator's pods (``OPERATOR_PEER``: it asks PS 0's coordinator for progress), and
   metrics (9090) from anywhere, so Prometheus can scrape them.
@@ -43,12 +49,15 @@ here (:func:`group_manifest`). Policy ``none`` adds nothing: the pod is exactly 
 
 from __future__ import annotations
 
+import base64
 import copy
+from collections.abc import Iterable
 from typing import Any
 
+from elasticps import identity
 from elasticps.api.replicas import (
-    PS_PORT, Replica, Role, cluster_ps_addresses, coordinator_replica, peer_worker_replica, ps_replica, replica_name,
-    worker_replica,
+    PS_PORT, Replica, Role, cluster_ps_addresses, coordinator_replica, holds_job_key, peer_worker_replica, ps_replica,
+    replica_name, worker_replica,
 )  # fmt: skip
 from elasticps.api.spec import API_VERSION, KIND, ReplicaSpec, TrainingJob
 from elasticps.operator.scheduling.none import NOTHING
@@ -95,6 +104,51 @@ CONTAINER_SECURITY: dict[str, Any] = {
     "capabilities": {"drop": ["ALL"]},
     "readOnlyRootFilesystem": True,
 }
+
+
+IDENTITY_KEY = "key"  # the job's key in its identity Secret (hex); the members' tokens are under their names
+
+
+def identity_secret_name(job: TrainingJob) -> str:
+    return f"{job.name}-identity"
+
+
+def member(role: Role, index: int) -> str:
+    """A replica's name in the job's identity (``ps-0``, ``worker-3``, ``coordinator-0``)."""
+    return identity.member_name(role.value, index)
+
+
+def identity_secret_data(key: bytes, members: Iterable[str]) -> dict[str, str]:
+    """The Secret's ``data`` (base64) for ``key`` and the tokens of ``members``."""
+    plain = {IDENTITY_KEY: key.hex(), **{m: identity.token_for(key, m) for m in members}}
+    return {name: base64.b64encode(value.encode()).decode() for name, value in sorted(plain.items())}
+
+
+def identity_secret_manifest(job: TrainingJob, uid: str, key: bytes, members: Iterable[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": identity_secret_name(job),
+            "namespace": job.namespace,
+            "labels": {LABEL_JOB: job.name, LABEL_JOB_UID: uid},
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "data": identity_secret_data(key, members),
+    }
+
+
+def identity_env(job: TrainingJob, role: Role, index: int) -> list[dict[str, Any]]:
+    """The container's environment entries of the replica's identity, read from the job's Secret."""
+
+    def entry(name: str, key: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": identity_secret_name(job), "key": key}}}
+
+    env = [entry(identity.TOKEN_ENV, member(role, index))]
+    if holds_job_key(job, role):
+        env.append(entry(identity.KEY_ENV, IDENTITY_KEY))
+    return env
 
 
 class TemplateError(ValueError):
@@ -337,6 +391,12 @@ def _container(
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     security = _mapping(base.get("securityContext"), f"{where}.securityContext")
     container["securityContext"] = {**CONTAINER_SECURITY, **security}
+    env = base.get("env", [])
+    if not isinstance(env, list):
+        raise TemplateError(f"{where}.env: must be a list")
+    ours_env = identity_env(job, rep.role, rep.index)
+    taken_env = {e["name"] for e in ours_env}
+    container["env"] = [*(e for e in env if not (isinstance(e, dict) and e.get("name") in taken_env)), *ours_env]
     mounts = base.get("volumeMounts", [])
     if not isinstance(mounts, list):
         raise TemplateError(f"{where}.volumeMounts: must be a list")

@@ -28,14 +28,18 @@ class CoordinatorProbe:
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, str], CoordinatorClient] = {}
 
-    def progress(self, namespace: str, job: str, replica: str = "") -> JobProgress | None:
-        """``replica``: the name of the replica that coordinates the job (PS 0's by default)."""
+    def progress(self, namespace: str, job: str, replica: str = "", token: str = "") -> JobProgress | None:
+        """``replica``: the name of the replica that coordinates the job (PS 0's by default);
+        ``token``: the operator's in the job (``identities``), "" for a job without identity."""
         key = (namespace, job)
         with self._lock:
             coordinator = self._clients.pop(key, None)
+        if coordinator is not None and coordinator.token != token:  # the job was replaced: a new key
+            coordinator.close()
+            coordinator = None
         if coordinator is None:
             address = self._template.format(job=job, namespace=namespace, coordinator=replica or f"{job}-ps-0")
-            coordinator = CoordinatorClient(address, deadline_s=self._timeout_s, timeout_s=self._timeout_s)
+            coordinator = CoordinatorClient(address, deadline_s=self._timeout_s, timeout_s=self._timeout_s, token=token)
         try:
             reply = coordinator.status(timeout_s=self._timeout_s)
         except grpc.RpcError as err:

@@ -14,7 +14,8 @@ A pass:
 5. ``plan(job, observed, settings, check)`` (the check: ``rendering`` can render each replica it
    asks for), ``rendering`` (replicas -> Pods, Services, the NetworkPolicy, owned by the job's uid)
    and ``executing.execute`` (which patches status once); the outcome says whether the job is now
-   finished (the queue then stops its idle resync).
+   finished (the queue then stops its idle resync). Pods are created only once the job's identity
+   Secret holds their tokens (``identities``); PS 0 is asked with the operator's own token.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from elasticps.operator.manifests import LABEL_JOB_UID
 from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import coordinator_running, observe_names, observe_pods, observe_services
 from elasticps.operator.probing import CoordinatorProbe
-from elasticps.operator.rendering import FINISHED, ClusterAction, Renderer
+from elasticps.operator.identities import JobIdentities
+from elasticps.operator.rendering import FINISHED, ClusterAction, CreatePod, Renderer
 from elasticps.operator.validating import TemplateCheck
 from elasticps.planning.actions import SetStatus
 from elasticps.planning.observed import JobProgress, Observed
@@ -75,6 +77,7 @@ class Reconcile:
         self.renderer, self.concurrency = renderer, concurrency
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())
         self.templates = TemplateCheck(api, renderer)
+        self.identities = JobIdentities(api)
 
     def __call__(self, key: JobKey) -> Outcome:
         token = current_job.set(str(key))
@@ -117,7 +120,8 @@ class Reconcile:
         progress: JobProgress | None = None
         role = coordinating(job)
         if coordinator_running(pods, role):
-            progress = self.probe.progress(key.namespace, key.name, replica_name(job, role, 0))
+            token = self.identities.observer(job, ref.uid)
+            progress = self.probe.progress(key.namespace, key.name, replica_name(job, role, 0), token)
         observed = Observed(
             pods=pods,
             services=services,
@@ -129,6 +133,9 @@ class Reconcile:
         )
         planned = plan(job, observed, self.settings, check=self.renderer.problem)
         actions = self.renderer.render(planned, job, ref.uid)
+        members = [a.member for a in actions if isinstance(a, CreatePod) and a.member]
+        if members:
+            self.identities.ensure(job, ref.uid, members)  # before the pods that read their tokens from it
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
 
     def _invalid(self, message: str, ref: JobRef, status: dict[str, Any], generation: int | None) -> Outcome:

@@ -35,6 +35,7 @@ from elasticps.operator.manifests import (
     DEFAULT_PULL_POLICY,
     TemplateError,
     group_manifest,
+    member,
     network_policy_manifest,
     pod_manifest,
     service_manifest,
@@ -66,6 +67,7 @@ class CreateService:
 @dataclass(frozen=True)
 class CreatePod:
     manifest: dict[str, Any]
+    member: str = ""  # the replica's name in the job's identity: its token must be in the job's Secret first
 
     @property
     def name(self) -> str:
@@ -146,7 +148,7 @@ class Renderer:
 
     def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction | None:
         if isinstance(action, CreateReplica):
-            return CreatePod(self._pod(job, uid, action.role, action.index))
+            return CreatePod(self._pod(job, uid, action.role, action.index), member(action.role, action.index))
         if isinstance(action, DeleteReplica):
             return DeletePod(action.name, action.reason)
         if isinstance(action, CreateIngressPolicy) and not job.uses_ps:

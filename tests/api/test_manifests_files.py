@@ -46,6 +46,9 @@ NAMESPACED: dict[Permission, str] = {
     ("", "pods", "deletecollection"): "cluster_api.delete_pods (a deleted job's pods, at once)",
     ("", "services", "list"): "cluster_api.list_services",
     ("", "services", "create"): "cluster_api.create('services')",
+    ("", "secrets", "get"): "cluster_api.get_secret (a job's identity Secret: operator/identities.py)",
+    ("", "secrets", "create"): "cluster_api.create('secrets')",
+    ("", "secrets", "patch"): "cluster_api.patch_secret (a member's token added before its pod)",
     ("", "events", "create"): "cluster_api.create('events'); kopf's posted warnings",
     ("networking.k8s.io", "networkpolicies", "list"): "cluster_api.list_network_policies",
     ("networking.k8s.io", "networkpolicies", "create"): "cluster_api.create('networkpolicies')",
@@ -65,7 +68,7 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     "list_services": {("", "services", "list")},
     "list_network_policies": {("networking.k8s.io", "networkpolicies", "list")},
     "create": {
-        ("", "pods", "create"), ("", "services", "create"), ("", "events", "create"),
+        ("", "pods", "create"), ("", "services", "create"), ("", "events", "create"), ("", "secrets", "create"),
         ("networking.k8s.io", "networkpolicies", "create"),
     },  # fmt: skip
     # A scheduling policy's group objects (a PodGroup ...): the policy that makes them brings their
@@ -75,6 +78,8 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     "delete_pod": {("", "pods", "delete")},
     "delete_pods": {("", "pods", "deletecollection")},
     "patch_job_status": {("elasticps.io", "trainingjobs/status", "patch")},
+    "get_secret": {("", "secrets", "get")},
+    "patch_secret": {("", "secrets", "patch")},
     "delete_job": {("elasticps.io", "trainingjobs", "delete")},
     "close": set(),
 }
@@ -125,11 +130,11 @@ def test_every_cluster_api_method_has_its_permissions_listed() -> None:
 
 
 def test_every_kind_the_operator_creates_is_listed() -> None:
-    """``ClusterApi.create`` takes the plural: every plural ``executing`` passes must be granted."""
-    from elasticps.operator import executing
+    """``ClusterApi.create`` takes the plural: every plural ``executing`` and ``identities`` pass must be granted."""
+    from elasticps.operator import executing, identities
 
-    source = inspect.getsource(executing)
-    plurals = {"pods", "services", "events", "networkpolicies"}
+    source = inspect.getsource(executing) + inspect.getsource(identities)
+    plurals = {"pods", "services", "events", "networkpolicies", "secrets"}
     mentioned = {p for p in ("pods", "services", "events", "networkpolicies", "configmaps", "secrets", "jobs")
                  if f'"{p}"' in source}  # fmt: skip
     assert mentioned <= plurals, f"executing.py creates {mentioned - plurals}: add the permissions here and in RBAC"

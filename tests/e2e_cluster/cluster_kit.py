@@ -254,12 +254,15 @@ class FakeCoordinator:
     socket: Path
     reply: pb.JobStatus = field(default_factory=pb.JobStatus)
     server: grpc.Server | None = None
+    tokens: list[str] = field(default_factory=list)  # the caller's token of each call (identity.METADATA_KEY)
 
     def start(self) -> FakeCoordinator:
         outer = self
 
         class Servicer(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
             def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+                metadata = dict(context.invocation_metadata())
+                outer.tokens.append(str(metadata.get("elasticps-token", "")))
                 return outer.reply
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))

@@ -293,6 +293,25 @@ class JobApi(FakeApi):
         self.calls.append(("dry-run pods", manifest["metadata"]["name"]))
         return None
 
+    # The job's identity Secret, kept here; not recorded in ``calls`` (the passes' API calls are
+    # asserted elsewhere; the Secret's own tests are in tests/e2e_cluster/test_operator.py).
+    secrets: dict[str, dict[str, Any]]
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return getattr(self, "secrets", {}).get(name)
+
+    def patch_secret(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        self.secrets[name]["data"].update(patch.get("data", {}))
+        return True
+
+    def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
+        if plural != "secrets":
+            return super().create(namespace, plural, manifest)
+        if not hasattr(self, "secrets"):
+            self.secrets = {}
+        self.secrets[manifest["metadata"]["name"]] = manifest
+        return True
+
 
 def test_a_pass_creates_the_network_policy_only_when_it_can_list_them() -> None:
     spec = {"model": {"modelDef": "m"}, "data": {"training": "/d"}}
@@ -307,7 +326,7 @@ class NoCoordinator:
     def __init__(self) -> None:
         self.asked = 0
 
-    def progress(self, namespace: str, job: str, replica: str = "") -> None:
+    def progress(self, namespace: str, job: str, replica: str = "", token: str = "") -> None:
         self.asked += 1
         return None
 

@@ -160,7 +160,10 @@ def test_helm_install_grants_enough_and_no_more(
     assert can_i("patch", "trainingjobs.elasticps.io/status", "-n", ns) == "yes"
     assert can_i("delete", "nodes") == "no"
     assert can_i("create", "deployments", "-n", "default") == "no"
-    assert can_i("get", "secrets", "-n", ns) == "no"
+    # Secrets: get, create and patch by name (each job's identity Secret), never list or watch.
+    assert can_i("get", "secrets", "-n", ns) == "yes"
+    assert can_i("list", "secrets", "-n", ns) == "no"
+    assert can_i("delete", "secrets", "-n", ns) == "no"
     assert can_i("update", "pods", "-n", ns) == "no"
     assert can_i("delete", "services", "-n", ns) == "no"
     assert can_i("list", "namespaces") == "no"

@@ -7,6 +7,7 @@ coordinator it answers ``GetJobStatus`` itself (``FakeCoordinator``). Waits poll
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from elasticps import identity
 from cluster_kit import ROOT, Kubectl, Operator, Watch, condition, phases, scrape, training_job, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -224,6 +226,32 @@ def test_kubectl_scale_adds_workers_without_restarting_others(kubectl: Kubectl, 
     wait_for(lambda: "tj-worker-3" not in uids(kubectl.pods(ns, "tj")), 60, "tj-worker-3 deleted")
     running(kubectl, ns, "tj", workers=3)
     assert uids(kubectl.pods(ns, "tj")) == {k: v for k, v in after.items() if k != "tj-worker-3"}
+
+
+def test_each_job_has_its_identity_and_every_pod_its_own_token(kubectl: Kubectl, ns: str, coordinator: Any) -> None:
+    ps0 = coordinator(ns, "tj")
+    kubectl.apply(ns, training_job("tj", workers=1))
+    job = running(kubectl, ns, "tj", workers=1)
+
+    def secret() -> dict[str, str]:
+        found = kubectl.json("get", "secret", "tj-identity", "-n", ns)
+        assert found["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # goes with the job
+        return {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
+
+    data = secret()
+    verifier = identity.Verifier(identity.parse_key(data.pop("key")))
+    assert {name: verifier.member(token) for name, token in data.items()} == {"ps-0": "ps-0", "worker-0": "worker-0"}
+    pods = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in kubectl.pods(ns, "tj")}
+    refs = {name: {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]} for name, c in pods.items()}
+    assert refs["tj-ps-0"] == {"ELASTICPS_TOKEN": {"name": "tj-identity", "key": "ps-0"},
+                               "ELASTICPS_JOB_KEY": {"name": "tj-identity", "key": "key"}}
+    assert refs["tj-worker-0"] == {"ELASTICPS_TOKEN": {"name": "tj-identity", "key": "worker-0"}}  # no key
+
+    kubectl("scale", "trainingjob/tj", "-n", ns, "--replicas=2")  # a new worker: its token first
+    running(kubectl, ns, "tj", workers=2)
+    assert verifier.member(secret()["worker-1"]) == "worker-1"
+    wait_for(lambda: ps0.tokens, 30, "the operator to ask PS 0")
+    assert {verifier.member(token) for token in ps0.tokens} == {"observer-operator"}
 
 
 def printed_columns(kubectl: Kubectl, ns: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ import yaml
 
 import job_builders
 
+from elasticps import identity
 from elasticps.api.replicas import Role, cluster_ps_addresses, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.operator.manifests import (
@@ -25,6 +26,8 @@ from elasticps.operator.manifests import (
     LABEL_ROLE,
     OPERATOR_LABELS,
     TemplateError,
+    identity_env,
+    identity_secret_manifest,
     network_policy_manifest,
     pod_manifest,
     selector,
@@ -271,9 +274,40 @@ def test_template_is_merged_in() -> None:
     assert ours["name"] == CONTAINER and sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
     assert ours["image"] == "elasticps:latest"
     assert ours["args"][0] == "worker"
-    assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]
+    assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}, *identity_env(job, Role.WORKER, 2)]
     assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}]
     assert ours["resources"] == {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+
+
+def secret_refs(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(pod)["env"] if "valueFrom" in e}
+
+
+def test_each_pod_reads_its_own_token_and_only_servers_the_key() -> None:
+    token = "ELASTICPS_TOKEN"
+    key = {"ELASTICPS_JOB_KEY": {"name": "mnist-identity", "key": "key"}}
+    job = make_job()
+    assert secret_refs(pod_manifest(job, UID, Role.PS, 1)) == {token: {"name": "mnist-identity", "key": "ps-1"}, **key}
+    assert secret_refs(pod_manifest(job, UID, Role.WORKER, 3)) == {token: {"name": "mnist-identity", "key": "worker-3"}}
+    hop = make_job(strategy="decentralized", worker={"replicas": 3})
+    assert secret_refs(pod_manifest(hop, UID, Role.WORKER, 2)) == {token: {"name": "mnist-identity", "key": "worker-2"}, **key}
+    assert secret_refs(pod_manifest(hop, UID, Role.COORDINATOR, 0))[token]["key"] == "coordinator-0"
+    # A template's own entries of these names are replaced, its others kept.
+    template = {"spec": {"containers": [{"name": CONTAINER, "env": [{"name": token, "value": "forged"},
+                                                                     {"name": "A", "value": "1"}]}]}}
+    env = container(pod_manifest(make_job(worker={"template": template}), UID, Role.WORKER, 0))["env"]
+    assert [e["name"] for e in env] == ["A", token] and "value" not in env[1]
+
+
+def test_the_identity_secret_holds_the_key_and_each_members_token() -> None:
+    import base64
+
+    key = bytes(range(32))
+    secret = identity_secret_manifest(make_job(), UID, key, ["worker-1", "ps-0"])
+    assert secret["metadata"]["name"] == "mnist-identity" and secret["metadata"]["namespace"] == "team"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {"key": key.hex(), "ps-0": identity.token_for(key, "ps-0"), "worker-1": identity.token_for(key, "worker-1")}
 
 
 def test_template_without_our_container_gets_it_first() -> None:
@@ -304,6 +338,7 @@ def test_template_probe_and_ports_are_kept_for_the_ps() -> None:
         ({"spec": {"volumes": {"name": "x"}}}, "spec.worker.template.spec.volumes: must be a list"),
         ({"spec": {"securityContext": "root"}}, "spec.worker.template.spec.securityContext: must be a mapping"),
         ({"spec": {"containers": [{"name": CONTAINER, "volumeMounts": "x"}]}}, "volumeMounts: must be a list"),
+        ({"spec": {"containers": [{"name": CONTAINER, "env": {"A": "1"}}]}}, "env: must be a list"),
     ],
 )
 def test_malformed_template_is_a_template_error(template: dict[str, Any], where: str) -> None:
