@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KEY_ENV = "ELASTICPS_JOB_KEY"  # hex: the servers' and the job owner's
 TOKEN_ENV = "ELASTICPS_TOKEN"  # the member's own token
@@ -101,15 +101,29 @@ def token_for(key: bytes, member: str) -> str:
     return f"{member}.{_mac(key, member)}"
 
 
+MAX_KNOWN = 1 << 16  # valid tokens remembered per verifier: a job's members, with room to spare
+
+
 @dataclass(frozen=True)
 class Verifier:
-    """The servers' side: a token's member, or None for a token the key did not make."""
+    """The servers' side: a token's member, or None for a token the key did not make. A token found
+    valid is remembered (a dict lookup instead of an HMAC on the next call); only valid ones are,
+    so a stranger's guesses fill nothing, and finding a token there takes knowing it whole."""
 
     key: bytes
+    _known: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def member(self, token: str | bytes | None) -> str | None:
         if token is None:
             return None
+        if isinstance(token, str) and (known := self._known.get(token)) is not None:
+            return known
+        found = self._verify(token)
+        if found is not None and isinstance(token, str) and len(self._known) < MAX_KNOWN:
+            self._known[token] = found
+        return found
+
+    def _verify(self, token: str | bytes) -> str | None:
         if isinstance(token, bytes):
             try:
                 token = token.decode("ascii")

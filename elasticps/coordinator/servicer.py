@@ -184,4 +184,4 @@ def add_to_server(servicer: CoordinatorServicer, server: AsyncServer) -> None:
         handlers[method.name] = edges.unary_unary(
             getattr(servicer, method.name), method.name, request_type.FromString, reply_type.SerializeToString
         )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_service(service.full_name, handlers)

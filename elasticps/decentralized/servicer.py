@@ -155,4 +155,4 @@ def add_to_server(servicer: PeerServicer, server: AsyncServer) -> None:
     declared = set(PEER_SERVICE.methods_by_name)
     if declared != set(handlers):  # the .proto is the one definition: fail loudly if they drift
         raise RuntimeError(f"Peer methods {sorted(declared)} != handlers {sorted(handlers)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PEER_SERVICE.full_name, handlers),))
+    server.add_service(PEER_SERVICE.full_name, handlers)

@@ -344,7 +344,7 @@ def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> Non
     declared = set(frames.PS_SERVICE.methods_by_name)
     if declared != set(handlers):  # the .proto is the one definition: fail loudly if they drift
         raise RuntimeError(f"ParameterServer methods {sorted(declared)} != handlers {sorted(handlers)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(frames.PS_SERVICE.full_name, handlers),))
+    server.add_service(frames.PS_SERVICE.full_name, handlers)
 
 
 class _Batches:

@@ -1,30 +1,31 @@
-"""Job identity on gRPC: the servers' interceptor, and the clients' token on every call.
+"""Job identity on gRPC: the servers' check of every call, and the clients' token on every call.
 
-Callers: ``rpc/serving.py`` (every PS, coordinator and peer server takes :class:`Guard` when its
-process has the job's key) and ``rpc/channels.py`` (every channel carries the process's token,
-:func:`with_token`). What a token proves and who may call what is ``identity.py``'s; this module
-only applies it:
+Callers: ``rpc/serving.py`` (``AsyncServer.add_service`` puts every method of the PS, coordinator
+and peer services behind :func:`guarded` when the process has the job's key) and
+``rpc/channels.py`` (every channel carries the process's token, :func:`with_token`). What a token
+proves and who may call what is ``identity.py``'s; this module only applies it:
 
 * a call to a guarded service without a valid token is UNAUTHENTICATED, a member calling a method
-  its kind may not call is PERMISSION_DENIED; either is refused before the request is read, so it
+  its kind may not call is PERMISSION_DENIED; either is refused before the servicer sees it, so it
   changes nothing (the health service stays open: the kubelet's probes carry no token);
 * a unary request that names a worker (:data:`CLAIMS`) is PERMISSION_DENIED when a worker names
   another; a stream's head names its worker inside the frames, so the servicer asks
-  :func:`caller` (the interceptor's contextvar, which gRPC keeps for the handler's call) and
-  checks it with ``identity.claim_refusal``.
+  :func:`caller` (set for the call's task) and checks it with ``identity.claim_refusal``.
 """
 
 from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple, TypeAlias
 
 import grpc
 from grpc import aio
 
 from elasticps import identity
+
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 # The member making the call being served (None: a server without identity, or an open method).
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("elasticps_caller", default=None)
@@ -57,27 +58,64 @@ def _token(metadata: Any) -> str | None:
     return None
 
 
-class Guard(aio.ServerInterceptor):  # type: ignore[type-arg]
-    def __init__(self, verifier: identity.Verifier) -> None:
-        self._verifier = verifier
+def guarded(service: str, handlers: dict[str, Handler], verifier: identity.Verifier | None) -> dict[str, Handler]:
+    """``handlers`` of ``service`` (its full name), each behind the job's identity check; as they
+    are without a key or for a service that is not the job's (health)."""
+    if verifier is None or service not in identity.GUARDED_SERVICES:
+        return handlers
+    return {method: _guarded(handler, verifier, method) for method, handler in handlers.items()}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(details)
-        service, _, method = details.method.lstrip("/").partition("/")
-        if handler is None or service not in identity.GUARDED_SERVICES:
-            return handler
-        member = self._verifier.member(_token(details.invocation_metadata))
+
+def _guarded(handler: Handler, verifier: identity.Verifier, method: str) -> Handler:
+    """``handler`` with its behavior preceded by the checks of the module doc. A behavior, not an
+    ``aio.ServerInterceptor``: grpc's interceptor chain alone costs a unary call ~70 us here, the
+    check a few."""
+    behavior = getattr(handler, _kind(handler))
+    claim = None if handler.request_streaming else CLAIMS.get(method)
+
+    def refusal(request: Any, context: Any) -> tuple[str | None, tuple[grpc.StatusCode, str] | None]:
+        member = verifier.member(_token(context.invocation_metadata()))
         problem = identity.refusal(member, method)
         if problem is not None:
-            code = grpc.StatusCode.UNAUTHENTICATED if member is None else grpc.StatusCode.PERMISSION_DENIED
-            return _refusing(handler, code, problem)
-        _CALLER.set(member)
-        claim = CLAIMS.get(method)
-        return handler if claim is None else _claim_checked(handler, member, method, *claim)
+            return member, (grpc.StatusCode.UNAUTHENTICATED if member is None else grpc.StatusCode.PERMISSION_DENIED, problem)
+        if claim is not None:
+            field, index = claim
+            why = identity.claim_refusal(member, claimed_worker(getattr(request, field), index), f"{method}: {field}")
+            if why is not None:
+                return member, (grpc.StatusCode.PERMISSION_DENIED, why)
+        return member, None
+
+    if inspect.isasyncgenfunction(behavior):
+        async def checked_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            member, refused = refusal(request, context)
+            if refused is not None:
+                await context.abort(*refused)
+            _CALLER.set(member)  # each call runs in a task, and so a context, of its own
+            async for reply in behavior(request, context):
+                yield reply
+
+        return _replaced(handler, checked_stream)
+    if inspect.iscoroutinefunction(behavior):
+        async def checked_async(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            member, refused = refusal(request, context)
+            if refused is not None:
+                await context.abort(*refused)
+            _CALLER.set(member)
+            return await behavior(request, context)
+
+        return _replaced(handler, checked_async)
+
+    def checked(request: Any, context: Any) -> Any:  # a plain function: run in the server's pool
+        member, refused = refusal(request, context)
+        if refused is not None:
+            context.abort(*refused)
+        reset = _CALLER.set(member)  # the pool's thread keeps its context: put it back after
+        try:
+            return behavior(request, context)
+        finally:
+            _CALLER.reset(reset)
+
+    return _replaced(handler, checked)
 
 
 class _Handler(NamedTuple):
@@ -93,101 +131,81 @@ class _Handler(NamedTuple):
     stream_stream: Any
 
 
-def _kind(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
+def _kind(handler: Handler) -> str:
     return f"{'stream' if handler.request_streaming else 'unary'}_{'stream' if handler.response_streaming else 'unary'}"
 
 
-def _replaced(handler: grpc.RpcMethodHandler[Any, Any], behavior: Any) -> grpc.RpcMethodHandler[Any, Any]:
+def _replaced(handler: Handler, behavior: Any) -> Handler:
     fields = {name: getattr(handler, name) for name in _Handler._fields}
     fields[_kind(handler)] = behavior
     return _Handler(**fields)  # type: ignore[return-value]
 
 
-def _refusing(handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    if handler.response_streaming:
-        async def refuse_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            await context.abort(code, message)
-            yield  # never reached: makes this an async generator, as a streaming reply's behavior is
-
-        return _replaced(handler, refuse_stream)
-
-    async def refuse(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(code, message)
-
-    return _replaced(handler, refuse)
-
-
-def _claim_checked(handler: grpc.RpcMethodHandler[Any, Any], member: str | None, method: str, field: str,
-                   index: bool) -> grpc.RpcMethodHandler[Any, Any]:
-    """``handler`` with its behavior preceded by the check that ``request.<field>`` names the caller."""
-    behavior = getattr(handler, _kind(handler))
-
-    def problem(request: Any) -> str | None:
-        return identity.claim_refusal(member, claimed_worker(getattr(request, field), index), f"{method}: {field}")
-
-    if inspect.isasyncgenfunction(behavior):
-        async def checked_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            if (why := problem(request)) is not None:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-            async for reply in behavior(request, context):
-                yield reply
-
-        return _replaced(handler, checked_stream)
-    if inspect.iscoroutinefunction(behavior):
-        async def checked_async(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            if (why := problem(request)) is not None:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-            return await behavior(request, context)
-
-        return _replaced(handler, checked_async)
-
-    def checked(request: Any, context: Any) -> Any:  # a plain function: run in the server's pool
-        if (why := problem(request)) is not None:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-        return behavior(request, context)
-
-    return _replaced(handler, checked)
-
-
 # ---- the clients' side ---------------------------------------------------------------------------------
-class _Details(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
+class _WithToken:
+    """A multi-callable whose every call carries the token in its metadata."""
+
+    def __init__(self, inner: Any, pair: tuple[str, str]) -> None:
+        self._inner = inner
+        self._pair = pair
+
+    def _metadata(self, metadata: Any) -> tuple[tuple[str, str], ...]:
+        return (*(metadata or ()), self._pair)
+
+    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner(request, timeout=timeout, metadata=self._metadata(metadata), **kwargs)
+
+    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner.with_call(request, timeout=timeout, metadata=self._metadata(metadata), **kwargs)
+
+    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner.future(request, timeout=timeout, metadata=self._metadata(metadata), **kwargs)
 
 
-class _Token(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds the member's token to every call's metadata."""
+class _TokenChannel(grpc.Channel):
+    """A channel whose calls carry the member's token: a thin wrapper of its multi-callables (a
+    client interceptor, grpc's own way, costs several times more per call)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, channel: grpc.Channel, token: str) -> None:
+        self._channel = channel
         self._pair = (identity.METADATA_KEY, token)
 
-    def _details(self, details: Any) -> _Details:
-        metadata = [*(details.metadata or ()), self._pair]
-        return _Details(details.method, details.timeout, metadata, details.credentials,
-                        getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    _registered_method: bool = False) -> Any:  # fmt: skip
+        return _WithToken(self._channel.unary_unary(method, request_serializer, response_deserializer,
+                                                    _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
 
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
+    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     _registered_method: bool = False) -> Any:  # fmt: skip
+        return _WithToken(self._channel.unary_stream(method, request_serializer, response_deserializer,
+                                                     _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
 
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
+    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     _registered_method: bool = False) -> Any:  # fmt: skip
+        return _WithToken(self._channel.stream_unary(method, request_serializer, response_deserializer,
+                                                     _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
 
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Iterator[Any]) -> Any:
-        return continuation(self._details(details), requests)
+    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                      _registered_method: bool = False) -> Any:  # fmt: skip
+        return _WithToken(self._channel.stream_stream(method, request_serializer, response_deserializer,
+                                                      _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
 
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Iterator[Any]) -> Any:
-        return continuation(self._details(details), requests)
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        self._channel.subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback: Any) -> None:
+        self._channel.unsubscribe(callback)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> _TokenChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
     """``channel`` with ``token`` on every call (itself when the token is empty)."""
-    return grpc.intercept_channel(channel, _Token(token)) if token else channel
+    return _TokenChannel(channel, token) if token else channel

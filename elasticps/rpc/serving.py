@@ -37,7 +37,7 @@ class AsyncServer:
         made (``rpc/guard.py``). None: every caller is taken."""
         if work_threads < 1:
             raise ValueError(f"work_threads must be >= 1, got {work_threads}")
-        self._interceptors = (guard.Guard(verifier),) if verifier is not None else ()
+        self._verifier = verifier
         self._pool = futures.ThreadPoolExecutor(max_workers=work_threads, thread_name_prefix="rpc-work")
         self._loop = asyncio.new_event_loop()
         self._loop.set_default_executor(self._pool)
@@ -56,7 +56,7 @@ class AsyncServer:
             self._loop.close()
 
     def _create(self) -> aio.Server:
-        return aio.server(migration_thread_pool=self._pool, options=server_options(), interceptors=self._interceptors)
+        return aio.server(migration_thread_pool=self._pool, options=server_options())
 
     def _on_loop(self, call: Callable[[], T]) -> T:
         async def run() -> T:
@@ -74,6 +74,12 @@ class AsyncServer:
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]) -> None:
         self._on_loop(lambda: self._server.add_generic_rpc_handlers(handlers))
+
+    def add_service(self, service: str, handlers: dict[str, Handler]) -> None:
+        """The methods of ``service`` (its full name), each behind the job's identity check when the
+        server has the job's key (``rpc/guard.py``)."""
+        guarded = guard.guarded(service, handlers, self._verifier)
+        self.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
         register = self._server.add_registered_method_handlers  # type: ignore[attr-defined]  # not in the stubs
