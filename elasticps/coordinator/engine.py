@@ -96,6 +96,8 @@ class JobView:
     max_iteration: int
     rollbacks: int = 0
     last_rollback: str = ""
+    checkpoint_failure: str = ""  # the shards' failing checkpoint writes, "PS i: why; ..." ("": none)
+    unrecoverable: str = ""  # why the shards cannot be brought to one version ("": they can)
 
 
 class Coordinator:
@@ -310,6 +312,8 @@ class Coordinator:
         """Brings the shards and the ledger to one version, then takes calls (:attr:`ready`)."""
         assert self._watch is not None and self.sync is not None
         self._watch.first_recovery(self._recovery_deadline_s, self._stopped)
+        if self._watch.unrecoverable:
+            return  # no task is handed out: the status says why, and the job fails with it
         self._ready.set()
         log.info("coordinator ready at version %d", self.sync.rounds.version)
 
@@ -362,6 +366,10 @@ class Coordinator:
             max_iteration=highest,
             rollbacks=self.rollbacks,
             last_rollback=self.last_rollback,
+            checkpoint_failure="; ".join(
+                f"PS {i}: {v.checkpoint_failure}" for i, v in enumerate(views) if v is not None and v.checkpoint_failure
+            ),
+            unrecoverable=self._watch.unrecoverable if self._watch is not None else "",
         )
 
     def _local_steps(self) -> int:

@@ -27,10 +27,17 @@ class CarryOn:
     lost: tuple[int, ...]  # shards that hold no model (restarted without a checkpoint)
 
 
-def decide(views: Sequence[ShardView], journals: Collection[int]) -> Rollback | CarryOn:
-    """Roll back to the newest version every shard has a checkpoint of and the ledger was saved at;
-    without one, carry on from the newest version a shard holds (a shard that lost its model is
-    given the workers' copy of it)."""
+@dataclass(frozen=True)
+class Stuck:
+    reason: str  # no version every shard and the ledger can go on from: the job fails with this
+
+
+def decide(views: Sequence[ShardView], journals: Collection[int]) -> Rollback | CarryOn | Stuck:
+    """Roll back to the newest version every shard has a checkpoint of that reads back whole
+    (``ShardView.checkpoints``: verified by the shard) and the ledger was saved at; without one,
+    carry on from the version the shards hold (a shard that lost its model is given the workers'
+    copy of it). Shards that hold models of different versions with no common checkpoint cannot
+    go on together: Stuck, naming each shard's version, checkpoints and unreadable files."""
     common = set(journals)
     for view in views:
         common &= set(view.checkpoints)
@@ -39,7 +46,27 @@ def decide(views: Sequence[ShardView], journals: Collection[int]) -> Rollback | 
     held = [view.version for view in views if view.initialized]
     if not held:
         return CarryOn(0, ())  # a new job: the first worker initialises every shard
+    if len(set(held)) > 1:
+        return Stuck(stuck_reason(views, journals))
     return CarryOn(max(held), tuple(i for i, view in enumerate(views) if not view.initialized))
+
+
+def stuck_reason(views: Sequence[ShardView], journals: Collection[int]) -> str:
+    shards = []
+    for i, view in enumerate(views):
+        held = f"at version {view.version}" if view.initialized else "without a model"
+        said = f"PS {i} {held}, checkpoints {_versions(view.checkpoints)}"
+        if view.unreadable:
+            said += f", unreadable: {'; '.join(view.unreadable)}"
+        shards.append(said)
+    return (
+        f"no checkpoint version that every PS shard and the task ledger can restore: {'; '.join(shards)}; "
+        f"the ledger saved at {_versions(journals)}"
+    )
+
+
+def _versions(versions: Collection[int]) -> str:
+    return "[" + ", ".join(str(v) for v in sorted(versions, reverse=True)) + "]" if versions else "none"
 
 
 def needs_recovery(known_boots: Sequence[int | None], views: Sequence[ShardView]) -> bool:

@@ -162,6 +162,8 @@ def _encode_status(view: JobView) -> pb.JobStatus:
         health_message=progress.health.message,
         rollbacks=view.rollbacks,
         last_rollback=view.last_rollback,
+        checkpoint_failure=view.checkpoint_failure,
+        unrecoverable=view.unrecoverable,
     )
 
 

@@ -60,6 +60,8 @@ class ShardView:
     checkpoints: tuple[int, ...] = ()
     bytes_received: int = 0  # tensor bytes, over the shard process's life
     bytes_sent: int = 0
+    unreadable: tuple[str, ...] = ()  # checkpoint files that do not read back: "<file>: <why>"
+    checkpoint_failure: str = ""  # why its latest checkpoint write failed ("": it did not)
 
     @staticmethod
     def of(state: pb.ShardState) -> ShardView:
@@ -71,6 +73,8 @@ class ShardView:
             tuple(state.checkpoints),
             state.tensor_bytes_received,
             state.tensor_bytes_sent,
+            tuple(state.unreadable),
+            state.checkpoint_failure,
         )
 
 

@@ -16,13 +16,16 @@ import grpc
 
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.ledger import Ledger
-from elasticps.coordinator.recovery import Rollback, decide, needs_recovery, rollback_message
+from elasticps.coordinator.recovery import Rollback, Stuck, decide, needs_recovery, rollback_message
 from elasticps.coordinator.shards import ShardRefused, ShardView
 from elasticps.coordinator.syncing import SyncRounds
 
 log = logging.getLogger(__name__)
 
 _RECOVERY_ERRORS = (ShardRefused, grpc.RpcError, OSError, ValueError, KeyError)
+# Recoveries in a row that a shard answered and refused (a checkpoint it listed but cannot load)
+# before the job is given up: each one looked at the shards afresh.
+MAX_REFUSED_RECOVERIES = 3
 
 
 class ShardWatch:
@@ -33,11 +36,13 @@ class ShardWatch:
         self._boots: list[int | None] = [None] * len(sync.shards)
         self.rollbacks = 0
         self.last_rollback = ""  # what the latest rollback undid, in words ("": none yet)
+        self.unrecoverable = ""  # why the shards cannot be brought to one version ("": they can)
+        self._refused = 0  # recoveries refused by a shard, in a row
 
     def first_recovery(self, deadline_s: float, stopped: threading.Event) -> None:
         """Brings the shards and the ledger to one version, trying again every second until it
         could (or ``stopped``); the shards have ``deadline_s`` to answer each time."""
-        while not stopped.is_set():
+        while not stopped.is_set() and not self.unrecoverable:
             try:
                 views = self._sync.shards.describe_all(deadline_s)
                 with self._sync.lock:
@@ -45,12 +50,15 @@ class ShardWatch:
                 return
             except _RECOVERY_ERRORS as err:
                 log.error("cannot bring the shards to one version yet: %s", err)
+                self._refusal(err)
                 stopped.wait(1.0)
 
     def watch(self) -> None:
         """Rolls every shard back when one restarted (its boot number changed), and follows shards
         that a worker repaired at its version after they lost their model."""
         sync = self._sync
+        if self.unrecoverable:
+            return  # the job is failing
         with sync.lock:
             views = sync.shards.describe()
             if any(v is None for v in views):
@@ -63,6 +71,7 @@ class ShardWatch:
                     self._recover_locked(known)
                 except _RECOVERY_ERRORS as err:
                     log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
+                    self._refusal(err)
                 return
             held = {v.version for v in known if v.initialized}
             if len(held) == 1 and all(v.initialized for v in known) and sync.rounds.closing is None:
@@ -81,7 +90,12 @@ class ShardWatch:
         rounds' lock."""
         sync = self._sync
         journals = self._journals.versions() if self._journals is not None else []
+        if self.unrecoverable:
+            return  # the job is failing: nothing more to try
         decision = decide(views, journals)
+        if isinstance(decision, Stuck):
+            self._give_up(decision.reason)
+            return
         newest = max((v.version for v in views if v.initialized), default=0)
         records_before = self._records_done()
         if isinstance(decision, Rollback):
@@ -119,7 +133,26 @@ class ShardWatch:
             if said:
                 self._rolled_back("; ".join(said) + " (spec.training.checkpointSteps keeps both)")
         self._boots = [v.boot for v in views]
+        self._refused = 0
         sync.changes.notify()
+
+    def _refusal(self, err: Exception) -> None:
+        """A recovery failed; one a shard refused (it could not load what it listed) counts towards
+        :data:`MAX_REFUSED_RECOVERIES`, a shard that does not answer yet does not."""
+        if not isinstance(err, ShardRefused):
+            return
+        self._refused += 1
+        if self._refused >= MAX_REFUSED_RECOVERIES:
+            self._give_up(f"recovery failed {self._refused} times in a row: {err}")
+
+    def _give_up(self, reason: str) -> None:
+        """The shards cannot go on together: no round is committed from now on, and the status
+        says why (the planner fails the job with it)."""
+        if not self.unrecoverable:
+            log.error("the shards cannot be brought to one version; the job fails: %s", reason)
+        self.unrecoverable = reason
+        self._sync.shard_problem = reason
+        self._sync.changes.notify()
 
     def _records_done(self) -> int:
         with self._ledger.lock:

@@ -12,6 +12,8 @@ from elasticps.planning.actions import DeleteReplica, Event
 from elasticps.planning.draft import Draft
 from elasticps.planning.observed import RUNNING_PHASES, PodPhase
 
+SHARDS_UNRECOVERABLE = "ShardsUnrecoverable"
+
 
 def fail(d: Draft, reason: str, message: str, *, stop_running: bool = False) -> bool:
     """Failed with ``reason``; always True (a rule that fails the job ends the pass)."""
@@ -64,10 +66,20 @@ def export_failed(d: Draft) -> bool:
     return fail(d, "ExportFailed", f"TrainingJob {d.job_id}: {coordinator.export_error}", stop_running=True)
 
 
+def unrecoverable(d: Draft) -> bool:
+    """The coordinator cannot bring the PS shards to one version (a storage fault left no
+    checkpoint version every shard and the ledger can read): Failed, reason ShardsUnrecoverable,
+    with its message naming the shards and their files; the running replicas are stopped."""
+    coordinator = d.obs.coordinator
+    if coordinator is None or not coordinator.unrecoverable:
+        return False
+    return fail(d, SHARDS_UNRECOVERABLE, f"TrainingJob {d.job_id}: {coordinator.unrecoverable}", stop_running=True)
+
+
 def cleanup(d: Draft, *, succeeded: bool, stop_running: bool = False) -> None:
     """The replicas a finished job deletes, per ``cleanPodPolicy`` (see the rules in ``plan``)."""
     policy = d.job.spec.run_policy.clean_pod_policy
-    if not succeeded and d.status.condition_reason(JobPhase.FAILED.value) in ("DeadlineExceeded", "ExportFailed"):
+    if not succeeded and d.status.condition_reason(JobPhase.FAILED.value) in ("DeadlineExceeded", "ExportFailed", SHARDS_UNRECOVERABLE):
         stop_running = True
     for pod in d.pods:
         if pod.deleted:

@@ -104,6 +104,8 @@ class JobProgress:
     health: str = ""  # what the training loss says: "" (learning), "Diverged" or "Stalled"
     health_message: str = ""  # why, in the coordinator's words
     last_rollback: str = ""  # what the coordinator's latest rollback undid ("": none since it started)
+    checkpoint_failure: str = ""  # the shards' failing checkpoint writes ("": none is failing)
+    unrecoverable: str = ""  # the shards cannot be brought to one version: the job fails with this
 
     @property
     def version(self) -> int:

@@ -27,6 +27,8 @@ implement them:
    (``None`` and ``Running`` keep them, and their logs) (``ends``).
 7. The coordinator gave up on an export (the output refused it every attempt): Failed, reason
    ExportFailed, with the coordinator's message (where, the last error, the checkpoints kept);
+   or it cannot bring the PS shards to one version (no checkpoint version every shard and the
+   ledger can read): Failed, reason ShardsUnrecoverable, naming the shards and their files;
    running replicas are stopped, as for a deadline (``ends``).
 8. A replica that exited 2 (a mistake in the job's input, said in its own line): Failed at once,
    reason UserError, that line as the message, under any restartPolicy. Any other replica that
@@ -74,7 +76,7 @@ from __future__ import annotations
 from elasticps.api.spec import JobPhase, TrainingJob
 from elasticps.planning.actions import Action, Event, SetStatus
 from elasticps.planning.draft import Draft
-from elasticps.planning.ends import cleanup, export_failed, past_deadline, succeeded, ttl
+from elasticps.planning.ends import cleanup, export_failed, past_deadline, succeeded, ttl, unrecoverable
 from elasticps.planning.failures import failures
 from elasticps.planning.health import unhealthy
 from elasticps.planning.observed import Observed
@@ -119,7 +121,7 @@ def _apply_rules(d: Draft) -> None:
         suspend(d)
         return
     resume_if_suspended(d)
-    if past_deadline(d) or unhealthy(d) or succeeded(d) or export_failed(d) or failures(d) or stuck(d):  # 4-9
+    if past_deadline(d) or unhealthy(d) or succeeded(d) or export_failed(d) or unrecoverable(d) or failures(d) or stuck(d):  # 4-9
         return
     retrain(d)  # 10
     scale_down(d)  # 11

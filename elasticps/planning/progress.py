@@ -47,6 +47,8 @@ def job_progress(reply: pb.JobStatus) -> JobProgress:
         health=reply.health.strip(),
         health_message=reply.health_message.strip(),
         last_rollback=reply.last_rollback.strip(),
+        checkpoint_failure=reply.checkpoint_failure.strip(),
+        unrecoverable=reply.unrecoverable.strip(),
     )
 
 

@@ -32,6 +32,8 @@ GRADS_TO_WAIT_CLAMPED = "GradsToWaitClamped"
 FEWER_LIVE_WORKERS = "FewerLiveWorkers"
 GRADS_TO_WAIT_MET = "GradsToWaitMet"
 ROLLED_BACK = "RolledBack"
+CHECKPOINT_FAILING = "CheckpointFailing"
+CHECKPOINTS_WRITTEN = "CheckpointsWritten"
 
 
 def training(d: Draft) -> None:
@@ -41,6 +43,25 @@ def training(d: Draft) -> None:
     shards(d, progress)
     rounds(d, sync_rounds(d.job, progress))
     rolled_back(d, progress)
+    checkpoints(d, progress)
+
+
+def checkpoints(d: Draft, progress: JobProgress) -> None:
+    """A shard whose checkpoint writes fail (a full disk, a read-only volume): condition
+    CheckpointFailing True with the shards' words and a Warning Event when it starts failing
+    (the message follows the latest failure); False again, reason CheckpointsWritten, once every
+    shard writes again. Training goes on either way: a failure only makes the next rollback go
+    further back."""
+    status = d.status
+    message = progress.checkpoint_failure
+    if message:
+        if not status.is_true(CHECKPOINT_FAILING):
+            d.events.append(Event(CHECKPOINT_FAILING, message, "Warning"))
+        status.set(CHECKPOINT_FAILING, True, CHECKPOINT_FAILING, message)
+    elif status.is_true(CHECKPOINT_FAILING):
+        written = "Every PS shard writes its checkpoints again."
+        d.events.append(Event(CHECKPOINTS_WRITTEN, written))
+        status.set(CHECKPOINT_FAILING, False, CHECKPOINTS_WRITTEN, written)
 
 
 def rolled_back(d: Draft, progress: JobProgress) -> None:

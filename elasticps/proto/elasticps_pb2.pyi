@@ -635,6 +635,8 @@ class ShardState(_message.Message):
     TENSOR_BYTES_SENT_FIELD_NUMBER: _builtins.int
     EMBEDDING_ROWS_FIELD_NUMBER: _builtins.int
     EMBEDDING_BYTES_FIELD_NUMBER: _builtins.int
+    UNREADABLE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FAILURE_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     boot: _builtins.int
@@ -651,9 +653,15 @@ class ShardState(_message.Message):
     """rows of embedding tables this shard holds, all tables"""
     embedding_bytes: _builtins.int
     """their memory: arrays (with room to grow) and id indexes"""
+    checkpoint_failure: _builtins.str
+    """why its latest checkpoint write failed ("": it did not)"""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """the versions it has checkpoints of"""
+        """the versions it has checkpoints of that read back whole (verified)"""
+
+    @_builtins.property
+    def unreadable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """its checkpoint files that do not read back: "<file>: <why>" """
 
     def __init__(
         self,
@@ -668,10 +676,12 @@ class ShardState(_message.Message):
         tensor_bytes_sent: _builtins.int = ...,
         embedding_rows: _builtins.int = ...,
         embedding_bytes: _builtins.int = ...,
+        unreadable: _abc.Iterable[_builtins.str] | None = ...,
+        checkpoint_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoints", b"checkpoints", "embedding_bytes", b"embedding_bytes", "embedding_rows", b"embedding_rows", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoint_failure", b"checkpoint_failure", "checkpoints", b"checkpoints", "embedding_bytes", b"embedding_bytes", "embedding_rows", b"embedding_rows", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "unreadable", b"unreadable", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1055,6 +1065,8 @@ class JobStatus(_message.Message):
     HEALTH_MESSAGE_FIELD_NUMBER: _builtins.int
     ROLLBACKS_FIELD_NUMBER: _builtins.int
     LAST_ROLLBACK_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FAILURE_FIELD_NUMBER: _builtins.int
+    UNRECOVERABLE_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -1102,6 +1114,14 @@ class JobStatus(_message.Message):
     one undid, or a shard or the ledger lost without a checkpoint ("": none).
     """
     last_rollback: _builtins.str
+    checkpoint_failure: _builtins.str
+    """A shard's latest checkpoint write failed, in the shard's words ("": none is failing): the
+    planner's CheckpointFailing condition and event; training goes on.
+    """
+    unrecoverable: _builtins.str
+    """The shards cannot be brought to one version (no checkpoint version every shard and the ledger
+    can read, naming the shards and their files): the job fails with this message.
+    """
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """the latest complete evaluation"""
@@ -1169,10 +1189,12 @@ class JobStatus(_message.Message):
         health_message: _builtins.str = ...,
         rollbacks: _builtins.int = ...,
         last_rollback: _builtins.str = ...,
+        checkpoint_failure: _builtins.str = ...,
+        unrecoverable: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "health", b"health", "health_message", b"health_message", "last_rollback", b"last_rollback", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "rollbacks", b"rollbacks", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_failure", b"checkpoint_failure", "epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "health", b"health", "health_message", b"health_message", "last_rollback", b"last_rollback", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "rollbacks", b"rollbacks", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued", "unrecoverable", b"unrecoverable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -359,7 +359,18 @@ def load(path: Path) -> Checkpoint:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from e
 
 
-def _load(f: io.BufferedReader, path: Path) -> Checkpoint:
+def verify(path: Path) -> None:
+    """Reads ``path`` through and checks it as :func:`load` does, without keeping its arrays (at
+    most ``_CHUNK`` bytes held at a time); :class:`CheckpointError` names what is wrong."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            _load(f, path, keep=False)
+    except OSError as e:
+        raise CheckpointError(path, f"cannot read: {e.strerror or e}") from e
+
+
+def _load(f: io.BufferedReader, path: Path, keep: bool = True) -> Checkpoint:
     size = os.fstat(f.fileno()).st_size
     if size < _MIN_SIZE:
         raise CheckpointError(
@@ -423,6 +434,15 @@ def _load(f: io.BufferedReader, path: Path) -> Checkpoint:
         )
 
     arrays: dict[str, npt.NDArray[Any]] = {}
+    if not keep:  # verified only: the bytes go through the hash a chunk at a time
+        scratch = memoryview(bytearray(min(_CHUNK, max(offset, 1))))
+        left = offset
+        while left:
+            piece = scratch[: min(left, len(scratch))]
+            _readinto_exact(f, piece, path, "arrays")
+            hasher.update(piece)
+            left -= len(piece)
+        parsed = []
     for name, dtype, shape, _ in parsed:
         try:
             arr: npt.NDArray[Any] = np.empty(shape, dtype=dtype)

@@ -111,6 +111,10 @@ class Checkpointing:
         self._handed = -1  # the newest version handed to the writer: an older one is never written after it
         self._thread: threading.Thread | None = None
         self.skipped = 0  # snapshots replaced before they were written
+        self.failure = ""  # why the latest write failed ("": it did not; a later good write clears it)
+        # Each file's verdict, by name, while its size and mtime stay: None (it reads back whole) or why not.
+        self._verdicts: dict[str, tuple[tuple[int, int], str | None]] = {}
+        self._examining = threading.Lock()
 
     @classmethod
     def for_shard(cls, settings: StoreSettings) -> Checkpointing:
@@ -184,11 +188,50 @@ class Checkpointing:
                         path.unlink(missing_ok=True)
 
     def versions(self) -> list[int]:
-        """The versions this shard has checkpoint files of, newest first (not yet verified)."""
+        """The versions this shard has checkpoints of that read back whole, newest first: the ones
+        a restore can use (``recovery.py`` picks among them)."""
+        return [version for version, why in self.examined() if why is None]
+
+    def unreadable(self) -> list[str]:
+        """This shard's checkpoint files that do not read back, each as ``<file>: <why>``."""
         if self.directory is None:
             return []
-        found = (checkpoint.version_of(path) for path in checkpoint.list_checkpoints(self.directory))
-        return [v for v in found if v is not None]
+        return [f"{checkpoint.path_of(self.directory, v)}: {why}" for v, why in self.examined() if why is not None]
+
+    def examined(self) -> list[tuple[int, str | None]]:
+        """Every checkpoint file's version and verdict (None: it verifies), newest first. A file
+        is read through once (``checkpoint.verify``); its verdict is kept while its size and
+        modification time stay."""
+        if self.directory is None:
+            return []
+        with self._examining:  # DescribeShard calls come from the server's pool
+            return self._examine(self.directory)
+
+    def _examine(self, directory: Path) -> list[tuple[int, str | None]]:
+        out: list[tuple[int, str | None]] = []
+        seen: set[str] = set()
+        for path in checkpoint.list_checkpoints(directory):
+            version = checkpoint.version_of(path)
+            if version is None:
+                continue
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # deleted meanwhile (retention)
+            stamp = (stat.st_size, stat.st_mtime_ns)
+            known = self._verdicts.get(path.name)
+            if known is None or known[0] != stamp:
+                try:
+                    checkpoint.verify(path)
+                    known = (stamp, None)
+                except checkpoint.CheckpointError as err:
+                    known = (stamp, err.reason)
+                self._verdicts[path.name] = known
+            seen.add(path.name)
+            out.append((version, known[1]))
+        for name in set(self._verdicts) - seen:
+            del self._verdicts[name]
+        return out
 
     def load(self, version: int) -> Model:
         """The model of this shard's checkpoint at exactly ``version`` (CheckpointError if it is
@@ -219,5 +262,7 @@ class Checkpointing:
         try:
             path = checkpoint.save(self.directory, snapshot, keep=self.keep)
             log.info("checkpoint of version %d written to %s", snapshot.version, path)
-        except OSError as err:
-            log.error("checkpoint of version %d failed: %s", snapshot.version, err)
+            self.failure = ""
+        except (OSError, checkpoint.CheckpointError) as err:
+            self.failure = f"checkpoint of version {snapshot.version} to {self.directory} failed: {err}"
+            log.error("%s", self.failure)

@@ -216,6 +216,8 @@ class LocalShard:
             tuple(store.checkpoint_versions()),
             received,
             sent,
+            tuple(store.unreadable_checkpoints()),
+            store.checkpoint_failure,
         )
 
     def roll_back(self, version: int, incarnation: int) -> ShardView:

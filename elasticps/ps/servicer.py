@@ -297,6 +297,8 @@ class ParameterServerServicer:
             tensor_bytes_sent=sent,
             embedding_rows=sum(store.rows_held().values()),
             embedding_bytes=store.embedding_bytes(),
+            unreadable=store.unreadable_checkpoints(),
+            checkpoint_failure=store.checkpoint_failure,
         )
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:

@@ -423,7 +423,17 @@ class ParameterStore:
         self._checkpoints.flush()
 
     def checkpoint_versions(self) -> list[int]:
+        """The versions of this shard's checkpoints that read back whole, newest first."""
         return self._checkpoints.versions()
+
+    def unreadable_checkpoints(self) -> list[str]:
+        """This shard's checkpoint files that do not read back, each as ``<file>: <why>``."""
+        return self._checkpoints.unreadable()
+
+    @property
+    def checkpoint_failure(self) -> str:
+        """Why this shard's latest checkpoint write failed ("": it did not)."""
+        return self._checkpoints.failure
 
     def roll_back(self, version: int, incarnation: int) -> None:
         """Installs this shard's checkpoint of exactly ``version`` as model ``(incarnation, version)``

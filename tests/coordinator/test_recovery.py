@@ -3,7 +3,7 @@ roll back to, and when the coordinator must look."""
 
 from __future__ import annotations
 
-from elasticps.coordinator.recovery import CarryOn, Rollback, decide, needs_recovery, rollback_message
+from elasticps.coordinator.recovery import CarryOn, Rollback, Stuck, decide, needs_recovery, rollback_message
 from elasticps.coordinator.shards import ShardView
 
 
@@ -31,13 +31,29 @@ def test_checkpoints_in_any_order_still_give_the_newest_common_one() -> None:
     assert decide([view(9, (3, 9, 6)), view(9, (6, 3, 9))], [3, 9, 6]) == Rollback(9)
 
 
-def test_without_a_common_version_training_carries_on_from_the_newest_held() -> None:
-    views = [view(45, (40,)), view(7, (20,))]
-    assert decide(views, [40, 20]) == CarryOn(45, ())
+def test_shards_at_other_versions_without_a_common_checkpoint_are_stuck_and_say_why() -> None:
+    # Found 5 of issue 35: PS 1's disk filled after version 40; killed at 221, it came back at 40,
+    # which nothing else holds. Carrying on at 221 had every round aborted for good.
+    views = [view(221, (220, 200, 180)), ShardView(True, 40, 1, 0, (40,), unreadable=("/c/ps-1/ckpt-000000000060.eps: truncated",))]
+    decision = decide(views, [220, 200, 180])
+    assert isinstance(decision, Stuck)
+    assert decision.reason == (
+        "no checkpoint version that every PS shard and the task ledger can restore: PS 0 at version 221, "
+        "checkpoints [220, 200, 180]; PS 1 at version 40, checkpoints [40], unreadable: "
+        "/c/ps-1/ckpt-000000000060.eps: truncated; the ledger saved at [220, 200, 180]"
+    )
+    assert isinstance(decide([view(45, (40,)), view(7, (20,))], [40, 20]), Stuck)
+
+
+def test_an_unreadable_newest_checkpoint_is_not_a_common_version() -> None:
+    # Found 4: PS 1's 300 truncated and 280 flipped; it lists only what reads back (260).
+    views = [view(300, (300, 280, 260)), view(260, (260,))]
+    assert decide(views, [300, 280, 260]) == Rollback(260)
 
 
 def test_without_ledgers_there_is_no_rollback() -> None:
-    assert decide([view(45, (40, 20)), view(40, (40, 20))], []) == CarryOn(45, ())
+    assert decide([view(45, (40, 20)), view(45, (40, 20))], []) == CarryOn(45, ())
+    assert isinstance(decide([view(45, (40, 20)), view(40, (40, 20))], []), Stuck)
 
 
 def test_a_fresh_job_loses_nothing() -> None:
