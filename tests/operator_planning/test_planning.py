@@ -152,6 +152,12 @@ ROLLED_BACK = JobProgress(finished=False, model_version=480, progress=0.9659, ep
 # A coordinator that gave up on the final export (its output refused it every attempt).
 EXPORT_FAILED = JobProgress(finished=False, model_version=500, progress=1.0, epoch=1,
                             export_error="could not write the final model to s3://nope/m: 3 attempts failed.")
+# Storage faults (issue 35): a shard's checkpoint writes failing; shards no checkpoint can bring together.
+DISK_FULL = "PS 1: checkpoint of version 60 to /run/checkpoints/ps-1 failed: [Errno 28] No space left on device"
+CHECKPOINT_FAILING = replace(TRAINING, checkpoint_failure=DISK_FULL)
+UNRECOVERABLE = replace(TRAINING, unrecoverable=(
+    "no checkpoint version that every PS shard and the task ledger can restore: PS 0 at version 221, checkpoints "
+    "[220, 200, 180]; PS 1 at version 40, checkpoints [40]; the ledger saved at [220, 200, 180]"))
 # A coordinator that reports its shards, its live workers and its sync rounds.
 SHARDED = JobProgress(finished=False, model_version=121, progress=0.45, shard_versions=(121, 120), live_workers=2,
                       grads_to_wait=2)
@@ -554,6 +560,24 @@ CASES = [
     Case("failed on an export, a worker failing too: ExportFailed, no restart", [pod("ps", 0), pod("worker", 0), _failed(1, 1)],
          coordinator=EXPORT_FAILED, phase="Failed", conditions={"Failed": ("True", "ExportFailed")}, restarts=0,
          deletes=["tj-ps-0", "tj-worker-0"], events=["ExportFailed"]),
+    # storage faults
+    Case("the shards cannot be brought to one version: Failed, ShardsUnrecoverable with their words, pods stopped",
+         up(), coordinator=UNRECOVERABLE, phase="Failed",
+         conditions={"Failed": ("True", "ShardsUnrecoverable"), "Running": ("False", "ShardsUnrecoverable")},
+         deletes=ALL, events=["ShardsUnrecoverable"],
+         check=lambda a, s: s["message"] == f"TrainingJob ns/tj: {UNRECOVERABLE.unrecoverable}" or pytest.fail(str(s))),
+    Case("a checkpoint write fails: CheckpointFailing True and a Warning event, the job trains on", up(),
+         coordinator=CHECKPOINT_FAILING, phase="Running", conditions={"CheckpointFailing": ("True", "CheckpointFailing")},
+         events=["CheckpointFailing"],
+         check=lambda a, s: [e.message for e in a if isinstance(e, Event)] == [DISK_FULL] or pytest.fail(str(a))),
+    Case("still failing: no second event", up(), coordinator=replace(TRAINING, checkpoint_failure=DISK_FULL.replace("60", "80")),
+         status={"conditions": [CREATED_CONDITION, {"type": "CheckpointFailing", "status": "True",
+                                                    "reason": "CheckpointFailing", "message": DISK_FULL}]},
+         conditions={"CheckpointFailing": ("True", "CheckpointFailing")}, events=[]),
+    Case("checkpoints written again: CheckpointFailing False", up(), coordinator=TRAINING,
+         status={"conditions": [CREATED_CONDITION, {"type": "CheckpointFailing", "status": "True",
+                                                    "reason": "CheckpointFailing", "message": DISK_FULL}]},
+         conditions={"CheckpointFailing": ("False", "CheckpointsWritten")}, events=["CheckpointsWritten"]),
     Case("activeDeadlineSeconds not yet: a recheck when due", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 600)}, phase="Running", recheck=3000.0),
     # suspend

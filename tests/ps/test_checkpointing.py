@@ -155,3 +155,43 @@ def test_restore_picks_the_newest_good_checkpoint(tmp_path: Path) -> None:
 def test_restore_without_checkpoints(tmp_path: Path) -> None:
     assert Checkpointing(tmp_path / "empty").restore() is None
     assert Checkpointing(None).restore() is None
+
+
+def test_only_checkpoints_that_read_back_whole_are_listed_and_the_rest_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = Checkpointing(tmp_path, every=1, keep=5)
+    for version in (10, 20, 30, 40):
+        checkpoint.save(tmp_path, snap(version), keep=5)
+    newest, second = checkpoint.path_of(tmp_path, 40), checkpoint.path_of(tmp_path, 30)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    flipped = bytearray(second.read_bytes())
+    flipped[-40] ^= 0x01  # one byte of an array
+    second.write_bytes(bytes(flipped))
+    checkpoint.path_of(tmp_path, 10).unlink()  # missing
+    verified: list[str] = []
+    real = checkpoint.verify
+    monkeypatch.setattr(checkpoint, "verify", lambda path: (verified.append(path.name), real(path))[1])
+
+    assert schedule.versions() == [20]
+    unreadable = schedule.unreadable()
+    assert [u.split(": ", 1)[0] for u in unreadable] == [str(newest), str(second)]
+    assert "truncated" in unreadable[0] and "checksum mismatch" in unreadable[1]
+    assert sorted(verified) == sorted({newest.name, second.name, checkpoint.path_of(tmp_path, 20).name})
+    verified.clear()
+    assert schedule.versions() == [20] and verified == []  # each file read through once while it stays
+    checkpoint.save(tmp_path, snap(40), keep=5)  # written again: read again
+    assert schedule.versions() == [40, 20] and verified == [newest.name]
+
+
+def test_a_failed_write_is_said_until_a_write_succeeds(tmp_path: Path) -> None:
+    blocked = tmp_path / "ps-1"
+    blocked.write_text("a file where the checkpoint folder should be")
+    schedule = Checkpointing(blocked, every=1, keep=3)
+    schedule.after_update(1, functools.partial(snap, 1))
+    schedule.flush()
+    assert schedule.failure.startswith(f"checkpoint of version 1 to {blocked} failed: ")
+    blocked.unlink()
+    schedule.after_update(2, functools.partial(snap, 2))
+    schedule.flush()
+    assert schedule.failure == "" and schedule.versions() == [2]
