@@ -25,7 +25,9 @@ from bench.malformed import (
     COORD_CASES, COORDINATOR, F32, GARBAGE, I64, INVALID, OK, OPTIMIZERS, PRECONDITION, PS_SERVICE, T, Target,
     model_head, push_head, stream, t,
 )  # fmt: skip
+from elasticps import identity
 from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.coordinator.engine import Coordinator as Engine
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
@@ -588,12 +590,79 @@ def test_the_rejected_counter_saturates() -> None:
     assert queue.progress().gradients_rejected == MAX_COUNT
 
 
+# ---- the same calls from a stranger (issue 35): a server with the job's key hears none of them -----------
+KEY = bytes(range(32))
+
+
+@pytest.fixture
+def keyed_job(grpc_servers: Callable[..., int]) -> Iterator[Callable[[str], tuple[ParameterStore, Engine, str]]]:
+    """``(store, engine, address)``: a shard holding the model (one update applied) and a
+    coordinator on one server that has the job's key."""
+
+    def make(mode: str) -> tuple[ParameterStore, Engine, str]:
+        store = ParameterStore(StoreSettings(shard=0, mode=TrainingMode(rule=MODES[mode])))
+        store.initialize(model(), OptimizerConfig("adam", {"learning_rate": 0.01}), state=state())
+        store.push(grads(0.5), 0, 0.0, "worker-0", "worker-0/0/0", state={"bn/mean": np.ones(3, np.float32)})
+        if mode == "sync":
+            store.commit(0, ["worker-0"])
+        settings = QueueSettings(num_records=40, records_per_task=10, num_epochs=2)
+        engine = Engine(settings, version_fn=lambda: store.version)
+
+        def register(server):  # type: ignore[no-untyped-def]
+            add_ps(ParameterServerServicer(store), server)
+            add_coordinator(CoordinatorServicer(engine), server)
+
+        return store, engine, f"127.0.0.1:{grpc_servers(register, verifier=identity.Verifier(KEY))}"
+
+    return make
+
+
+def arrays(store: ParameterStore) -> dict[str, bytes]:
+    return {k: np.ascontiguousarray(v).tobytes() for k, v in store.snapshot().arrays.items()}
+
+
+@pytest.mark.parametrize(("case", "mode"), PS_IDS, ids=[f"{c}-{m}" for c, m in PS_IDS])
+def test_a_strangers_ps_call_is_unauthenticated_and_changes_nothing(
+    keyed_job: Callable[[str], tuple[ParameterStore, Engine, str]], case: str, mode: str
+) -> None:
+    store, _, address = keyed_job(mode)
+    before, version = arrays(store), store.version
+    spec = PS_CASES[case]
+    channel = create_channel(address, "")  # no token: a stranger who knows the port
+    try:
+        code, _ = malformed.call(channel, PS_SERVICE, spec.method, spec.request)
+    finally:
+        channel.close()
+    assert code is grpc.StatusCode.UNAUTHENTICATED
+    assert arrays(store) == before and store.version == version
+
+
+@pytest.mark.parametrize("case", list(COORD_CASES))
+def test_a_strangers_coordinator_call_is_unauthenticated_and_changes_nothing(
+    keyed_job: Callable[[str], tuple[ParameterStore, Engine, str]], case: str
+) -> None:
+    _, engine, address = keyed_job("async")
+    spec = COORD_CASES[case]
+    forged = identity.token_for(bytes(range(1, 33)), "worker-0")  # another job's token
+    channel = create_channel(address, forged)
+    try:
+        for _ in range(spec.repeat):
+            code, _ = malformed.call(channel, COORDINATOR, spec.method, spec.request)
+            assert code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+    status = engine.status()
+    assert (status.progress.records_done, status.progress.tasks_requeued, status.live_workers) == (0, 0, 0)
+
+
 def test_the_number_of_cases(capsys: pytest.CaptureFixture[str]) -> None:
     waiting = 2 * len(MODES) + 1 + len(MODES) + 1 + len(OVERSIZED) + 1 + 1 + 1  # held calls, limits, deadlines, sizes
-    n = len(PS_IDS) + len(OVERFLOW_IDS) + len(COORD_CASES) + waiting + 4
+    strangers = len(PS_IDS) + len(COORD_CASES)
+    n = len(PS_IDS) + len(OVERFLOW_IDS) + len(COORD_CASES) + waiting + 4 + strangers
     with capsys.disabled():
         print(f"\nfuzz cases: {n} ({len(PS_IDS)} PS calls, {len(OVERFLOW_IDS)} overflowing updates, "
-              f"{len(COORD_CASES)} coordinator calls, {waiting} held, stalled or oversized calls, 4 more)")  # fmt: skip
+              f"{len(COORD_CASES)} coordinator calls, {waiting} held, stalled or oversized calls, 4 more, "
+              f"{strangers} of them again from a stranger)")  # fmt: skip
     assert n >= 200
 
 
