@@ -14,7 +14,8 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
 * ``ServerLimits``: at most ``max_push_streams`` connections at once (one thread each; the next is
   answered RESOURCE_EXHAUSTED and closed), each read and write bounded by ``stream_idle_s`` and each
   call by ``stream_deadline_s`` (DEADLINE_EXCEEDED, then the connection is closed), a connection
-  idle between calls for ``stream_deadline_s`` closed;
+  idle between calls (or before its first) for ``stream_idle_s`` closed; a declared length costs
+  memory only as its bytes arrive (``bulk.recv_declared``);
 * a pull sends the variables' own memory, no copy, and holds no lock while it sends (a slow puller
   holds no commit back): async, the live arrays as they are (a torn read, as on gRPC); sync, the
   version it read under the store's guard, and after the bytes the intact byte: whether that
@@ -141,7 +142,8 @@ class BulkServer:
         member: str | None = None  # named by the connection's hello
         try:
             while True:
-                between = bulk.Deadline.within(self._limits.stream_deadline_s, self._limits.stream_deadline_s, "bulk")
+                idle = self._limits.stream_idle_s  # a client keeps a few connections, each busy every step
+                between = bulk.Deadline.within(idle, idle, "bulk")
                 try:
                     magic, method = bulk.REQUEST.unpack(bulk.recv_bytes(conn, bulk.REQUEST.size, between))
                 except (bulk.BulkClosed, bulk.DeadlineExceeded, OSError):
@@ -330,8 +332,9 @@ def _message(conn: socket.socket, deadline: bulk.Deadline, into: M, what: str) -
     length = bulk.recv_length(conn, deadline)
     if length > bulk.MAX_MESSAGE_BYTES:
         raise frames.FrameError(f"a request of {length} bytes")
+    body = bulk.recv_declared(conn, length, deadline)
     try:
-        into.ParseFromString(bulk.recv_bytes(conn, length, deadline))
+        into.ParseFromString(body)
     except Exception:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the request is not a valid message") from None
     return into

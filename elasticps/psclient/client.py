@@ -689,6 +689,11 @@ class PSClient:
             return result
         except bulk.DeadlineExceeded as err:
             raise bulk.BulkError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from None
+        except bulk.BulkError as err:
+            if err.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            route.full()  # turned away before anything was read: the call goes as gRPC frames
+            return None
         except OSError:  # refused mid-stream (the server answers and closes), reset, closed
             route.lost()
             return None

@@ -7,7 +7,9 @@ NetworkPolicy that does not open it, a firewall, an older PS), is served by gRPC
 again :data:`RETRY_AFTER_S` later, twice as late after each failure in a row up to
 :data:`MAX_RETRY_AFTER_S` (a port whose packets are dropped costs a call ``CONNECT_TIMEOUT_S``). A connection that breaks is dropped, and the port asked again
 (a restarted PS may listen on another). Up to :data:`POOL` idle connections are kept per shard
-(a push and a pull may overlap).
+(a push and a pull may overlap), each for at most :data:`IDLE_REUSE_S`. A port that turns a
+connection away (RESOURCE_EXHAUSTED: the PS's connection limit) is treated as one that does not
+connect: gRPC frames for a while (:meth:`BulkRoute.full`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from elasticps.rpc.bulk import BulkConnection
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 30.0
+# An idle connection is not reused after this long: the server closes connections idle for its
+# --stream_idle_seconds (30 s by default), and a call on a closed one would go as gRPC frames.
+IDLE_REUSE_S = 20.0
 MAX_RETRY_AFTER_S = 960.0
 CONNECT_TIMEOUT_S = 2.0
 POOL = 4
@@ -49,7 +54,7 @@ class BulkRoute:
         self._timeout_s = timeout_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._idle: list[BulkConnection] = []
+        self._idle: list[tuple[BulkConnection, float]] = []  # with when each was given back
         self._port: int | None = None
         self._retry_at = 0.0
         self._failures = 0  # in a row: how long until the next attempt
@@ -57,9 +62,10 @@ class BulkRoute:
 
     def take(self) -> BulkConnection | None:
         """A connection to the shard's bulk channel, or None: send this call as gRPC frames."""
+        idle = self._idle_one()
+        if idle is not None:
+            return idle
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
             if self._clock() < self._retry_at:
                 self.fallbacks += 1
                 return None
@@ -85,6 +91,28 @@ class BulkRoute:
             self._failures = 0
         return connection
 
+    def _idle_one(self) -> BulkConnection | None:
+        """The newest idle connection that is not stale (older ones than IDLE_REUSE_S are closed)."""
+        stale: list[BulkConnection] = []
+        found: BulkConnection | None = None
+        with self._lock:
+            now = self._clock()
+            while self._idle and found is None:
+                connection, since = self._idle.pop()
+                if now - since > IDLE_REUSE_S:
+                    stale.append(connection)
+                else:
+                    found = connection
+        for connection in stale:
+            connection.close()
+        return found
+
+    def full(self) -> None:
+        """The shard's bulk port turned a connection away (its connection limit): gRPC frames for a
+        while, as for a port that does not connect."""
+        log.info("bulk: %s is full (RESOURCE_EXHAUSTED): gRPC frames for a while", self._host)
+        self._unavailable()
+
     def _unavailable(self) -> BulkConnection | None:
         """None, and no bulk channel asked for until a while from now (longer after each failure)."""
         with self._lock:
@@ -100,7 +128,7 @@ class BulkRoute:
             return
         with self._lock:
             if len(self._idle) < POOL:
-                self._idle.append(connection)
+                self._idle.append((connection, self._clock()))
                 return
         connection.close()
 
@@ -112,5 +140,5 @@ class BulkRoute:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for connection in idle:
+        for connection, _ in idle:
             connection.close()

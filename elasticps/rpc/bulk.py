@@ -18,7 +18,8 @@ whenever the channel cannot be used, stays on gRPC. The bytes are those of the g
   not change while its bytes were sent, 0 when it did (a sync shard sends its variables as they
   are, and a commit may have run meanwhile: :class:`Torn`, the client pulls again).
 
-A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`), has it admitted (sizes and
+A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`, held only as its bytes arrive:
+:func:`recv_declared`), has it admitted (sizes and
 names against the model, before any buffer: ``ps/intake.py``), then receives a payload-only frame
 straight into the stream's buffer (``frames.Assembly.space``), no copy, any other frame through
 ``frames.Assembly.add``: a frame that does not fit is refused as on gRPC. A receiver that takes
@@ -33,6 +34,7 @@ push is done, its model includes the push, and the two cost one round trip inste
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -154,6 +156,26 @@ def recv_bytes(sock: socket.socket, size: int, deadline: Deadline) -> bytes:
     return bytes(buffer)
 
 
+GROW_BYTES = 64 << 10  # what a peer's declared length costs at most before its bytes arrive
+
+
+def recv_declared(sock: socket.socket, size: int, deadline: Deadline) -> bytes:
+    """``size`` bytes a peer declared, held only as they arrive: the wait for each piece holds no
+    buffer (``select``, then ``recv`` of what came, at most :data:`GROW_BYTES`), so a peer that
+    declares 16 MiB and sends nothing costs nothing."""
+    received = bytearray()
+    while len(received) < size:
+        wait = deadline.timeout()
+        readable, _, _ = select.select([sock], [], [], wait)
+        if not readable:
+            raise DeadlineExceeded(f"{deadline.what}: no bytes for {deadline.idle_s:g} s")
+        piece = sock.recv(min(GROW_BYTES, size - len(received)))
+        if not piece:
+            raise BulkClosed(f"{deadline.what}: the peer closed the connection")
+        received += piece
+    return bytes(received)
+
+
 def recv_length(sock: socket.socket, deadline: Deadline) -> int:
     (length,) = LENGTH.unpack(recv_bytes(sock, LENGTH.size, deadline))
     return int(length)
@@ -212,7 +234,7 @@ def receive_head(sock: socket.socket, deadline: Deadline) -> frames.Head:
         raise frames.FrameError("empty stream: no head frame")
     if length > MAX_HEAD_BYTES:
         raise frames.FrameError(f"a head frame of {length} bytes, more than the {MAX_HEAD_BYTES} taken")
-    return frames.read_head(recv_bytes(sock, length, deadline))
+    return frames.read_head(recv_declared(sock, length, deadline))
 
 
 def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, into: Receiving) -> None:

@@ -2,8 +2,8 @@
 
 Callers: the PS server (``server_options``, through ``rpc/serving.py``), a worker's health server
 (``create_server``), the PS client and the coordinator client (``create_channel``). Tensors travel
-in ~1 MB frames, but the limits are raised on both ends anyway so a big unary reply never fails
-with RESOURCE_EXHAUSTED at gRPC's 4 MiB default.
+in ~1 MB frames; a client takes replies of up to 256 MiB so a big unary reply never fails with
+RESOURCE_EXHAUSTED at gRPC's 4 MiB default, a server requests of up to :data:`MAX_REQUEST_BYTES`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,19 @@ def create_channel(address: str, token: str | None = None) -> grpc.Channel:
     return guard.with_token(grpc.insecure_channel(address, options=_OPTIONS), token)
 
 
+# The most a server takes in one message. What a call legitimately carries is far less: a stream's
+# frames hold a chunk (1 MiB by default) or a head (tensor metadata), an embedding pull its ids,
+# every other request a few kilobytes. gRPC refuses a longer message from its length prefix, before
+# buffering it, so a stranger's 200 MB garbage call costs the server nothing (256 MiB let eight such
+# calls leave a PS at 1.9 GB).
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+
 def server_options() -> list[tuple[str, int]]:
-    """The options of every server: the message limits and keep-alives above, and no shared port."""
-    return _OPTIONS + [
+    """The options of every server: the keep-alives above, requests of at most
+    :data:`MAX_REQUEST_BYTES`, and no shared port."""
+    return [option for option in _OPTIONS if option[0] != "grpc.max_receive_message_length"] + [
+        ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         # Two PS processes must never share a port by accident (gRPC's default allows it).
         ("grpc.so_reuseport", 0),

@@ -342,6 +342,25 @@ def test_the_route_asks_again_after_a_while() -> None:
     assert len(asked) == 2
 
 
+def test_an_idle_connection_is_not_reused_once_the_server_may_have_closed_it() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    now = [0.0]
+    route = routes.BulkRoute("127.0.0.1:1", lambda: int(listener.getsockname()[1]), 5.0, clock=lambda: now[0])
+    try:
+        first = route.take()
+        assert first is not None
+        route.give_back(first)
+        now[0] = routes.IDLE_REUSE_S - 1
+        assert route.take() is first  # still fresh
+        route.give_back(first)
+        now[0] += routes.IDLE_REUSE_S + 1
+        second = route.take()
+        assert second is not None and second is not first and first.broken  # the stale one was closed
+        second.close()
+    finally:
+        listener.close()
+
+
 def test_a_model_is_still_pushed_over_grpc(ps: Callable[..., tuple[str, ParameterStore, BulkServer | None]]) -> None:
     address, store, server = ps("async", None)
     client = PSClient([address], worker="w", deadline_s=10)
@@ -506,7 +525,7 @@ def test_an_async_pull_behind_a_push_brings_the_model_with_the_push_in_one_round
         route = client._routes[0]
         assert route is not None and route.fallbacks == 0 and len(route._idle) == 1  # given back after reading
         assert not pushed.behind.cancel()  # read already: the pooled connection is not closed
-        assert not route._idle[0].broken
+        assert not route._idle[0][0].broken
     finally:
         client.close()
 
