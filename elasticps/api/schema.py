@@ -312,7 +312,7 @@ def status_schema() -> dict[str, Any]:
             "type": {
                 "type": "string",
                 "description": "Created, Running, Restarting, Succeeded, Suspended, Failed, Unschedulable, CannotStart, "
-                "ShardsConsistent, GradsToWaitClamped, TrainingHealthy or RolledBack",
+                "ShardsConsistent, GradsToWaitClamped, TrainingHealthy, RolledBack or CheckpointFailing",
             },
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "CamelCase, machine-readable"},
