@@ -135,3 +135,49 @@ def test_a_shard_restored_from_an_older_checkpoint_rolls_every_shard_and_the_led
         engine.stop()
         worker.close()
         shards.close()
+
+
+class Refusing:
+    """A shard that lists a checkpoint it then cannot load (a file spoilt after it was verified)."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.asked = 0
+
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+        return round_
+
+    def describe(self) -> ShardView:
+        return ShardView(True, self.version, 1, 0, (20,))
+
+    def roll_back(self, version: int, incarnation: int) -> ShardView:
+        from elasticps.coordinator.shards import ShardRefused
+
+        self.asked += 1
+        raise ShardRefused(1, f"checkpoint ckpt-{version:012d}.eps: sha256 checksum mismatch (file corrupt)")
+
+
+def test_a_restore_refused_again_and_again_fails_the_job_instead_of_being_asked_forever(tmp_path: Path) -> None:
+    # Found 4 of issue 35: the coordinator asked a shard to restore a file it could not read 350
+    # times in 3 minutes, the job frozen. Now the third refusal in a row gives up, with the reason.
+    journals = Journals(tmp_path / "coordinator", keep=6)
+    journals.write(20, {"incarnation": 0})
+    links = [Refusing(30), Refusing(25)]
+    engine = Coordinator(
+        QueueSettings(num_records=100, records_per_task=1, num_epochs=1),
+        version_fn=lambda: 25, rounds=Rounds(grads_to_wait=1), shards=Shards(links),
+        journals=journals, checkpoint_steps=STEPS, recovery_deadline_s=5.0,
+    )  # fmt: skip
+    engine.start()
+    try:
+        wait_for(lambda: bool(engine.status().unrecoverable), 30.0)
+        status = engine.status()
+        assert status.unrecoverable.startswith("recovery failed 3 times in a row: ")
+        assert "sha256 checksum mismatch" in status.unrecoverable
+        assert not engine.ready  # no task is handed out on shards that cannot agree
+        asked = sum(link.asked for link in links)
+        assert asked == 3 * len(links)  # every shard asked, three times
+        time.sleep(1.5)
+        assert sum(link.asked for link in links) == asked  # and nothing is asked of them any more
+    finally:
+        engine.stop()
