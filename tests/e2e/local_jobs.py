@@ -92,3 +92,12 @@ def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
             if not value.HasField("histo"):
                 curves.setdefault(value.tag, []).append((event.step, value.simple_value))
     return curves
+
+
+def process_token(run_dir: Path, replica: str) -> str:
+    """The job-identity token a run gave one of its processes (``replica``: e.g. ``apart-worker-0``),
+    read from the process's environment: a test that speaks as that member (this machine's owner
+    can read it; nobody else can)."""
+    pid = int((run_dir / f"{replica}.pid").read_text())
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ELASTICPS_TOKEN="))

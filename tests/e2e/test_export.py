@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from local_jobs import REPO, elasticps, job_document, read_curves, wait_for, write_job
-from elasticps.local.fleet import observer_token
+from local_jobs import REPO, elasticps, job_document, process_token, read_curves, wait_for, write_job
 from elasticps.ps import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -198,7 +197,10 @@ def test_an_async_job_whose_shards_end_apart_still_exports(tmp_path: Path, data:
     try:
         port_file = run / "ps-1.port"
         wait_for(lambda: port_file.exists() and port_file.read_text().strip(), timeout=120, what="PS 1 to serve")
-        shard = PSClient([f"127.0.0.1:{port_file.read_text().strip()}"], worker="one-shard-only", token=observer_token(run))
+        wait_for(lambda: (run / "apart-worker-0.pid").exists(), timeout=120, what="worker 0 to start")
+        # Worker 0's token: a push of the job's own worker, to one shard only (an observer may not push).
+        shard = PSClient([f"127.0.0.1:{port_file.read_text().strip()}"], worker="worker-0",
+                         token=process_token(run, "apart-worker-0"))
         try:
             pulled = None
 
