@@ -101,3 +101,16 @@ def process_token(run_dir: Path, replica: str) -> str:
     pid = int((run_dir / f"{replica}.pid").read_text())
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"ELASTICPS_TOKEN="))
+
+
+def stop_run(process: subprocess.Popen[str]) -> None:
+    """Ends an `elasticps run` still running (a failed test): SIGTERM first, so the runner stops the
+    replicas it started (they run in sessions of their own and outlive a SIGKILL of the runner)."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()

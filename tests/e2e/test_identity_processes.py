@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from local_jobs import elasticps, job_document, wait_for, write_data, write_job
+from local_jobs import elasticps, job_document, stop_run, wait_for, write_data, write_job
 from bench import malformed
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local.fleet import observer_token
@@ -112,9 +112,7 @@ def test_a_stranger_is_refused_by_every_process_of_a_run_and_aborts_no_round(tmp
         assert {name: code for name, code in codes.items() if code is not grpc.StatusCode.UNAUTHENTICATED} == {}
         _, stderr = process.communicate(timeout=300)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        stop_run(process)
     assert process.returncode == 0, stderr
     result = json.loads(result_file.read_text())
     assert result["epoch_records"] == [RECORDS, RECORDS]

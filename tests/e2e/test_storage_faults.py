@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from local_jobs import elasticps, job_document, wait_for, write_data, write_job
+from local_jobs import elasticps, job_document, stop_run, wait_for, write_data, write_job
 from elasticps.ps import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -70,9 +70,8 @@ def finish(process: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
     try:
         _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        _, stderr = process.communicate()
-        pytest.fail(f"the job did not end within {timeout:.0f} s (a hang):\n{stderr[-3000:]}")
+        stop_run(process)
+        pytest.fail(f"the job did not end within {timeout:.0f} s (a hang)")
     return process.returncode, stderr
 
 
@@ -94,8 +93,7 @@ def test_a_shard_whose_newest_checkpoints_are_bad_is_rolled_back_to_one_every_sh
         os.kill(victim, signal.SIGKILL)
         code, stderr = finish(process, 300)
     finally:
-        if process.poll() is None:
-            process.kill()
+        stop_run(process)
     assert code == 0, stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["epoch_records"] == [RECORDS, RECORDS]  # every record trained once per epoch
@@ -141,8 +139,7 @@ def test_a_full_disk_is_said_and_a_shard_killed_after_it_ends_the_job_with_a_rea
             code, stderr = finish(process, 240)
             took = time.monotonic() - killed
         finally:
-            if process.poll() is None:
-                process.kill()
+            stop_run(process)
     finally:
         subprocess.run(["umount", "-l", str(ps1)], check=False)
     assert "warning: CheckpointFailing: PS 1: checkpoint of version" in stderr and "No space left on device" in stderr
