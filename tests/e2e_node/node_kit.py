@@ -226,3 +226,15 @@ def exports(env: dict[str, str], text: str) -> dict[str, str]:
             key, _, value = line.removeprefix("export ").partition("=")
             out[key] = value.replace("$PATH", out.get("PATH", ""))
     return out
+
+
+def observer_token(kubectl: Kubectl, ns: str, job: str) -> str:
+    """A token that may read the job's status: an observer's, made with the key of the job's identity
+    Secret (what the operator does for its own probe)."""
+    import base64
+
+    from elasticps import identity
+
+    data = kubectl.json("get", "secret", f"{job}-identity", "-n", ns)["data"]
+    key = identity.parse_key(base64.b64decode(data["key"]).decode())
+    return identity.token_for(key, identity.member_name(identity.OBSERVER, "node-test"))

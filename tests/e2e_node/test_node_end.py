@@ -21,7 +21,7 @@ import pytest
 
 from elasticps.api.replicas import PS_PORT
 from elasticps.coordinator.client import CoordinatorClient
-from node_kit import CACHE, Kubectl, mnist_job, node_data, record, report, wait_for
+from node_kit import CACHE, Kubectl, mnist_job, node_data, observer_token, record, report, wait_for
 from test_node_scenarios import _finished, _host_pid, _status
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
@@ -32,7 +32,9 @@ TRAIN, TEST = 4096, 10000  # a short training, a final evaluation of the whole t
 def _coordinator(kubectl: Kubectl, ns: str, name: str) -> CoordinatorClient | None:
     pod = next((p for p in kubectl.pods(ns, name) if p["metadata"]["name"] == f"{name}-ps-0"), None)
     ip = (pod or {}).get("status", {}).get("podIP")
-    return CoordinatorClient(f"{ip}:{PS_PORT}", worker="node-test") if ip else None
+    if not ip:
+        return None
+    return CoordinatorClient(f"{ip}:{PS_PORT}", worker="node-test", token=observer_token(kubectl, ns, name))
 
 
 @pytest.mark.timeout(1200)
