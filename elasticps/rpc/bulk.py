@@ -161,13 +161,14 @@ GROW_BYTES = 64 << 10  # what a peer's declared length costs at most before its 
 
 def recv_declared(sock: socket.socket, size: int, deadline: Deadline) -> bytes:
     """``size`` bytes a peer declared, held only as they arrive: the wait for each piece holds no
-    buffer (``select``, then ``recv`` of what came, at most :data:`GROW_BYTES`), so a peer that
+    buffer (``poll``, then ``recv`` of what came, at most :data:`GROW_BYTES`), so a peer that
     declares 16 MiB and sends nothing costs nothing."""
     received = bytearray()
+    poller = select.poll()  # not select(): a PS with many connections has descriptors past 1024
+    poller.register(sock, select.POLLIN)
     while len(received) < size:
         wait = deadline.timeout()
-        readable, _, _ = select.select([sock], [], [], wait)
-        if not readable:
+        if not poller.poll(wait * 1000):
             raise DeadlineExceeded(f"{deadline.what}: no bytes for {deadline.idle_s:g} s")
         piece = sock.recv(min(GROW_BYTES, size - len(received)))
         if not piece:
