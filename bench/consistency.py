@@ -33,6 +33,7 @@ import yaml
 
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local.fleet import observer_token
+from elasticps.tools import round_log
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,8 +73,8 @@ def start(work: Path, document: dict[str, Any]) -> tuple[subprocess.Popen[str], 
 def audit(logs: Path) -> dict[str, int]:
     """Rounds per shard, rounds whose sets differ between the shards, minibatches applied twice."""
     shards = sorted(logs.glob("ps-*.jsonl"))
-    rounds = [
-        {(row["round"], tuple(sorted(row["minibatches"]))) for row in map(json.loads, p.read_text().splitlines())}
+    rounds = [  # the rounds in each shard's model: a restore from a checkpoint takes later ones out
+        {(row["round"], tuple(sorted(row["minibatches"]))) for row in round_log.in_model(round_log.read(p))}
         for p in shards
     ]
     by_round = [{r: m for r, m in shard} for shard in rounds]

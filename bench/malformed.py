@@ -248,6 +248,12 @@ def ps_cases(target: Target) -> dict[str, PSCase]:
         "commit: a worker twice": PSCase(
             "CommitRound", pb.CommitRequest(round=1, workers=["a", "a"]).SerializeToString(), PRECONDITION, modes=("sync",)
         ),
+        "commit: a task brought backward": PSCase("CommitRound", pb.CommitRequest(round=1, workers=["a"], applied=[
+            pb.TaskProgress(epoch=0, first=10, reached=5, task_id=1)]).SerializeToString(), INVALID),  # fmt: skip
+        "commit: more tasks than members": PSCase("CommitRound", pb.CommitRequest(round=1, workers=["a"], applied=[
+            pb.TaskProgress(reached=1, task_id=1)] * 2).SerializeToString(), INVALID),  # fmt: skip
+        "commit: a negative epoch": PSCase("CommitRound", pb.CommitRequest(round=1, workers=["a"], applied=[
+            pb.TaskProgress(epoch=-1, task_id=1)]).SerializeToString(), INVALID),  # fmt: skip
         "commit: async has no rounds": PSCase(
             "CommitRound", pb.CommitRequest(round=0, workers=["a"]).SerializeToString(), PRECONDITION, modes=("async",)
         ),
@@ -352,6 +358,13 @@ COORD_CASES: dict[str, CoordCase] = {
     ),
     "join: wait_ms -2**31": CoordCase(
         "JoinRound", pb.JoinRequest(worker="w1", wait_ms=-(2**31)).SerializeToString(), INVALID, sync=True
+    ),
+    "join: negative task_id": CoordCase(
+        "JoinRound", pb.JoinRequest(worker="w1", task_id=-1).SerializeToString(), INVALID, sync=True
+    ),
+    "join: task_records INT64_MAX": CoordCase(
+        "JoinRound", pb.JoinRequest(worker="w1", task_id=1, task_records=(1 << 63) - 1).SerializeToString(), INVALID,
+        sync=True,
     ),
 }
 for _i, _bytes in enumerate(GARBAGE):

@@ -48,6 +48,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "DescribeShard": _EVERY_MEMBER,
     "CommitRound": _SERVERS,
     "RestoreShard": _SERVERS,
+    "ReadLedger": _SERVERS,
     # Coordinator
     "GetTask": _WORKERS,
     "ReportTask": _WORKERS,

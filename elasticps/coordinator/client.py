@@ -59,11 +59,14 @@ class CoordinatorClient:
         self._stub.Heartbeat(pb.HeartbeatRequest(worker=self.worker, leaving=True), timeout=2.0)
 
     def join_round(
-        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0,
+        task_id: int = 0, task_records: int = 0,
     ) -> pb.JoinReply:
         """Sync: counts this worker's staged gradient (computed on ``version``) in the open round.
         LocalSGD: the staged model delta, trained over a period of ``local_steps`` steps at mean
-        ``loss`` and ``learning_rate``; a COMMITTED reply names the next period's steps."""
+        ``loss`` and ``learning_rate``; a COMMITTED reply names the next period's steps. ``task_id``,
+        ``task_records``: the training task and its records the gradient brings in (VOID: the task
+        is no longer this worker's)."""
         request = pb.JoinRequest(
             worker=self.worker,
             version=version,
@@ -71,6 +74,8 @@ class CoordinatorClient:
             local_steps=local_steps,
             loss=loss,
             learning_rate=learning_rate,
+            task_id=task_id,
+            task_records=task_records,
         )
         timeout = self._timeout_s + wait_ms / 1000
         reply: pb.JoinReply = retrying(

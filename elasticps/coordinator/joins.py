@@ -24,6 +24,7 @@ _OUTCOMES = {
     Outcome.COMMITTED: pb.JOIN_OUTCOME_COMMITTED,
     Outcome.REFUSED: pb.JOIN_OUTCOME_REFUSED,
     Outcome.PENDING: pb.JOIN_OUTCOME_PENDING,
+    Outcome.VOID: pb.JOIN_OUTCOME_VOID,
 }
 
 
@@ -38,7 +39,7 @@ def decode(engine: Coordinator, request: pb.JoinRequest) -> Join:
     if not engine.ready:
         raise Refused(grpc.StatusCode.UNAVAILABLE, NOT_READY)
     period = Period(request.local_steps, request.loss, request.learning_rate) if request.local_steps > 0 else None
-    return Join(request.worker, request.version, period)
+    return Join(request.worker, request.version, period, request.task_id, request.task_records)
 
 
 def encode(answer: JoinAnswer) -> pb.JoinReply:

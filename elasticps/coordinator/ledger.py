@@ -8,7 +8,7 @@ order: the rounds' lock (``syncing.py``) before this one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from elasticps.coordinator.tasks.base import QueueSettings
@@ -34,3 +34,14 @@ class Ledger:
             queue.restore(state)
             queue.take_over_workers(self.queue)
             self.queue = queue
+
+    def rebuild(self, advances: Iterable[tuple[int, int, int, int]]) -> int:
+        """Replaces the queue with one rebuilt from a shard's copy of the ledger (a coordinator
+        that restarted without a saved one; ValueError: the copy does not fit); the records it
+        counts as applied. The workers stay live and task ids go on past every one handed out."""
+        with self.lock:
+            queue = TaskQueue(self.settings, self._clock)
+            records = queue.rebuild(advances)
+            queue.take_over_workers(self.queue)
+            self.queue = queue
+            return records

@@ -72,6 +72,8 @@ def check_join(request: pb.JoinRequest) -> None:
     _in_range("JoinRound", "version", request.version)
     _in_range("JoinRound", "wait_ms", request.wait_ms)
     _in_range("JoinRound", "local_steps", request.local_steps)
+    _in_range("JoinRound", "task_id", request.task_id)
+    _in_range("JoinRound", "task_records", request.task_records, MAX_RECORDS)
     _bounded_sum("JoinRound", "loss", request.loss)
     _bounded_sum("JoinRound", "learning_rate", request.learning_rate)
     if request.learning_rate < 0:

@@ -12,6 +12,7 @@ others through :class:`RemoteShard`, over gRPC. Shard calls run in parallel.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from elasticps.rpc.channels import create_channel
 from elasticps.rpc.status import Failure, classify, retrying
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 COMMIT_DEADLINE_S = 60.0  # a shard that stays unreachable this long fails the commit (it is retried later)
 DESCRIBE_TIMEOUT_S = 1.0
@@ -78,10 +80,43 @@ class ShardView:
         )
 
 
+@dataclass(frozen=True)
+class TaskAdvance:
+    """How far a committed round brought a training task (``TaskProgress`` on the wire): its
+    epoch, its first record as it was cut, the first of its records not applied, its id."""
+
+    epoch: int
+    first: int
+    reached: int
+    task_id: int
+
+    def message(self) -> pb.TaskProgress:
+        return pb.TaskProgress(epoch=self.epoch, first=self.first, reached=self.reached, task_id=self.task_id)
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """A shard's copy of the task ledger (``ps/applied.py``): the tasks the rounds it applied up to
+    ``version`` brought forward; ``whole`` when it applied every round since version 0."""
+
+    version: int
+    whole: bool
+    tasks: tuple[TaskAdvance, ...]
+
+    @staticmethod
+    def of(copy: pb.LedgerCopy) -> LedgerView:
+        tasks = tuple(TaskAdvance(t.epoch, t.first, t.reached, t.task_id) for t in copy.tasks)
+        return LedgerView(copy.version, copy.whole, tasks)
+
+
 class ShardLink(Protocol):
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        """Applies (or with ``dry_run`` checks) the round; the shard's version after it. Raises
-        :class:`ShardRefused` when the shard cannot."""
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+        """Applies (or with ``dry_run`` checks) the round, bringing ``tasks`` forward in the shard's
+        copy of the ledger; the shard's version after it. Raises :class:`ShardRefused` when the
+        shard cannot."""
+
+    def read_ledger(self) -> LedgerView:
+        """The shard's copy of the task ledger."""
 
     def describe(self) -> ShardView: ...
 
@@ -112,10 +147,15 @@ class RemoteShard:
                 raise ShardRefused(self.index, err.details() or str(code)) from err
             raise
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run)
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+        request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run,
+                                   applied=[task.message() for task in tasks])  # fmt: skip
         reply: pb.CommitReply = self._call(lambda: self._stub.CommitRound(request, timeout=10.0), "CommitRound")
         return reply.version
+
+    def read_ledger(self) -> LedgerView:
+        copy: pb.LedgerCopy = self._stub.ReadLedger(pb.LedgerRequest(), timeout=60.0)
+        return LedgerView.of(copy)
 
     def describe(self) -> ShardView:
         state: pb.ShardState = self._stub.DescribeShard(pb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
@@ -140,8 +180,9 @@ class Shards:
     def __len__(self) -> int:
         return len(self._links)
 
-    def commit(self, round_: int, workers: Sequence[str]) -> list[int]:
-        """Applies the round on every shard, after every shard said it can; each shard's version.
+    def commit(self, round_: int, workers: Sequence[str], tasks: Sequence[TaskAdvance] = ()) -> list[int]:
+        """Applies the round on every shard, after every shard said it can, bringing ``tasks``
+        forward in every shard's copy of the ledger; each shard's version.
 
         Raises :class:`RoundAborted` when a shard refused the check (nothing was applied); any other
         error leaves the round half applied and the caller must retry it (a commit is idempotent)."""
@@ -149,7 +190,20 @@ class Shards:
             self._each(lambda link: link.commit(round_, workers, True))
         except ShardRefused as err:
             raise RoundAborted(str(err)) from err
-        return self._each(lambda link: link.commit(round_, workers, False))
+        return self._each(lambda link: link.commit(round_, workers, False, tasks))
+
+    def ledger_copy(self, version: int) -> tuple[int, LedgerView] | None:
+        """A shard's whole copy of the task ledger at ``version`` and the shard's index; None when
+        no shard that answers holds one."""
+        for index, link in enumerate(self._links):
+            try:
+                copy = link.read_ledger()
+            except (grpc.RpcError, ShardRefused) as err:
+                log.warning("PS %d did not give its copy of the task ledger: %s", index, err)
+                continue
+            if copy.whole and copy.version == version:
+                return index, copy
+        return None
 
     def describe(self) -> list[ShardView | None]:
         """Every shard's state; None for a shard that did not answer in time."""

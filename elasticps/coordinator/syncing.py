@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -22,7 +23,7 @@ import grpc
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.ledger import Ledger
 from elasticps.coordinator.rounds import Admission, Period, Rounds
-from elasticps.coordinator.shards import RoundAborted, ShardRefused, Shards
+from elasticps.coordinator.shards import RoundAborted, ShardRefused, Shards, TaskAdvance
 from elasticps.rpc.waking import Changes
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Outcome(Enum):
     COMMITTED = "committed"  # the worker's gradient is in a committed round
     REFUSED = "refused"  # not taken: the worker pulls and trains that minibatch again
     PENDING = "pending"  # its round is still open: the worker asks again
+    VOID = "void"  # not taken: its task is no longer the worker's; the worker leaves the task
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Join:
     worker: str
     version: int
     period: Period | None = None  # LocalSGD: the period the gradient ends
+    task_id: int = 0  # the training task it belongs to (0: not said)
+    task_records: int = 0  # the task's records (from its start) it brings into the model, its own included
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class JoinAnswer:
     outcome: Outcome
     version: int  # the rounds' version
     local_steps: int = 0  # committed, LocalSGD: the workers' next period
+
+
+@dataclass(frozen=True)
+class _Joined:
+    version: int  # the gradient was computed on
+    round: int  # the round it joined
+    task_id: int
+    task_records: int
 
 
 class CommitFailed(Exception):
@@ -65,7 +77,7 @@ class SyncRounds:
         self._checkpoint_steps = checkpoint_steps
         self.lock = threading.Condition()  # guards rounds and joined (a lock: joins wait on changes)
         self.changes = Changes()  # notified per commit, abort, recovery and tick: waiting joins look again
-        self.joined: dict[str, tuple[int, int]] = {}  # worker -> (version computed on, round joined)
+        self.joined: dict[str, _Joined] = {}  # worker -> its gradient in the open or a past round
         self.shard_problem = ""  # what the status says about shards that lost their model
         self.incarnation = 0  # bumped by every rollback; saved with the ledger
 
@@ -82,24 +94,29 @@ class SyncRounds:
                     log.warning("round %d could not be committed: %s", rounds.version, err)
                     raise CommitFailed(str(err)) from err
                 joined = self.joined.get(worker)
-                if joined is None or joined[0] != version:  # a new gradient: ask to join
+                if joined is None or joined.version != version:  # a new gradient: ask to join
                     with self._ledger.lock:
                         self._ledger.queue.heartbeat(worker)
                         live = len(self._ledger.queue.live_workers())
+                        void = join.task_id > 0 and not self._ledger.queue.holds(worker, join.task_id)
+                    if void:
+                        return JoinAnswer(Outcome.VOID, rounds.version), rounds.version
                     admission = rounds.join(worker, version, live, join.period)
                     if admission is Admission.REFUSED:
                         return JoinAnswer(Outcome.REFUSED, rounds.version), rounds.version
                     if admission is Admission.ADMITTED:
-                        self.joined[worker] = (version, rounds.version)
+                        self.joined[worker] = _Joined(version, rounds.version, join.task_id, join.task_records)
                         continue  # the join may complete the quorum
                 else:
-                    counted = rounds.counted(worker, joined[1])
+                    counted = rounds.counted(worker, joined.round)
                     if counted is True:
-                        committed = JoinAnswer(Outcome.COMMITTED, rounds.version, rounds.period_after(joined[1]))
+                        committed = JoinAnswer(Outcome.COMMITTED, rounds.version, rounds.period_after(joined.round))
                         return committed, rounds.version
                     if counted is False or not rounds.is_member(worker):  # taken out: its task went back
                         del self.joined[worker]  # its next gradient, even of this version, may join
-                        return JoinAnswer(Outcome.REFUSED, rounds.version), rounds.version
+                        with self._ledger.lock:
+                            void = joined.task_id > 0 and not self._ledger.queue.holds(worker, joined.task_id)
+                        return JoinAnswer(Outcome.VOID if void else Outcome.REFUSED, rounds.version), rounds.version
                 return None, rounds.version
 
     def advance(self) -> None:
@@ -120,23 +137,45 @@ class SyncRounds:
         if closed is None:
             return
         try:
-            versions = self.shards.commit(closed.round, closed.members)
+            versions = self.shards.commit(closed.round, closed.members, self._advances(closed.round, closed.members))
         except RoundAborted as err:
             # Checked before anything was applied: the round is dropped, its members train again.
             log.warning("round %d aborted: %s", closed.round, err)
             rounds.abort(closed)
+            with self._ledger.lock:
+                self._ledger.queue.round_settled(committed=False)
             self.changes.notify()
             return
         rounds.committed(closed)
+        with self._ledger.lock:  # before the ledger is saved at this version: what its model holds
+            self._ledger.queue.round_settled(committed=True)
         if any(v != rounds.version for v in versions):
             self.shard_problem = f"after round {closed.round} the shards are at versions {versions}"
             log.error("%s", self.shard_problem)
         self._save_ledger(rounds.version)
         self.changes.notify()
 
+    def _advances(self, round_: int, members: Sequence[str]) -> list[TaskAdvance]:
+        """How far the round brings each of its members' training tasks: what every shard's copy
+        of the ledger keeps (``ps/applied.py``)."""
+        advances = []
+        with self._ledger.lock:
+            for worker in members:
+                joined = self.joined.get(worker)
+                if joined is None or joined.round != round_ or joined.task_id <= 0:
+                    continue
+                at = self._ledger.queue.advance(worker, joined.task_id, joined.task_records)
+                if at is not None:
+                    advances.append(TaskAdvance(*at, task_id=joined.task_id))
+        return advances
+
     def reset(self, version: int) -> None:
         """The rounds go on from ``version`` (after a recovery or a repair); joins start over.
         Under :attr:`lock`."""
+        closing = self.rounds.closing
+        if closing is not None:  # a round left half committed: the shards' version says whether it made it
+            with self._ledger.lock:
+                self._ledger.queue.round_settled(committed=version > closing.round)
         self.rounds.reset(version)
         self.joined.clear()
 

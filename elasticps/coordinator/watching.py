@@ -128,13 +128,28 @@ class ShardWatch:
                             f"model is the workers' copy of version {decision.version}, without the optimizer's state")
             if records_before == 0 and decision.version > 0 and not journals:
                 # PS 0 came back without a ledger while the model lived on (other shards, the workers).
-                said.append(f"the coordinator (PS 0) restarted without a checkpoint of its task ledger: every record "
-                            f"is trained again from model version {decision.version}")
+                said.append(self._rebuild_ledger(decision.version))
             if said:
                 self._rolled_back("; ".join(said) + " (spec.training.checkpointSteps keeps both)")
         self._boots = [v.boot for v in views]
         self._refused = 0
         sync.changes.notify()
+
+    def _rebuild_ledger(self, version: int) -> str:
+        """The ledger, lost with PS 0, rebuilt from a shard's copy (``ps/applied.py``) at the
+        model's ``version``; what the status says of it."""
+        found = self._sync.shards.ledger_copy(version)
+        if found is not None:
+            shard, copy = found
+            try:
+                records = self._ledger.rebuild((t.epoch, t.first, t.reached, t.task_id) for t in copy.tasks)
+            except ValueError as err:
+                log.error("PS %d's copy of the task ledger does not fit this job: %s", shard, err)
+            else:
+                return (f"the coordinator (PS 0) restarted without a checkpoint of its task ledger: rebuilt from "
+                        f"PS {shard}'s copy at model version {version}, {records} records applied")  # fmt: skip
+        return (f"the coordinator (PS 0) restarted without a checkpoint of its task ledger: every record "
+                f"is trained again from model version {version}")  # fmt: skip
 
     def _refusal(self, err: Exception) -> None:
         """A recovery failed; one a shard refused (it could not load what it listed) counts towards

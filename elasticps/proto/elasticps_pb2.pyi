@@ -113,6 +113,8 @@ class _JoinOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JoinOutco
     """admitted; the round is still open after wait_ms: ask again"""
     JOIN_OUTCOME_REFUSED: _JoinOutcome.ValueType  # 3
     """too old: the round moved on without it; pull and train again"""
+    JOIN_OUTCOME_VOID: _JoinOutcome.ValueType  # 4
+    """the task is no longer this worker's (it went back to the queue): stop"""
 
 class JoinOutcome(_JoinOutcome, metaclass=_JoinOutcomeEnumTypeWrapper): ...
 
@@ -123,6 +125,8 @@ JOIN_OUTCOME_PENDING: JoinOutcome.ValueType  # 2
 """admitted; the round is still open after wait_ms: ask again"""
 JOIN_OUTCOME_REFUSED: JoinOutcome.ValueType  # 3
 """too old: the round moved on without it; pull and train again"""
+JOIN_OUTCOME_VOID: JoinOutcome.ValueType  # 4
+"""the task is no longer this worker's (it went back to the queue): stop"""
 Global___JoinOutcome: _TypeAlias = JoinOutcome  # noqa: Y015
 
 @_typing.final
@@ -504,6 +508,7 @@ class CommitRequest(_message.Message):
     ROUND_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     dry_run: _builtins.bool
     """Check only: the shard is at `round` and holds every named gradient, and the averaged update
@@ -513,20 +518,107 @@ class CommitRequest(_message.Message):
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def applied(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskProgress]:
+        """The training tasks whose records the round brings into the model. Every shard keeps them (its
+        copy of the task ledger, ReadLedger): a coordinator that restarts without a saved ledger
+        (no checkpoints) rebuilds its own from a shard that applied every round.
+        """
+
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
         workers: _abc.Iterable[_builtins.str] | None = ...,
         dry_run: _builtins.bool = ...,
+        applied: _abc.Iterable[Global___TaskProgress] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "round", b"round", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "dry_run", b"dry_run", "round", b"round", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommitRequest: _TypeAlias = CommitRequest  # noqa: Y015
+
+@_typing.final
+class TaskProgress(_message.Message):
+    """How far committed rounds brought one training task: its epoch, its first record as it was cut
+    (the ledger's key for it), the first of its records not applied, and the id it was handed out with.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    FIRST_FIELD_NUMBER: _builtins.int
+    REACHED_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    first: _builtins.int
+    reached: _builtins.int
+    task_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        first: _builtins.int = ...,
+        reached: _builtins.int = ...,
+        task_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first", b"first", "reached", b"reached", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskProgress: _TypeAlias = TaskProgress  # noqa: Y015
+
+@_typing.final
+class LedgerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerRequest: _TypeAlias = LedgerRequest  # noqa: Y015
+
+@_typing.final
+class LedgerCopy(_message.Message):
+    """A shard's copy of the task ledger: every task the rounds it applied brought forward."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    WHOLE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """the shard's version: the copy holds the rounds up to it"""
+    whole: _builtins.bool
+    """The shard applied every round since version 0 (it was neither restored from a checkpoint nor
+    repaired with a worker's copy after a restart): only such a copy is the ledger's.
+    """
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskProgress]: ...
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        whole: _builtins.bool = ...,
+        tasks: _abc.Iterable[Global___TaskProgress] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks", "version", b"version", "whole", b"whole"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerCopy: _TypeAlias = LedgerCopy  # noqa: Y015
 
 @_typing.final
 class CommitReply(_message.Message):
@@ -935,6 +1027,8 @@ class JoinRequest(_message.Message):
     LOCAL_STEPS_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     LEARNING_RATE_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TASK_RECORDS_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     version: _builtins.int
     """the model version the gradient was computed on (>= 0)"""
@@ -947,6 +1041,13 @@ class JoinRequest(_message.Message):
     """
     loss: _builtins.float
     learning_rate: _builtins.float
+    task_id: _builtins.int
+    """The training task the gradient belongs to and how many of its records (counted from the
+    task's start as handed out) it brings into the model, this gradient's included (0, 0: not
+    said). Once the round commits, those records count as applied: a task that goes back to the
+    queue afterwards is handed out again only from there.
+    """
+    task_records: _builtins.int
     def __init__(
         self,
         *,
@@ -956,10 +1057,12 @@ class JoinRequest(_message.Message):
         local_steps: _builtins.int = ...,
         loss: _builtins.float = ...,
         learning_rate: _builtins.float = ...,
+        task_id: _builtins.int = ...,
+        task_records: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "local_steps", b"local_steps", "loss", b"loss", "version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning_rate", b"learning_rate", "local_steps", b"local_steps", "loss", b"loss", "task_id", b"task_id", "task_records", b"task_records", "version", b"version", "wait_ms", b"wait_ms", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1128,7 +1231,7 @@ class JobStatus(_message.Message):
 
     @_builtins.property
     def epoch_records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """records trained, per epoch"""
+        """records trained, per epoch (sync: as committed rounds apply them)"""
 
     @_builtins.property
     def shard_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:

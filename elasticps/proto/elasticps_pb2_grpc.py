@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
                 _registered_method=True)
+        self.ReadLedger = channel.unary_unary(
+                '/elasticps.v1.ParameterServer/ReadLedger',
+                request_serializer=elasticps_dot_proto_dot_elasticps__pb2.LedgerRequest.SerializeToString,
+                response_deserializer=elasticps_dot_proto_dot_elasticps__pb2.LedgerCopy.FromString,
+                _registered_method=True)
         self.PullEmbeddings = channel.unary_stream(
                 '/elasticps.v1.ParameterServer/PullEmbeddings',
                 request_serializer=elasticps_dot_proto_dot_elasticps__pb2.EmbeddingRequest.SerializeToString,
@@ -114,6 +119,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadLedger(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PullEmbeddings(self, request, context):
         """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
         the version the rows are of) and one "rows" tensor per table, marked with `table`.
@@ -154,6 +165,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.RestoreShard,
                     request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.FromString,
                     response_serializer=elasticps_dot_proto_dot_elasticps__pb2.ShardState.SerializeToString,
+            ),
+            'ReadLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadLedger,
+                    request_deserializer=elasticps_dot_proto_dot_elasticps__pb2.LedgerRequest.FromString,
+                    response_serializer=elasticps_dot_proto_dot_elasticps__pb2.LedgerCopy.SerializeToString,
             ),
             'PullEmbeddings': grpc.unary_stream_rpc_method_handler(
                     servicer.PullEmbeddings,
@@ -323,6 +339,33 @@ class ParameterServer:
             '/elasticps.v1.ParameterServer/RestoreShard',
             elasticps_dot_proto_dot_elasticps__pb2.RestoreRequest.SerializeToString,
             elasticps_dot_proto_dot_elasticps__pb2.ShardState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticps.v1.ParameterServer/ReadLedger',
+            elasticps_dot_proto_dot_elasticps__pb2.LedgerRequest.SerializeToString,
+            elasticps_dot_proto_dot_elasticps__pb2.LedgerCopy.FromString,
             options,
             channel_credentials,
             insecure,

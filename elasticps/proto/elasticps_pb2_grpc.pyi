@@ -54,6 +54,7 @@ class ParameterServerStub:
     CommitRound: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]
     DescribeShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]
     RestoreShard: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]
+    ReadLedger: _grpc.UnaryUnaryMultiCallable[_elasticps_pb2.LedgerRequest, _elasticps_pb2.LedgerCopy]
     PullEmbeddings: _grpc.UnaryStreamMultiCallable[_elasticps_pb2.EmbeddingRequest, _elasticps_pb2.Frame]
     """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
     the version the rows are of) and one "rows" tensor per table, marked with `table`.
@@ -73,6 +74,7 @@ class ParameterServerAsyncStub(ParameterServerStub):
     CommitRound: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.CommitRequest, _elasticps_pb2.CommitReply]  # type: ignore[assignment]
     DescribeShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.DescribeRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
     RestoreShard: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.RestoreRequest, _elasticps_pb2.ShardState]  # type: ignore[assignment]
+    ReadLedger: _aio.UnaryUnaryMultiCallable[_elasticps_pb2.LedgerRequest, _elasticps_pb2.LedgerCopy]  # type: ignore[assignment]
     PullEmbeddings: _aio.UnaryStreamMultiCallable[_elasticps_pb2.EmbeddingRequest, _elasticps_pb2.Frame]  # type: ignore[assignment]
     """The rows of the ids asked (rows not held yet are made): a head (version, incarnation: sync,
     the version the rows are of) and one "rows" tensor per table, marked with `table`.
@@ -125,6 +127,13 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _elasticps_pb2.RestoreRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_elasticps_pb2.ShardState, _abc.Awaitable[_elasticps_pb2.ShardState]]: ...
+
+    @_abc_1.abstractmethod
+    def ReadLedger(
+        self,
+        request: _elasticps_pb2.LedgerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_elasticps_pb2.LedgerCopy, _abc.Awaitable[_elasticps_pb2.LedgerCopy]]: ...
 
     @_abc_1.abstractmethod
     def PullEmbeddings(

@@ -32,7 +32,7 @@ from elasticps.coordinator.bulk import BulkJoins
 from elasticps.coordinator.engine import Coordinator
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
-from elasticps.coordinator.shards import RemoteShard, ShardLink, ShardRefused, Shards, ShardView
+from elasticps.coordinator.shards import LedgerView, RemoteShard, ShardLink, ShardRefused, Shards, ShardView, TaskAdvance
 from elasticps.coordinator.settings import queue_settings
 from elasticps.data.readers import DataError
 from elasticps.exits import user_error
@@ -40,7 +40,8 @@ from elasticps.files import write_atomically
 from elasticps.ps.bulk import BulkServer
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.metrics import PSMetrics
-from elasticps.ps.servicer import ParameterServerServicer
+from elasticps.ps.applied import TaskProgress
+from elasticps.ps.servicer import ParameterServerServicer, ledger_message
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, UninitializedError
 from elasticps.rpc.channels import bind
@@ -199,11 +200,15 @@ class LocalShard:
         self._store = store
         self._metrics = metrics
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+        progress = [TaskProgress(t.epoch, t.first, t.reached, t.task_id) for t in tasks]
         try:
-            return self._store.commit(round_, workers, dry_run).version
+            return self._store.commit(round_, workers, dry_run, progress).version
         except (RoundError, UninitializedError) as err:
             raise ShardRefused(0, str(err)) from err
+
+    def read_ledger(self) -> LedgerView:
+        return LedgerView.of(ledger_message(self._store.applied.copy()))
 
     def describe(self) -> ShardView:
         store = self._store

@@ -52,6 +52,7 @@ from elasticps.api.optimizer import OptimizerConfig, OptimizerError
 from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.rpc.embedding_wire import ids_of, spec_of
+from elasticps.ps.applied import LedgerCopy, TaskProgress
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
 from elasticps.ps.versions import version_problem
 from elasticps.rpc import edges, frames, guard, receiving
@@ -274,14 +275,22 @@ class ParameterServerServicer:
         return list(frames.encode(head, {}, self._chunk_bytes, embeddings=parts))
 
     def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:
+        if len(request.applied) > len(request.workers) or any(
+            min(t.epoch, t.first, t.reached, t.task_id) < 0 or t.reached < t.first for t in request.applied
+        ):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "CommitRound: applied names more tasks than members, "
+                          "or a negative or backward one")  # fmt: skip
         try:
-            outcome = self._store.commit(request.round, list(request.workers), request.dry_run)
+            outcome = self._store.commit(request.round, list(request.workers), request.dry_run, tasks_of(request))
         except UninitializedError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except RoundError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         self._metrics.model_version.set(outcome.version)
         return pb.CommitReply(version=outcome.version)
+
+    def ReadLedger(self, request: pb.LedgerRequest, context: grpc.ServicerContext) -> pb.LedgerCopy:
+        return ledger_message(self._store.applied.copy())
 
     def DescribeShard(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.ShardState:
         store = self._store
@@ -339,6 +348,9 @@ def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> Non
         "RestoreShard": edges.unary_unary(
             servicer.RestoreShard, "RestoreShard", pb.RestoreRequest.FromString, pb.ShardState.SerializeToString
         ),
+        "ReadLedger": edges.unary_unary(
+            servicer.ReadLedger, "ReadLedger", pb.LedgerRequest.FromString, pb.LedgerCopy.SerializeToString
+        ),
         "PullEmbeddings": edges.unary_stream(
             servicer.PullEmbeddings, "PullEmbeddings", pb.EmbeddingRequest.FromString, None
         ),
@@ -371,3 +383,13 @@ class _Batches:
     def close(self) -> None:
         with self._lock:
             self._messages.close()
+
+
+def tasks_of(request: pb.CommitRequest) -> list[TaskProgress]:
+    """The training tasks a commit brings forward (``ps/applied.py``)."""
+    return [TaskProgress(t.epoch, t.first, t.reached, t.task_id) for t in request.applied]
+
+
+def ledger_message(copy: LedgerCopy) -> pb.LedgerCopy:
+    tasks = [pb.TaskProgress(epoch=t.epoch, first=t.first, reached=t.reached, task_id=t.task_id) for t in copy.tasks]
+    return pb.LedgerCopy(version=copy.version, whole=copy.whole, tasks=tasks)

@@ -8,7 +8,8 @@ chosen once from ``settings.mode``:
   and its learning rate, and refused with :class:`GradientError` before anything changes; then the
   rule applies or stages it and says when the version moves;
 * sync: a commit from the coordinator applies one round's staged gradients (:meth:`ParameterStore.commit`);
-  with ``round_log`` set, each commit's minibatches are appended there, one JSON line per round;
+  with ``round_log`` set, each commit's minibatches are appended there, one JSON line per round,
+  and a line for each restore from a checkpoint (the rounds from its version on left the model);
 * a pull reads under the rule's guard (:meth:`ParameterStore.reading`); whether a version can be
   encoded once for every puller is :attr:`ParameterStore.consistent_reads`, the rule's answer;
 * the model's non-trainable state (BatchNorm statistics) comes with the initial model and with every
@@ -38,6 +39,7 @@ import numpy as np
 from elasticps.api.embedding import PART_GRADIENT, PART_IDS, PART_ROWS, EmbeddingError, TableSpec, as_ids
 from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
+from elasticps.ps.applied import AppliedTasks, TaskProgress
 from elasticps.ps.arrivals import PushHead, Stream
 from elasticps.ps.checkpointing import Checkpointing, capture
 from elasticps.api.table_kinds import TableKind
@@ -138,6 +140,7 @@ class ParameterStore:
         self._checkpoints = Checkpointing.for_shard(settings)
         self._version = ModelVersion(on_advance=self._advanced)
         self._round_log_lock = threading.Lock()
+        self.applied = AppliedTasks()  # sync: the task ledger's copy (``applied.py``)
         # A new number for every start of this shard: the coordinator tells a restarted shard by it.
         self.boot = secrets.randbits(62) + 1
         # Which timeline the version counts on: bumped by the coordinator with every rollback.
@@ -258,6 +261,7 @@ class ParameterStore:
             if incarnation is not None:
                 self.incarnation = incarnation
             self._version.reset(version)
+            self.applied.installed(version)
             self._model = model  # last: a push or pull that sees the model sees it whole
 
     def on_version_change(self, listener: Callable[[], None]) -> None:
@@ -390,26 +394,36 @@ class ParameterStore:
         base_lr = learning_rate if learning_rate > 0 else model.optimizer.learning_rate
         return self._rule.open_stream(self._version, PushHead(version, base_lr, worker, minibatch))
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool = False) -> CommitOutcome:
+    def commit(
+        self, round_: int, workers: Sequence[str], dry_run: bool = False, tasks: Sequence[TaskProgress] = ()
+    ) -> CommitOutcome:
         """Applies sync round ``round_`` with the staged gradients of ``workers`` (RoundError if it
-        cannot); with ``dry_run`` only checks that it could."""
+        cannot), bringing the training ``tasks`` forward in the ledger's copy; with ``dry_run``
+        only checks that it could."""
         outcome = self._rule.commit(self._require_model(), self._version, round_, workers, dry_run)
-        if outcome.applied and self.settings.round_log is not None:
-            self._log_round(round_, outcome)
+        if outcome.applied:
+            self.applied.committed(outcome.version, tasks)
+            if self.settings.round_log is not None:
+                self._log_round(round_, outcome)
         return outcome
 
     def _log_round(self, round_: int, outcome: CommitOutcome) -> None:
-        line = json.dumps({"shard": self.settings.shard, "round": round_, "minibatches": list(outcome.applied),
-                           "summed": outcome.summed})  # fmt: skip
+        self._append_to_round_log({"round": round_, "minibatches": list(outcome.applied), "summed": outcome.summed})
+
+    def _append_to_round_log(self, entry: dict[str, object]) -> None:
+        """One line of the round log: a round committed, or the model restored from a checkpoint
+        (``{"restored": version}``: the rounds from that version on are no longer in the model)."""
         path = self.settings.round_log
-        assert path is not None
+        if path is None:
+            return
+        line = json.dumps({"shard": self.settings.shard, **entry})
         try:
             with self._round_log_lock:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as log_file:
                     log_file.write(line + "\n")
         except OSError as err:  # an audit aid: never fails the commit that was applied
-            log.error("cannot append round %d to %s: %s", round_, path, err)
+            log.error("cannot append to %s: %s", path, err)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _advanced(self, version: int) -> None:
@@ -442,6 +456,7 @@ class ParameterStore:
         with self._installing:
             self._install(model, version, incarnation)
             self._checkpoints.rolled_back(version)
+        self._append_to_round_log({"restored": version})
         log.info("shard %d rolled back to version %d (incarnation %d), embedding rows %s", self.settings.shard, version,
                  incarnation, self.rows_held())
 
@@ -453,5 +468,6 @@ class ParameterStore:
         model, version = found
         with self._installing:
             self._install(model, version)
+        self._append_to_round_log({"restored": version})
         log.info("shard %d restored version %d from %s", self.settings.shard, version, self._checkpoints.directory)
         return True

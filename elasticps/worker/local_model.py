@@ -334,7 +334,7 @@ class LocalModel:
             return Pushed([False] * self._ps.num_shards, list(self._versions))
 
     def join(self, pushed: Pushed, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0,
-             learning_rate: float = 0.0) -> pb.JoinReply | None:  # fmt: skip
+             learning_rate: float = 0.0, task_id: int = 0, task_records: int = 0) -> pb.JoinReply | None:  # fmt: skip
         """Sync, after :meth:`push` with a joining ``pull_behind``: joins the round behind the push on PS 0
         (``Behind.join``), then reads the pulls behind in the background; the coordinator's answer,
         or None when the join could not go that way (the caller joins over gRPC)."""
@@ -342,7 +342,8 @@ class LocalModel:
             return None  # refused: the caller drops the pulls behind
         try:
             request = pb.JoinRequest(worker=self.worker, version=version, wait_ms=wait_ms, local_steps=local_steps,
-                                     loss=loss, learning_rate=learning_rate)  # fmt: skip
+                                     loss=loss, learning_rate=learning_rate, task_id=task_id,
+                                     task_records=task_records)  # fmt: skip
             return pushed.behind.join(request)
         finally:
             self._read_behind(pushed)

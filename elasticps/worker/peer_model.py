@@ -128,10 +128,10 @@ class HopStep:
     def counters(self) -> Any:
         return self._hop.counters
 
-    def start_task(self) -> None:
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
         pass
 
-    def train(self, x: Any, y: Any) -> float:
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
         trainer = self._model.trainer
         losses: list[float] = []
 

@@ -71,7 +71,8 @@ class CoordinatorLike(Protocol):
     def leave(self) -> None: ...
 
     def join_round(
-        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0,
+        task_id: int = 0, task_records: int = 0,
     ) -> pb.JoinReply: ...
 
     def status(self, timeout_s: float = 5.0) -> pb.JobStatus: ...
@@ -81,5 +82,6 @@ class RoundsLike(Protocol):
     """The coordinator as a sync or LocalSGD step sees it: joining rounds (``CoordinatorClient.join_round``)."""
 
     def join_round(
-        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0,
+        task_id: int = 0, task_records: int = 0,
     ) -> pb.JoinReply: ...

@@ -26,6 +26,12 @@ Each step uses the :class:`LocalModel` for the model traffic and only decides wh
   trained again: pull, the period's minibatches again, push. A task's last period ends with the
   task, however short, so that no record of a reported task is left out of the model.
 
+A sync or LocalSGD join names the task and how many of its records the gradient brings in: the
+coordinator counts them applied once the round commits, so a task that goes back to the queue is
+handed out again only from there. A task that went back (the worker was silent too long, PS 0
+rolled back) is VOID at the worker's next join: the step raises :class:`TaskVoid`, and the loop
+leaves the task without reporting it.
+
 A new mode is one class here implementing :class:`Step`, one entry in :data:`STEPS`, and the spec
 field that selects it in ``api/modes.py``.
 """
@@ -54,32 +60,56 @@ BEHIND_WAIT_MS = 10_000
 JOIN_BEHIND = PullBehind(BEHIND_WAIT_MS, join=True)
 
 
+class TaskVoid(Exception):
+    """The coordinator says the task is no longer this worker's: it went back to the queue."""
+
+
 class Step(Protocol):
     """One mode's way of training minibatches, called by the training loop for each training task."""
 
-    def start_task(self) -> None:
-        """A training task begins."""
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
+        """Training task ``task_id`` of ``epoch`` begins."""
 
-    def train(self, x: Any, y: Any) -> float:
-        """Trains one minibatch against the PS; returns its mean loss."""
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
+        """Trains one minibatch (of ``records`` records) against the PS; returns its mean loss."""
 
     def end_task(self) -> None:
         """The task's minibatches are done; afterwards nothing of the task may still be travelling."""
 
 
-def joined(model: LocalModel, rounds: RoundsLike, pushed: Pushed, version: int, local_steps: int = 0,
-           loss: float = 0.0, learning_rate: float = 0.0) -> pb.JoinReply | None:  # fmt: skip
-    """Joins the round with what ``pushed`` staged on every shard (computed on ``version``; LocalSGD:
-    a period of ``local_steps`` at mean ``loss``): behind the push on PS 0, over gRPC where that
-    cannot go. The COMMITTED answer, or None when the round did not take it."""
-    reply = model.join(pushed, version, JOIN_WAIT_MS, local_steps, loss, learning_rate)
+class TaskPlace:
+    """Where a step is in its task: the task's id and the records trained so far."""
+
+    def __init__(self) -> None:
+        self.task_id = 0
+        self.epoch = 0
+        self.records = 0
+
+    def start(self, task_id: int, epoch: int) -> None:
+        self.task_id, self.epoch, self.records = task_id, epoch, 0
+
+    def name(self, worker: str, session: str, sequence: int) -> str:
+        """A minibatch's name on the PS (its round log's entry): unique, and it names the epoch."""
+        return f"{worker}/{session}/{sequence}/e{self.epoch}"
+
+
+def joined(model: LocalModel, rounds: RoundsLike, pushed: Pushed, version: int, place: TaskPlace,
+           local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0) -> pb.JoinReply | None:  # fmt: skip
+    """Joins the round with what ``pushed`` staged on every shard (computed on ``version``, bringing
+    the task's records up to ``place``; LocalSGD: a period of ``local_steps`` at mean ``loss``):
+    behind the push on PS 0, over gRPC where that cannot go. The COMMITTED answer, or None when
+    the round did not take it; :class:`TaskVoid` when the task is no longer this worker's."""
+    task = {"task_id": place.task_id, "task_records": place.records}
+    reply = model.join(pushed, version, JOIN_WAIT_MS, local_steps, loss, learning_rate, **task)
     while True:
         if reply is None:
-            reply = rounds.join_round(version, JOIN_WAIT_MS, local_steps, loss, learning_rate)
+            reply = rounds.join_round(version, JOIN_WAIT_MS, local_steps, loss, learning_rate, **task)
         if reply.outcome == pb.JOIN_OUTCOME_COMMITTED:
             return reply
         if reply.outcome == pb.JOIN_OUTCOME_REFUSED:
             return None
+        if reply.outcome == pb.JOIN_OUTCOME_VOID:
+            raise TaskVoid(f"task {place.task_id} went back to the queue")
         reply = None  # pending: ask again
 
 
@@ -90,14 +120,16 @@ class SyncStep:
         self._rounds = rounds
         self._session = secrets.token_hex(3)  # minibatch names stay unique across restarts
         self._sequence = 0
+        self._place = TaskPlace()
 
-    def start_task(self) -> None:
-        pass
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
+        self._place.start(task_id, epoch)
 
-    def train(self, x: Any, y: Any) -> float:
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
         model = self._model
         self._sequence += 1
-        minibatch = f"{model.worker}/{self._session}/{self._sequence}"  # kept when trained again
+        self._place.records += records
+        minibatch = self._place.name(model.worker, self._session, self._sequence)  # kept when trained again
         while True:
             model.pull_aligned(ALIGN_WAIT_MS)
             version = model.versions[0]
@@ -105,7 +137,12 @@ class SyncStep:
             # A pull goes behind the gradient on each shard, answered as soon as that shard commits the
             # round; on PS 0 the join goes first, behind the gradient, on the same connection.
             pushed = model.push(gradients, minibatch, JOIN_BEHIND if self._pull_ahead else None)
-            if pushed.all_accepted and joined(model, self._rounds, pushed, version) is not None:
+            try:
+                taken = pushed.all_accepted and joined(model, self._rounds, pushed, version, self._place) is not None
+            except TaskVoid:
+                model.drop_behind(pushed)
+                raise
+            if taken:
                 if self._pull_ahead:
                     model.pull_behind(pushed)  # committed: the next step's model, read while the loop goes on
                 return loss
@@ -133,17 +170,20 @@ class LocalSGDStep:
         self._version = 0  # the version they were pulled at
         self._trained: list[tuple[Any, Any]] = []  # the period's minibatches, to train again if refused
         self._losses: list[float] = []
+        self._place = TaskPlace()
 
     @property
     def period(self) -> int:
         return self._period
 
-    def start_task(self) -> None:
-        pass
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
+        self._place.start(task_id, epoch)
+        self._trained, self._losses = [], []  # a task left void may have left its period behind
 
-    def train(self, x: Any, y: Any) -> float:
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
         if not self._trained:
             self._begin()
+        self._place.records += records
         loss = self._local_step(x, y)
         self._trained.append((x, y))
         self._losses.append(loss)
@@ -169,14 +209,20 @@ class LocalSGDStep:
     def _average(self) -> None:
         model = self._model
         self._sequence += 1
-        minibatch = f"{model.worker}/{self._session}/{self._sequence}"
+        minibatch = self._place.name(model.worker, self._session, self._sequence)
         while True:
             trained = model.weights()
             delta = {name: start - trained[name] for name, start in self._start.items()}
             pushed = model.push(delta, minibatch, JOIN_BEHIND)
             if pushed.all_accepted:
                 loss = sum(self._losses) / len(self._losses)
-                reply = joined(model, self._rounds, pushed, self._version, len(self._trained), loss, model.learning_rate)
+                try:
+                    reply = joined(model, self._rounds, pushed, self._version, self._place, len(self._trained), loss,
+                                   model.learning_rate)  # fmt: skip
+                except TaskVoid:
+                    model.drop_behind(pushed)
+                    self._trained, self._losses = [], []
+                    raise
                 if reply is not None:
                     self._period = max(1, reply.local_steps)
                     model.pull_behind(pushed)  # the next period's model, read while the loop goes on
@@ -199,10 +245,10 @@ class AsyncStep:
         self._model = model
         self._overlap = overlap
 
-    def start_task(self) -> None:
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
         pass
 
-    def train(self, x: Any, y: Any) -> float:
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
         # By default the pull sees this worker's own last gradient: pulling while it is in flight
         # adds a step of staleness to every gradient (measured once: with momentum 0.9 that made
         # async MNIST diverge), so it is only an option (spec.training.overlapPull).
@@ -232,10 +278,10 @@ class SSPStep:
         self._overlap = overlap
         self._since_pull = 0  # minibatches trained since the last pull, within this task
 
-    def start_task(self) -> None:
+    def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
         self._since_pull = 0  # every task starts from a fresh pull
 
-    def train(self, x: Any, y: Any) -> float:
+    def train(self, x: Any, y: Any, records: int = 0) -> float:
         if self._since_pull == 0:
             if self._overlap:
                 self._model.pull(take_ahead=True)  # the pull started with the last push, if any

@@ -55,7 +55,7 @@ from elasticps.worker.local_model import Counters, LocalModel, NonFiniteLoss
 from elasticps.worker.pacing import Pace
 from elasticps.worker.peer_model import HopStep, PeerModel
 from elasticps.worker.predicting import PredictionWriter
-from elasticps.worker.steps import Step, step_for
+from elasticps.worker.steps import Step, TaskVoid, step_for
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,9 @@ class Worker:
             else:
                 self._train(task, result)
             result.success = True
+        except TaskVoid as void:
+            log.info("%s: left, not reported", void)  # the queue hands out what it did not apply
+            return
         except ExportNotWritten as failed:
             cause = failed.__cause__ or failed
             log.error("could not write export task %d: %s", task.id, cause)
@@ -234,12 +237,12 @@ class Worker:
         loss_sum = 0.0
         nonfinite = 0
         rejected_before = self.counters.rejected
-        self._step.start_task()
+        self._step.start_task(task.id, task.epoch)
         for x, y in self._trainer.batches(features, labels, Mode.TRAINING):
             self._stop_if_asked()
             count = records_in(y)
             try:
-                loss = self._step.train(x, y)
+                loss = self._step.train(x, y, count)
                 loss_sum += loss * count
                 if not result.HasField("first_loss"):  # the model it was computed at: the pull's
                     result.first_loss, result.first_loss_version = loss, max(0, min(self._model.versions))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from elasticps.coordinator.shards import ShardView
+from elasticps.coordinator.shards import LedgerView, ShardView, TaskAdvance
 from elasticps.ps.main import LocalShard
 from elasticps.ps.store import ParameterStore
 
@@ -15,8 +15,11 @@ class Replaceable:
     def __init__(self, store: ParameterStore) -> None:
         self.link = LocalShard(store)
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
-        return self.link.commit(round_, workers, dry_run)
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+        return self.link.commit(round_, workers, dry_run, tasks)
+
+    def read_ledger(self) -> LedgerView:
+        return self.link.read_ledger()
 
     def describe(self) -> ShardView:
         return self.link.describe()

@@ -17,7 +17,7 @@ from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
-from elasticps.coordinator.shards import Shards, ShardView
+from elasticps.coordinator.shards import LedgerView, Shards, ShardView, TaskAdvance
 from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps.main import LocalShard
@@ -144,8 +144,11 @@ class Refusing:
         self.version = version
         self.asked = 0
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
         return round_
+
+    def read_ledger(self) -> LedgerView:
+        return LedgerView(0, False, ())
 
     def describe(self) -> ShardView:
         return ShardView(True, self.version, 1, 0, (20,))

@@ -30,6 +30,7 @@ from elasticps.coordinator.shards import RemoteShard, ShardLink, Shards, ShardVi
 from elasticps.coordinator.tasks.base import QueueSettings
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.proto import elasticps_pb2_grpc as pb_grpc
+from elasticps.ps.applied import TaskProgress
 from elasticps.ps.bulk import BulkServer
 from elasticps.psclient.client import PSClient, PullBehind, PushRequest
 from elasticps.ps.metrics import PSMetrics
@@ -525,3 +526,36 @@ def test_a_lone_shard_repaired_by_a_worker_is_followed_at_the_workers_version() 
     finally:
         engine.stop()
         shards.close()
+
+
+def test_a_committed_round_counts_its_tasks_records_and_a_void_tasks_join_is_told_so(
+    make_job: Callable[..., SyncJob]
+) -> None:
+    clock = Clock()
+    job = make_job(grads_to_wait=1, num_records=40, records_per_task=10, clock=clock, task_timeout=10.0)
+    w1, w2 = job.coordinator("w1"), job.coordinator("w2")
+    task = w1.get_task()
+    job.ps_client("w1").push(PushRequest(gradient("w1/1"), [0, 0], minibatch="w1/1")).result()
+    reply = w1.join_round(0, 2000, task_id=task.id, task_records=3)
+    assert (reply.outcome, reply.version) == (pb.JOIN_OUTCOME_COMMITTED, 1)
+    assert w1.status().records_done == 3  # applied, before any report
+    for store in job.stores:  # each shard's copy of the ledger, what a restarted PS 0 rebuilds from
+        assert store.applied.copy().tasks == (TaskProgress(task.epoch, task.start, task.start + 3, task.id),)
+    clock.now += 11  # w1 fell silent past the timeout: its task goes back from its 4th record
+    rest = w2.get_task()
+    assert (rest.start, rest.end, rest.epoch) == (task.start + 3, task.end, task.epoch)
+    job.ps_client("w1").push(PushRequest(gradient("w1/2"), [1, 1], minibatch="w1/2")).result()
+    void = w1.join_round(1, 0, task_id=task.id, task_records=6)
+    assert void.outcome == pb.JOIN_OUTCOME_VOID
+    assert [e["minibatches"] for e in job.round_log(0)] == [["w1/1"]]  # the void gradient joined nothing
+    job.ps_client("w2").push(PushRequest(gradient("w2/1"), [1, 1], minibatch="w2/1")).result()
+    assert w2.join_round(1, 2000, task_id=rest.id, task_records=7).outcome == pb.JOIN_OUTCOME_COMMITTED
+    w2.report(pb.TaskResult(task_id=rest.id, success=True, records=7))
+    assert w2.status().records_done == 10
+
+
+def test_a_join_with_a_negative_task_is_invalid_argument(make_job: Callable[..., SyncJob]) -> None:
+    job = make_job(grads_to_wait=1, num_records=40, records_per_task=10)
+    with pytest.raises(grpc.RpcError) as err:
+        job.coordinator("w1").join_round(0, 0, task_id=-1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "task_id" in err.value.details()

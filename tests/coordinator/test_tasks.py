@@ -458,3 +458,109 @@ def test_in_the_last_epoch_with_nothing_left_only_holders_of_training_tasks_can_
     evaluation = get_task(q, "a")
     assert evaluation.kind is TaskKind.EVALUATION
     assert q.can_train() == set()  # an evaluation task is no training work
+
+
+# ---- records applied by sync rounds (issue 35, Found 7) -------------------------------------------
+
+
+def test_a_task_that_goes_back_after_rounds_applied_part_of_it_is_handed_out_from_there() -> None:
+    q, clock = queue(num_records=40, records_per_task=10, task_timeout=10.0)
+    held = get_task(q, "w1")
+    q.applied("w1", held.id, 4)  # two rounds took its first two minibatches of 2
+    assert q.progress().records_done == 4
+    clock.now += 11  # w1 fell silent
+    q.requeue_silent()
+    assert not q.holds("w1", held.id)  # its next join hears the task is void
+    rest = get_task(q, "w2")
+    assert (rest.start, rest.end, rest.key, rest.epoch) == (held.start + 4, held.end, held.start, 0)
+    assert rest.id > held.id
+    q.applied("w1", held.id, 8)  # a late word on the void task counts nothing
+    q.applied("w2", rest.id, 6)
+    assert q.report("w2", rest.id, True)
+    assert q.progress().records_done == 10  # 4 + 6: every record once
+    assert q.state()["done"] == [[held.start]] and q.state()["partial"] == [[]]
+
+
+def test_a_task_whose_every_record_was_applied_is_done_when_it_goes_back() -> None:
+    q, _ = queue(num_records=10, records_per_task=10)
+    held = get_task(q, "w1")
+    q.applied("w1", held.id, 10)
+    q.leave("w1")  # stopped before it could report
+    assert q.training_done and q.progress().epoch_records == (10,)
+    assert q.get("w2", 0) is Finished.FINISHED  # no validation data: nothing more to hand out
+
+
+def test_applied_records_never_go_back_nor_past_the_task() -> None:
+    q, _ = queue(num_records=10, records_per_task=10)
+    held = get_task(q, "w1")
+    q.applied("w1", held.id, 6)
+    q.applied("w1", held.id, 2)  # an older round's word, heard late
+    q.applied("w1", held.id, 10**12)
+    assert q.progress().records_done == 10
+    q.applied("w2", held.id, 4)  # not w2's task
+    assert q.progress().records_done == 10
+
+
+def test_a_restored_ledger_hands_out_a_partly_applied_task_from_its_first_record_not_applied() -> None:
+    q, clock = queue(num_records=30, records_per_task=10)
+    a, b = get_task(q, "w1"), get_task(q, "w2")
+    q.applied("w1", a.id, 4)  # saved with the checkpoint of this round's version
+    q.applied("w2", b.id, 10)  # every record of b applied, its report lost with PS 0
+    state = q.state()
+    restarted = TaskQueue(QueueSettings(num_records=30, records_per_task=10, num_epochs=1), clock)
+    restarted.restore(state)
+    assert restarted.progress().epoch_records == (14,)
+    handed = []
+    while isinstance(got := restarted.get("w3", 0), Task):
+        handed.append((got.start, got.end, got.key))
+        restarted.report("w3", got.id, True)
+    assert sorted(handed) == sorted([(a.start + 4, a.end, a.start), *[(t, t + 10, t) for t in {0, 10, 20} - {a.start, b.start}]])
+    assert restarted.finished and restarted.progress().epoch_records == (30,)
+
+
+def test_a_ledger_whose_partial_task_lies_outside_it_is_refused() -> None:
+    q, clock = queue(num_records=30, records_per_task=10)
+    get_task(q, "w1")
+    state = q.state()
+    state["partial"] = [[[0, 11]]]
+    with pytest.raises(ValueError, match="outside it"):
+        TaskQueue(QueueSettings(num_records=30, records_per_task=10, num_epochs=1), clock).restore(state)
+
+
+def test_a_ledger_rebuilt_from_a_shards_copy_hands_out_only_what_was_not_applied() -> None:
+    q, _ = queue(num_records=30, records_per_task=10, num_epochs=2)
+    # Epoch 0 done but for task 10 (4 records applied); epoch 1 begun with task 20 half applied.
+    records = q.rebuild([(0, 0, 10, 3), (0, 10, 14, 5), (0, 20, 30, 4), (1, 20, 25, 9)])
+    assert records == 29 and q.progress().epoch_records == (24, 5)
+    handed = []
+    while isinstance(got := q.get("w1", 0), Task):
+        assert got.id > 9  # ids go on past every one the shard saw
+        handed.append((got.epoch, got.start, got.end))
+        q.report("w1", got.id, True)
+    assert sorted(handed) == [(0, 14, 20), (1, 0, 10), (1, 10, 20), (1, 25, 30)]
+    assert q.finished and q.progress().epoch_records == (30, 30)
+
+
+@pytest.mark.parametrize(("advances", "why"), [
+    ([(2, 0, 5, 1)], "epoch 2"), ([(0, 5, 8, 1)], "does not cut"), ([(0, 0, 11, 1)], "outside it"),
+])  # fmt: skip
+def test_a_shards_copy_that_does_not_fit_the_data_is_refused(advances: list[tuple[int, int, int, int]], why: str) -> None:
+    q, _ = queue(num_records=30, records_per_task=10, num_epochs=2)
+    with pytest.raises(ValueError, match=why):
+        q.rebuild(advances)
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "aborted"])
+def test_a_task_that_goes_back_while_a_round_commits_it_waits_for_the_rounds_outcome(committed: bool) -> None:
+    q, clock = queue(num_records=10, records_per_task=10, task_timeout=10.0)
+    held = get_task(q, "w1")
+    q.applied("w1", held.id, 2)
+    assert q.advance("w1", held.id, 4) == (0, 0, 4)  # a round bringing it to 4 is being committed
+    clock.now += 11
+    q.requeue_silent()  # w1 fell silent meanwhile: its task goes back, but not yet
+    assert not q.holds("w1", held.id) and not q.report("w1", held.id, True)
+    assert q.get("w2", 0) is Wait.WAIT  # nothing handed out while the round's outcome is open
+    q.round_settled(committed)
+    rest = get_task(q, "w2")
+    assert (rest.start, rest.end) == ((4, 10) if committed else (2, 10))
+    assert q.progress().records_done == (4 if committed else 2)

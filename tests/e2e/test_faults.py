@@ -52,7 +52,7 @@ def coordinator(run_dir: Path) -> CoordinatorClient:
 
 def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tasks of 6,000 records (one per worker per epoch): once a sync round averaged both workers'
-    # gradients (shard 0's round log says so) and no task is reported yet, each worker is inside its
+    # gradients (shard 0's round log says so) and no task is done yet, each worker is inside its
     # first task, so the kill always leaves a task behind. (The version alone is no sign: a round
     # counts the live workers, and it moves with one worker while the other is still starting.)
     rounds_log = tmp_path / "rounds"
@@ -65,8 +65,8 @@ def test_kill_worker_mid_job_every_record_still_trained(tmp_path: Path, monkeypa
         lines = log.read_text().splitlines()[:-1] if log.exists() else []  # the last may be half written
         return any(len(json.loads(line)["minibatches"]) == 2 for line in lines)
 
-    def inside_first_tasks() -> bool:
-        return both_in_a_round() and client.status().records_done == 0
+    def inside_first_tasks() -> bool:  # records count as rounds apply them: under 6,000, no task is done
+        return both_in_a_round() and client.status().records_done < 6000
 
     wait_for(inside_first_tasks, 120, "both workers inside their first task")
     victim = int((run_dir / "faults-worker-0.pid").read_text())

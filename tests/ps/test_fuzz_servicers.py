@@ -32,7 +32,7 @@ from elasticps.coordinator.engine import Coordinator as Engine
 from elasticps.coordinator.rounds import Rounds
 from elasticps.coordinator.servicer import CoordinatorServicer
 from elasticps.coordinator.servicer import add_to_server as add_coordinator
-from elasticps.coordinator.shards import Shards, ShardView
+from elasticps.coordinator.shards import LedgerView, Shards, ShardView, TaskAdvance
 from elasticps.coordinator.tasks.base import MAX_COUNT, QueueSettings
 from elasticps.coordinator.tasks.queue import TaskQueue
 from elasticps.proto import elasticps_pb2 as pb
@@ -456,8 +456,11 @@ def test_the_ps_client_retries_a_resource_exhausted_push_until_a_slot_is_free(
 class StillShard:
     """A shard link that never moves (the sync coordinator is never made ready here)."""
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
         return round_
+
+    def read_ledger(self) -> LedgerView:
+        return LedgerView(0, False, ())
 
     def describe(self) -> ShardView:
         return ShardView(True, 0, 1)

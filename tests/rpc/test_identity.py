@@ -124,6 +124,7 @@ def a_request(service: str, method: str, worker: str = "worker-0") -> Iterable[b
         "CommitRound": pb.CommitRequest(round=1).SerializeToString(),
         "DescribeShard": pb.DescribeRequest().SerializeToString(),
         "RestoreShard": pb.RestoreRequest(version=0).SerializeToString(),
+        "ReadLedger": pb.LedgerRequest().SerializeToString(),
         "GetTask": pb.GetTaskRequest(worker=worker).SerializeToString(),
         "ReportTask": pb.TaskResult(worker=worker, task_id=1, success=True, records=10).SerializeToString(),
         "Heartbeat": pb.HeartbeatRequest(worker=worker).SerializeToString(),

@@ -283,3 +283,20 @@ def test_every_sync_minibatch_is_committed_once_in_its_own_round() -> None:
     assert [event[1] for event in commits] == [0, 1, 2, 3, 4]  # 3 + 2 minibatches, one round each
     assert [shard.version for shard in rig.ps.shards] == [5, 5]
     assert len(set(rig.ps.minibatches)) == 5
+
+
+def test_each_sync_join_names_its_task_and_the_records_it_brings_in() -> None:
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 10), training_task(2, 10, 16)])
+    rig.worker.run()
+    # Minibatches of 4: task 1's 4, 8, 10 records; task 2's 4, 6.
+    assert rig.coordinator.joined_tasks == [(1, 4), (1, 8), (1, 10), (2, 4), (2, 6)]
+    assert [name.rsplit("/", 1)[1] for name in rig.ps.minibatches] == ["e0"] * 5  # each names its epoch
+
+
+def test_a_task_whose_join_is_void_is_left_unreported_and_the_next_one_trained() -> None:
+    rig = make_worker(TrainingMode(), [training_task(1, 0, 10), training_task(2, 10, 16)])
+    rig.coordinator.answers = [pb.JOIN_OUTCOME_COMMITTED, pb.JOIN_OUTCOME_VOID]  # task 1 went back meanwhile
+    rig.worker.run()
+    assert [report.task_id for report in rig.coordinator.reports] == [2]
+    assert rig.coordinator.joined_tasks == [(1, 4), (1, 8), (2, 4), (2, 6)]
+    assert rig.worker.counters.rejected == 0

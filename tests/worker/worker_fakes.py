@@ -371,6 +371,7 @@ class FakeCoordinator:
         self.answers: list[pb.JoinOutcome.ValueType] = []
         self.before_join: Callable[[], None] | None = None  # runs once, before the next join is decided
         self.periods: list[tuple[int, float, float]] = []  # each join's (local_steps, loss, learning_rate)
+        self.joined_tasks: list[tuple[int, int]] = []  # each join's (task_id, task_records)
         self.next_period = 0  # LocalSGD: the local steps a COMMITTED reply names
         self.left = 0
         self.fail_leave = False
@@ -405,11 +406,13 @@ class FakeCoordinator:
         return self.job_status
 
     def join_round(
-        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0
+        self, version: int, wait_ms: int, local_steps: int = 0, loss: float = 0.0, learning_rate: float = 0.0,
+        task_id: int = 0, task_records: int = 0,
     ) -> pb.JoinReply:
         ps = self.ps
         assert ps is not None, "a sync worker needs the fake coordinator to know the PS"
         ps.events.append(("join", version, wait_ms))
+        self.joined_tasks.append((task_id, task_records))
         self.periods.append((local_steps, loss, learning_rate))
         hook, self.before_join = self.before_join, None
         if hook is not None:

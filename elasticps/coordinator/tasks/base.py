@@ -40,10 +40,19 @@ class Task:
     epoch: int
     model_version: int = 0  # evaluation: the version that triggered it; export, prediction: the version to use
     final: bool = False  # export: the job's last model (exactly model_version), not a periodic one
+    # Training: the first record of the task as it was cut, the ledger's key for it (-1: ``start``).
+    # A task that went back to the queue after some of its records were applied is handed out
+    # again from the first record not applied: ``start`` moves on, ``first`` stays.
+    first: int = -1
 
     @property
     def records(self) -> int:
         return self.end - self.start
+
+    @property
+    def key(self) -> int:
+        """The task's entry in the epoch's ledger: where it was cut."""
+        return self.start if self.first < 0 else self.first
 
 
 class Wait(Enum):

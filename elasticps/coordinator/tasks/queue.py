@@ -21,7 +21,7 @@ reports it and the planner fails the job (reason ExportFailed). So too, under
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from elasticps.coordinator.tasks.training import Training
 class _Doing:
     task: Task
     worker: str
+    applied: int = 0  # training: records of the task (from its start) in committed sync rounds
 
 
 class TaskQueue:
@@ -60,6 +61,11 @@ class TaskQueue:
         self.tasks_requeued = 0
         self.gradients_rejected = 0
         self._requeued_workers: set[str] = set()
+        # Sync: the tasks a round being committed brings forward (task id -> records from its start),
+        # and those of them that went back to the queue meanwhile: they are cut once the round is
+        # settled (:meth:`round_settled`), so a record is neither trained twice nor lost.
+        self._committing: dict[int, int] = {}
+        self._going_back: set[int] = set()
 
     # ---- workers ask, report, beat -----------------------------------------------------------
     def get(self, worker: str, model_version: int, settled: int | None = None) -> Task | Wait | Finished:
@@ -110,6 +116,70 @@ class TaskQueue:
         self.tasks_requeued += len(old._doing)
         self._requeued_workers |= {doing.worker for doing in old._doing.values()}
 
+    def holds(self, worker: str, task_id: int) -> bool:
+        """Whether task ``task_id`` is ``worker``'s now (not done, not gone back to the queue)."""
+        doing = self._doing.get(task_id)
+        return doing is not None and doing.worker == worker and task_id not in self._going_back
+
+    def advance(self, worker: str, task_id: int, records: int) -> tuple[int, int, int] | None:
+        """Where ``worker``'s gradient that brings task ``task_id``'s records up to ``records``
+        (from its start) leaves the task: its epoch, its key, its first record not applied; None
+        for a task not (any more) the worker's."""
+        doing = self._doing.get(task_id)
+        if doing is None or doing.worker != worker or doing.task.kind is not TaskKind.TRAINING:
+            return None
+        task = doing.task
+        records = min(max(records, doing.applied), task.records)
+        self._committing[task_id] = records
+        return task.epoch, task.key, task.start + records
+
+    def round_settled(self, committed: bool) -> None:
+        """The round whose tasks :meth:`advance` named was committed on every shard (their records
+        count now) or aborted (they do not); tasks that went back meanwhile go back now."""
+        committing, self._committing = self._committing, {}
+        for task_id, records in committing.items():
+            doing = self._doing.get(task_id)
+            if committed and doing is not None:
+                self.applied(doing.worker, task_id, records)
+        going_back, self._going_back = self._going_back, set()
+        for task_id in going_back:
+            if task_id in self._doing:
+                self._requeue(task_id)
+
+    def rebuild(self, advances: Iterable[tuple[int, int, int, int]]) -> int:
+        """Takes over a ledger rebuilt from a shard's copy (``advances``: epoch, key, first record
+        not applied, task id per task the rounds brought forward; ``ps/applied.py``): the records
+        applied count, the rest is handed out. The records applied; ValueError if the copy does
+        not fit the data."""
+        partial: list[dict[int, int]] = []
+        last_id = 0
+        for epoch, key, reached, task_id in advances:
+            if not 0 <= epoch < self._s.num_epochs:
+                raise ValueError(f"a task of epoch {epoch}, the job has {self._s.num_epochs}")
+            partial += [{} for _ in range(epoch + 1 - len(partial))]
+            partial[epoch][key] = reached
+            last_id = max(last_id, task_id)
+        if not partial:
+            return 0
+        keys = set(range(0, self._s.num_records, self._s.records_per_task))
+        if any(key not in keys for epoch in partial for key in epoch):
+            raise ValueError("the copy names tasks this data does not cut")
+        self._ids.next = max(self._ids.next, last_id + 1)
+        self._training.restore(len(partial) - 1, [set() for _ in partial], partial)
+        return self._training.records_done
+
+    def applied(self, worker: str, task_id: int, records: int) -> None:
+        """A committed sync round applied ``worker``'s gradient that brought task ``task_id``'s
+        records up to ``records`` (from its start): they count now, and the task goes back to the
+        queue, if it does, only from there. Ignored for a task not (any more) the worker's."""
+        doing = self._doing.get(task_id)
+        if doing is None or doing.worker != worker or doing.task.kind is not TaskKind.TRAINING:
+            return
+        records = min(records, doing.task.records)
+        if records > doing.applied:
+            self._training.apply(doing.task, doing.applied, records)
+            doing.applied = records
+
     def take_requeued_workers(self) -> set[str]:
         """The workers whose tasks went back to the queue since the last call (their open-round
         gradients must not count: those minibatches will be trained again)."""
@@ -141,7 +211,7 @@ class TaskQueue:
         counter that saturates at :data:`~elasticps.coordinator.tasks.base.MAX_COUNT`."""
         self._last_seen[worker] = self._clock()
         doing = self._doing.get(task_id)
-        if doing is None or doing.worker != worker:
+        if doing is None or doing.worker != worker or task_id in self._going_back:
             return False
         if records is not None and records not in (0, doing.task.records):
             raise ReportError(f"records {records} != task {task_id}'s {doing.task.records}")
@@ -154,7 +224,7 @@ class TaskQueue:
         del self._doing[task_id]
         task = doing.task
         if task.kind is TaskKind.TRAINING:
-            self._training.record(task, loss_sum)
+            self._training.record(task, loss_sum, doing.applied)
             self._health.record(loss_sum / max(1, task.records), task.records, nonfinite_steps, first_loss)
         elif task.kind is TaskKind.EXPORT:
             self._exports.record(task, model_version)
@@ -258,10 +328,10 @@ class TaskQueue:
         expected = [self._s.num_records, self._s.records_per_task, self._s.num_epochs]
         if list(state.get("settings", [])) != expected:
             raise ValueError(f"saved for data/settings {state.get('settings')}, now {expected}")
-        epoch, done = self._training.parse(state)
+        epoch, done, partial = self._training.parse(state)
         # Ids continue past the saved ones, so a late report of a lost task can never match a new one.
         self._ids.next = int(state["next_id"])
-        self._training.restore(epoch, done)
+        self._training.restore(epoch, done, partial)
         self._evaluations.restore(state)
         self.tasks_requeued = saturated(int(state["tasks_requeued"]))
         self.gradients_rejected = saturated(int(state["gradients_rejected"]))
@@ -300,9 +370,19 @@ class TaskQueue:
         return self._predictions.todo
 
     def _requeue(self, task_id: int) -> None:
+        """The task goes back to the queue: the records of it that rounds applied stay applied, the
+        rest is handed out again (as a new task id: the worker that held it hears it is void). A
+        task a round being committed brings forward waits for the round's outcome."""
+        if task_id in self._committing:
+            self._going_back.add(task_id)
+            return
         doing = self._doing.pop(task_id)
         self._requeued_workers.add(doing.worker)
-        self._todo(doing.task.kind).insert(0, doing.task)
+        task: Task | None = doing.task
+        if doing.task.kind is TaskKind.TRAINING and doing.applied > 0:
+            task = self._training.resume(doing.task, doing.applied, self._ids.take())
+        if task is not None:
+            self._todo(task.kind).insert(0, task)
         self.tasks_requeued = saturated(self.tasks_requeued + 1)
 
     def _requeue_silent(self, now: float) -> None:
