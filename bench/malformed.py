@@ -254,6 +254,8 @@ def ps_cases(target: Target) -> dict[str, PSCase]:
             pb.TaskProgress(reached=1, task_id=1)] * 2).SerializeToString(), INVALID),  # fmt: skip
         "commit: a negative epoch": PSCase("CommitRound", pb.CommitRequest(round=1, workers=["a"], applied=[
             pb.TaskProgress(epoch=-1, task_id=1)]).SerializeToString(), INVALID),  # fmt: skip
+        "commit: a negative version to keep": PSCase("CommitRound", pb.CommitRequest(
+            round=1, workers=["a"], restorable=-1).SerializeToString(), INVALID),  # fmt: skip
         "commit: async has no rounds": PSCase(
             "CommitRound", pb.CommitRequest(round=0, workers=["a"]).SerializeToString(), PRECONDITION, modes=("async",)
         ),

@@ -3,7 +3,7 @@
 Written by the coordinator (``syncing.py``) when a round makes a version the shards checkpoint
 (``checkpointSteps``), read back by the recovery (``recovery.py``, ``watching.py``) to roll the ledger back together
 with the shards. One JSON file per version, ``<dir>/ledger-<version>.json``, written atomically and
-fsynced; the newest ``keep`` are kept.
+fsynced; the newest ``keep`` are kept, and the one of the newest version every shard can restore.
 """
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ class Journals:
         found = [int(m.group(1)) for m in map(_NAME.fullmatch, names) if m]
         return sorted(found, reverse=True)
 
-    def write(self, version: int, state: dict[str, Any]) -> None:
+    def write(self, version: int, state: dict[str, Any], protect: int = 0) -> None:
+        """Saves the ledger at ``version``; keeps the newest ``keep`` and the one of ``protect``
+        (the newest version every shard can restore too; 0: none)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path(version), json.dumps(state))
         for old in self.versions()[self.keep :]:
-            self.path(old).unlink(missing_ok=True)
+            if old != protect:
+                self.path(old).unlink(missing_ok=True)
 
     def discard_after(self, version: int) -> None:
         """Removes the ledgers of versions after ``version`` (a rollback abandoned them)."""

@@ -38,17 +38,24 @@ def decide(views: Sequence[ShardView], journals: Collection[int]) -> Rollback | 
     carry on from the version the shards hold (a shard that lost its model is given the workers'
     copy of it). Shards that hold models of different versions with no common checkpoint cannot
     go on together: Stuck, naming each shard's version, checkpoints and unreadable files."""
-    common = set(journals)
-    for view in views:
-        common &= set(view.checkpoints)
-    if common:
-        return Rollback(max(common))
+    common = restorable(views, journals)
+    if common > 0:
+        return Rollback(common)
     held = [view.version for view in views if view.initialized]
     if not held:
         return CarryOn(0, ())  # a new job: the first worker initialises every shard
     if len(set(held)) > 1:
         return Stuck(stuck_reason(views, journals))
     return CarryOn(max(held), tuple(i for i, view in enumerate(views) if not view.initialized))
+
+
+def restorable(views: Sequence[ShardView], journals: Collection[int]) -> int:
+    """The newest version every shard has a checkpoint of that reads back whole and the ledger was
+    saved at (0: none): what a rollback would go to, and what retention keeps."""
+    common = set(journals)
+    for view in views:
+        common &= set(view.checkpoints)
+    return max(common, default=0)
 
 
 def stuck_reason(views: Sequence[ShardView], journals: Collection[int]) -> str:

@@ -110,10 +110,11 @@ class LedgerView:
 
 
 class ShardLink(Protocol):
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
         """Applies (or with ``dry_run`` checks) the round, bringing ``tasks`` forward in the shard's
-        copy of the ledger; the shard's version after it. Raises :class:`ShardRefused` when the
-        shard cannot."""
+        copy of the ledger and keeping its checkpoint of version ``restorable`` (0: none); the
+        shard's version after it. Raises :class:`ShardRefused` when the shard cannot."""
 
     def read_ledger(self) -> LedgerView:
         """The shard's copy of the task ledger."""
@@ -147,9 +148,10 @@ class RemoteShard:
                 raise ShardRefused(self.index, err.details() or str(code)) from err
             raise
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
         request = pb.CommitRequest(round=round_, workers=list(workers), dry_run=dry_run,
-                                   applied=[task.message() for task in tasks])  # fmt: skip
+                                   applied=[task.message() for task in tasks], restorable=restorable)  # fmt: skip
         reply: pb.CommitReply = self._call(lambda: self._stub.CommitRound(request, timeout=10.0), "CommitRound")
         return reply.version
 
@@ -180,9 +182,12 @@ class Shards:
     def __len__(self) -> int:
         return len(self._links)
 
-    def commit(self, round_: int, workers: Sequence[str], tasks: Sequence[TaskAdvance] = ()) -> list[int]:
+    def commit(
+        self, round_: int, workers: Sequence[str], tasks: Sequence[TaskAdvance] = (), restorable: int = 0
+    ) -> list[int]:
         """Applies the round on every shard, after every shard said it can, bringing ``tasks``
-        forward in every shard's copy of the ledger; each shard's version.
+        forward in every shard's copy of the ledger (and keeping every shard's checkpoint of
+        ``restorable``); each shard's version.
 
         Raises :class:`RoundAborted` when a shard refused the check (nothing was applied); any other
         error leaves the round half applied and the caller must retry it (a commit is idempotent)."""
@@ -190,7 +195,7 @@ class Shards:
             self._each(lambda link: link.commit(round_, workers, True))
         except ShardRefused as err:
             raise RoundAborted(str(err)) from err
-        return self._each(lambda link: link.commit(round_, workers, False, tasks))
+        return self._each(lambda link: link.commit(round_, workers, False, tasks, restorable))
 
     def ledger_copy(self, version: int) -> tuple[int, LedgerView] | None:
         """A shard's whole copy of the task ledger at ``version`` and the shard's index; None when

@@ -80,6 +80,9 @@ class SyncRounds:
         self.joined: dict[str, _Joined] = {}  # worker -> its gradient in the open or a past round
         self.shard_problem = ""  # what the status says about shards that lost their model
         self.incarnation = 0  # bumped by every rollback; saved with the ledger
+        # The newest version every shard and the ledger can restore (0: none; ``watching.py`` finds
+        # it): every commit tells the shards to keep it, and the journal keeps its ledger.
+        self.restorable = 0
 
     def join_step(self, join: Join) -> tuple[JoinAnswer | None, int]:
         """One look at the rounds for a join: commits a round that is due, admits the worker's
@@ -137,7 +140,8 @@ class SyncRounds:
         if closed is None:
             return
         try:
-            versions = self.shards.commit(closed.round, closed.members, self._advances(closed.round, closed.members))
+            advances = self._advances(closed.round, closed.members)
+            versions = self.shards.commit(closed.round, closed.members, advances, self.restorable)
         except RoundAborted as err:
             # Checked before anything was applied: the round is dropped, its members train again.
             log.warning("round %d aborted: %s", closed.round, err)
@@ -193,6 +197,6 @@ class SyncRounds:
             return
         state = {**self._ledger.state(), "incarnation": self.incarnation}
         try:
-            self._journals.write(version, state)
+            self._journals.write(version, state, protect=self.restorable)
         except OSError as err:
             log.error("cannot save the ledger at version %d: %s", version, err)

@@ -16,7 +16,7 @@ import grpc
 
 from elasticps.coordinator.journal import Journals
 from elasticps.coordinator.ledger import Ledger
-from elasticps.coordinator.recovery import Rollback, Stuck, decide, needs_recovery, rollback_message
+from elasticps.coordinator.recovery import Rollback, Stuck, decide, needs_recovery, restorable, rollback_message
 from elasticps.coordinator.shards import ShardRefused, ShardView
 from elasticps.coordinator.syncing import SyncRounds
 
@@ -73,6 +73,8 @@ class ShardWatch:
                     log.error("recovery after the restart of PS shards %s failed: %s", restarted, err)
                     self._refusal(err)
                 return
+            journals = self._journals.versions() if self._journals is not None else []
+            sync.restorable = restorable(known, journals)  # kept by every shard and the journal
             held = {v.version for v in known if v.initialized}
             if len(held) == 1 and all(v.initialized for v in known) and sync.rounds.closing is None:
                 (version,) = held

@@ -509,12 +509,17 @@ class CommitRequest(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     APPLIED_FIELD_NUMBER: _builtins.int
+    RESTORABLE_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     dry_run: _builtins.bool
     """Check only: the shard is at `round` and holds every named gradient, and the averaged update
     leaves every variable and optimizer slot finite (it is computed here and kept for the commit
     that follows). The coordinator asks every shard first, so a round is applied by all shards or
     by none.
+    """
+    restorable: _builtins.int
+    """The newest version every shard and the task ledger can restore (0: none known): each shard
+    keeps its checkpoint of it past keep_checkpoint_max, so a rollback always has somewhere to go.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -532,10 +537,11 @@ class CommitRequest(_message.Message):
         workers: _abc.Iterable[_builtins.str] | None = ...,
         dry_run: _builtins.bool = ...,
         applied: _abc.Iterable[Global___TaskProgress] | None = ...,
+        restorable: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "dry_run", b"dry_run", "round", b"round", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "dry_run", b"dry_run", "restorable", b"restorable", "round", b"round", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -165,12 +165,13 @@ def _write_array(f: BinaryIO, hasher: Any, arr: npt.NDArray[Any]) -> None:
         f.write(chunk)
 
 
-def save(directory: Path, checkpoint: Checkpoint, keep: int = 3) -> Path:
+def save(directory: Path, checkpoint: Checkpoint, keep: int = 3, protect: int = 0) -> Path:
     """Write ``checkpoint`` atomically to ``directory/ckpt-{version:012d}.eps``; return its path.
 
     Creates ``directory`` if needed. Writes a temp file in the same directory, flushes, fsyncs,
     ``os.replace``-s it onto the final name and fsyncs the directory. Then deletes checkpoints
-    beyond the ``keep`` newest (never the one just written) and stale temp files; failures of
+    beyond the ``keep`` newest (never the one just written, nor version ``protect``: the newest the
+    whole job can restore, 0 for none) and stale temp files; failures of
     that clean-up are logged, not raised. Invalid content (negative version, non-numeric dtype,
     meta not JSON-serialisable) raises :class:`CheckpointError`; I/O errors propagate as
     ``OSError``. The arrays are read as given: pass a snapshot, not arrays being updated.
@@ -248,13 +249,13 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 3) -> Path:
         with _in_flight_lock:
             _in_flight.discard(tmp_name)
 
-    _cleanup(directory, keep, final)
+    _cleanup(directory, keep, final, _checkpoint_path(directory, protect).name if protect > 0 else "")
     return final
 
 
-def _cleanup(directory: Path, keep: int, just_written: Path) -> None:
+def _cleanup(directory: Path, keep: int, just_written: Path, protected: str = "") -> None:
     for old in list_checkpoints(directory)[keep:]:
-        if old.name == just_written.name:
+        if old.name in (just_written.name, protected):
             continue
         try:
             old.unlink(missing_ok=True)

@@ -7,7 +7,8 @@ is the schedule around it:
 
 * every ``checkpoint_steps`` versions a snapshot (copies) is taken in the updating thread (sync:
   under the rule's lock, so one version; async: of the live arrays) and written by one background
-  writer thread, in version order, keeping ``keep_checkpoint_max`` files;
+  writer thread, in version order, keeping ``keep_checkpoint_max`` files and the newest version
+  the whole job can restore (the coordinator names it with each commit: ``protected``);
 * the writer never falls behind without bound: at most one snapshot waits behind the one being
   written, and a newer snapshot replaces a waiting older one (that version is skipped on disk). So
   a shard holds at most two snapshots, however slow the disk, and the push path never waits for
@@ -112,6 +113,8 @@ class Checkpointing:
         self._thread: threading.Thread | None = None
         self.skipped = 0  # snapshots replaced before they were written
         self.failure = ""  # why the latest write failed ("": it did not; a later good write clears it)
+        # The newest version every shard and the ledger can restore (0: none known): kept past ``keep``.
+        self.protected = 0
         # Each file's verdict, by name, while its size and mtime stay: None (it reads back whole) or why not.
         self._verdicts: dict[str, tuple[tuple[int, int], str | None]] = {}
         self._examining = threading.Lock()
@@ -260,7 +263,7 @@ class Checkpointing:
     def _write(self, snapshot: checkpoint.Checkpoint) -> None:
         assert self.directory is not None  # due() said so
         try:
-            path = checkpoint.save(self.directory, snapshot, keep=self.keep)
+            path = checkpoint.save(self.directory, snapshot, keep=self.keep, protect=self.protected)
             log.info("checkpoint of version %d written to %s", snapshot.version, path)
             self.failure = ""
         except (OSError, checkpoint.CheckpointError) as err:

@@ -200,10 +200,11 @@ class LocalShard:
         self._store = store
         self._metrics = metrics
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
         progress = [TaskProgress(t.epoch, t.first, t.reached, t.task_id) for t in tasks]
         try:
-            return self._store.commit(round_, workers, dry_run, progress).version
+            return self._store.commit(round_, workers, dry_run, progress, restorable).version
         except (RoundError, UninitializedError) as err:
             raise ShardRefused(0, str(err)) from err
 

@@ -277,11 +277,12 @@ class ParameterServerServicer:
     def CommitRound(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitReply:
         if len(request.applied) > len(request.workers) or any(
             min(t.epoch, t.first, t.reached, t.task_id) < 0 or t.reached < t.first for t in request.applied
-        ):
+        ) or request.restorable < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "CommitRound: applied names more tasks than members, "
-                          "or a negative or backward one")  # fmt: skip
+                          "or a negative or backward one; or restorable is negative")  # fmt: skip
         try:
-            outcome = self._store.commit(request.round, list(request.workers), request.dry_run, tasks_of(request))
+            outcome = self._store.commit(request.round, list(request.workers), request.dry_run, tasks_of(request),
+                                         request.restorable)  # fmt: skip
         except UninitializedError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except RoundError as err:

@@ -395,11 +395,15 @@ class ParameterStore:
         return self._rule.open_stream(self._version, PushHead(version, base_lr, worker, minibatch))
 
     def commit(
-        self, round_: int, workers: Sequence[str], dry_run: bool = False, tasks: Sequence[TaskProgress] = ()
+        self, round_: int, workers: Sequence[str], dry_run: bool = False, tasks: Sequence[TaskProgress] = (),
+        restorable: int = 0,
     ) -> CommitOutcome:
         """Applies sync round ``round_`` with the staged gradients of ``workers`` (RoundError if it
         cannot), bringing the training ``tasks`` forward in the ledger's copy; with ``dry_run``
-        only checks that it could."""
+        only checks that it could. ``restorable``: the newest version every shard and the ledger
+        can restore (0: none), whose checkpoint is kept whatever ``keep_checkpoint_max`` says."""
+        if restorable > 0 and not dry_run:
+            self._checkpoints.protected = restorable
         outcome = self._rule.commit(self._require_model(), self._version, round_, workers, dry_run)
         if outcome.applied:
             self.applied.committed(outcome.version, tasks)

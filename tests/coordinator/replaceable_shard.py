@@ -15,8 +15,9 @@ class Replaceable:
     def __init__(self, store: ParameterStore) -> None:
         self.link = LocalShard(store)
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
-        return self.link.commit(round_, workers, dry_run, tasks)
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
+        return self.link.commit(round_, workers, dry_run, tasks, restorable)
 
     def read_ledger(self) -> LedgerView:
         return self.link.read_ledger()

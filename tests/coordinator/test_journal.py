@@ -33,6 +33,13 @@ def test_only_the_newest_keep_are_kept(tmp_path: Path) -> None:
     assert not journals.path(20).exists()
 
 
+def test_the_ledger_of_the_newest_version_every_shard_can_restore_outlives_keep(tmp_path: Path) -> None:
+    journals = Journals(tmp_path, keep=2)
+    for version in (20, 40, 60, 80):
+        journals.write(version, {"v": version}, protect=20)
+    assert journals.versions() == [80, 60, 20]
+
+
 def test_keep_is_at_least_one(tmp_path: Path) -> None:
     journals = Journals(tmp_path, keep=0)
     journals.write(20, {})

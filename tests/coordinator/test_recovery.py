@@ -3,7 +3,9 @@ roll back to, and when the coordinator must look."""
 
 from __future__ import annotations
 
-from elasticps.coordinator.recovery import CarryOn, Rollback, Stuck, decide, needs_recovery, rollback_message
+from elasticps.coordinator.recovery import (
+    CarryOn, Rollback, Stuck, decide, needs_recovery, restorable, rollback_message,
+)  # fmt: skip
 from elasticps.coordinator.shards import ShardView
 
 
@@ -87,3 +89,11 @@ def test_the_rollback_message_leaves_out_a_count_from_a_restarted_ledger() -> No
         message = rollback_message(646, 600, records_again)
         assert message.endswith("went back from model version 646 to 600; the tasks after it are trained again")
         assert "-" not in message and "0 records" not in message
+
+
+def test_the_restorable_version_is_the_newest_every_shard_and_the_ledger_hold() -> None:
+    # What each commit tells the shards to keep: a shard whose disk filled at 40 holds the job there.
+    views = [view(110, (110, 100, 90, 40)), view(110, (40, 30))]
+    assert restorable(views, [110, 100, 90, 40]) == 40
+    assert restorable(views, [110, 100]) == 0
+    assert restorable([view(5)], [10]) == 0

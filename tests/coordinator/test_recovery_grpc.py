@@ -144,7 +144,8 @@ class Refusing:
         self.version = version
         self.asked = 0
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
         return round_
 
     def read_ledger(self) -> LedgerView:

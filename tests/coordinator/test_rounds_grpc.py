@@ -559,3 +559,15 @@ def test_a_join_with_a_negative_task_is_invalid_argument(make_job: Callable[...,
     with pytest.raises(grpc.RpcError) as err:
         job.coordinator("w1").join_round(0, 0, task_id=-1)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "task_id" in err.value.details()
+
+
+def test_each_commit_tells_every_shard_the_version_to_keep(make_job: Callable[..., SyncJob]) -> None:
+    job = make_job(grads_to_wait=1, num_records=40, records_per_task=10)
+    sync = job.servicer.engine.sync
+    assert sync is not None
+    sync.restorable = 7  # what the shard watch found every shard and the ledger can restore
+    w1 = job.coordinator("w1")
+    w1.get_task()
+    job.ps_client("w1").push(PushRequest(gradient("w1/1"), [0, 0], minibatch="w1/1")).result()
+    assert w1.join_round(0, 2000).outcome == pb.JOIN_OUTCOME_COMMITTED
+    assert [store._checkpoints.protected for store in job.stores] == [7, 7]

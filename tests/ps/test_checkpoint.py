@@ -251,6 +251,19 @@ def test_default_keep_is_three(tmp_path: Path) -> None:
     ]
 
 
+def test_the_protected_version_outlives_keep(tmp_path: Path) -> None:
+    # The newest version every shard can restore (the coordinator names it) stays past keep.
+    for v in (10, 20, 30, 40, 50):
+        save(tmp_path, make(v), keep=2, protect=20)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "ckpt-000000000050.eps",
+        "ckpt-000000000040.eps",
+        "ckpt-000000000020.eps",
+    ]
+    save(tmp_path, make(60), keep=2, protect=50)  # a newer one every shard holds: 20 may go
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-000000000060.eps", "ckpt-000000000050.eps"]
+
+
 def test_keep_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> None:
     save(tmp_path, make(9))
     path = save(tmp_path, make(5), keep=1)  # older than what is there

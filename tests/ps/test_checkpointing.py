@@ -78,10 +78,10 @@ def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
 
     save = checkpoint.save
 
-    def slow_save(directory: Path, found: checkpoint.Checkpoint, keep: int = 3) -> Path:
+    def slow_save(directory: Path, found: checkpoint.Checkpoint, keep: int = 3, protect: int = 0) -> Path:
         time.sleep(0.02)
         written.append(found.version)
-        return save(directory, found, keep=keep)
+        return save(directory, found, keep=keep, protect=protect)
 
     monkeypatch.setattr(checkpoint, "save", slow_save)
     schedule = Checkpointing(tmp_path, every=1, keep=3)

@@ -456,7 +456,8 @@ def test_the_ps_client_retries_a_resource_exhausted_push_until_a_slot_is_free(
 class StillShard:
     """A shard link that never moves (the sync coordinator is never made ready here)."""
 
-    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = ()) -> int:
+    def commit(self, round_: int, workers: Sequence[str], dry_run: bool, tasks: Sequence[TaskAdvance] = (),
+               restorable: int = 0) -> int:  # fmt: skip
         return round_
 
     def read_ledger(self) -> LedgerView:
