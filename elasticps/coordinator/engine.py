@@ -243,7 +243,7 @@ class Coordinator:
         if self._curves is None:
             return
         try:
-            if after.records_done > before.records_done:
+            if after.training_reports > before.training_reports:  # sync records count as rounds apply them
                 self._curves.trained(
                     self._version_fn(), after.loss, after.records_done, after.epoch, self._local_steps()
                 )

@@ -118,6 +118,7 @@ class Progress:
     prediction_records: int = 0  # records to predict (0: the job does not predict)
     export_failure: ExportFailure | None = None  # the queue gave up: the job fails
     health: Verdict = Verdict()  # what the training loss says (health.py)
+    training_reports: int = 0  # training tasks reported done to this coordinator
 
 
 class Ids:

@@ -303,6 +303,7 @@ class TaskQueue:
             prediction_records=self._s.prediction_records,
             export_failure=self._exports.failure,
             health=self.health,
+            training_reports=self._training.reports,
         )
 
     # ---- surviving a restart of PS 0 ---------------------------------------------------------

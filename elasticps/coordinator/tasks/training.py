@@ -32,6 +32,7 @@ class Training:
         self._done_starts: list[set[int]] = []
         self._partial: list[dict[int, int]] = []  # per started epoch: task key -> first record not applied
         self._recent_losses: list[float] = []
+        self.reports = 0  # training tasks reported done (by this coordinator): a curve point each
 
     @property
     def done(self) -> bool:
@@ -65,6 +66,7 @@ class Training:
         self._done_starts[task.epoch].add(task.key)
         self._partial[task.epoch].pop(task.key, None)
         self._recent_losses = (self._recent_losses + [loss_sum / max(1, task.records)])[-8:]
+        self.reports += 1
 
     def apply(self, task: Task, before: int, now: int) -> None:
         """A round applied ``task``'s records up to ``now`` (from its start; ``before`` were already)."""
