@@ -76,7 +76,7 @@ def test_a_pod_outside_the_job_is_refused_by_its_ps_and_the_job_succeeds(kubectl
     assert phase == "Succeeded", logs
     codes = json.loads(logs.strip().splitlines()[-1])
     print(f"\nthe stranger's {len(codes)} calls: {sorted(set(codes.values()))}")
-    assert len(codes) == 7 + 5 + 2
+    assert len(codes) == 8 + 5 + 2  # every PS and coordinator method, the 2 bulk calls
     assert {call: code for call, code in codes.items() if code != "UNAUTHENTICATED"} == {}
     status = wait_for(lambda: (s := kubectl.job(ns, name)["status"]).get("phase") in ("Succeeded", "Failed") and s,
                       900, f"{name} to finish", interval=3)  # fmt: skip
