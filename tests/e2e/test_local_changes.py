@@ -130,6 +130,9 @@ def training_started(run: Run) -> None:
 def test_suspend_stops_every_process_and_resume_finishes_the_job(tmp_path: Path) -> None:
     run, job = start(tmp_path, {"ps": {"replicas": 1}, "worker": {"replicas": 1}}, checkpointSteps=10)
     training_started(run)
+    # Records count as rounds apply them, so training shows before the first checkpoint: wait for one.
+    wait_for(lambda: any((run.run_dir / "checkpoints" / "ps-0").glob("ckpt-*.eps")) or not run.thread.is_alive(),
+             120, "the first checkpoint")  # fmt: skip
     run.runner.update_spec(with_run_policy(job, suspend=True))
     wait_for(lambda: run.phase == "Suspended" and not run.alive("changes-ps-0") and not run.alive("changes-worker-0"),
              60, "every process to stop")
