@@ -66,7 +66,9 @@ def stranger_pod(ns: str, host: str) -> dict[str, object]:
 
 def test_a_pod_outside_the_job_is_refused_by_its_ps_and_the_job_succeeds(kubectl: Kubectl, ns: str, data: Path) -> None:
     name = "members"
-    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=2))
+    # Long enough that the job still runs while the stranger's pod starts and dials (with 2 epochs
+    # the job once ended first, and the stranger found no PS to dial).
+    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=8))
     wait_for(lambda: int(kubectl.job(ns, name).get("status", {}).get("modelVersion") or 0) >= 20, 600,
              f"{name} to train 20 versions", interval=2)  # fmt: skip
     kubectl.apply(ns, stranger_pod(ns, f"{name}-ps-0.{ns}.svc"))
