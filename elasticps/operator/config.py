@@ -13,6 +13,7 @@ from pathlib import Path
 from elasticps.api.replicas import PS_PORT
 from elasticps.operator.executing import DEFAULT_CONCURRENCY
 from elasticps.operator.rendering import Renderer
+from elasticps.operator.rotation import Policy
 from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
@@ -37,7 +38,7 @@ class OperatorConfig:
     waits for (client-go's QPS and burst; ``throttling`` says why the defaults); QPS 0: no limit.
     ``kube_api_concurrency``: how many creates or deletes of one pass are in flight at once.
     ``planner``: the planner's settings; ``rendering``: how replicas become pods (command, the
-    NetworkPolicy's operator peer).
+    NetworkPolicy's operator peer); ``rotation``: when the jobs' identity keys rotate.
     """
 
     namespaces: tuple[str, ...] = ()
@@ -55,6 +56,7 @@ class OperatorConfig:
     kube_api_concurrency: int = DEFAULT_CONCURRENCY
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     rendering: Renderer = field(default_factory=Renderer)
+    rotation: Policy = field(default_factory=Policy)
 
     def coordinator_for(self, namespace: str, job: str, coordinator: str = "") -> str:
         return self.coordinator_address.format(job=job, namespace=namespace, coordinator=coordinator or f"{job}-ps-0")

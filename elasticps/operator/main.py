@@ -16,6 +16,7 @@ from elasticps.operator.config import DEFAULT_COORDINATOR_ADDRESS, OperatorConfi
 from elasticps.operator.executing import DEFAULT_CONCURRENCY
 from elasticps.operator.manifests import DEFAULT_PULL_POLICY
 from elasticps.operator.rendering import Renderer
+from elasticps.operator.rotation import DEFAULT_GRACE_S, DEFAULT_PERIOD_S, ROTATE_ANNOTATION, Policy
 from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 from elasticps.planning.settings import PlannerSettings
 
@@ -61,6 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONCURRENCY,
         help="creates or deletes of one job in flight at once (default: %(default)s)",
     )
+    parser.add_argument(
+        "--identity_rotation_hours",
+        type=float,
+        default=DEFAULT_PERIOD_S / 3600,
+        help="rotate each running job's identity key when it is this old (0: only when a job's "
+        f"{ROTATE_ANNOTATION} annotation changes; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--identity_grace_seconds",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="seconds between the steps of a key rotation: the kubelet's time to update a mounted Secret "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
         "--image_pull_policy",
@@ -80,6 +95,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     for value, flag in ((args.kube_api_burst, "--kube_api_burst"), (args.kube_api_concurrency, "--kube_api_concurrency")):
         if value < 1:
             raise SystemExit(f"error: {flag} must be >= 1, got {value}")
+    if args.identity_rotation_hours < 0 or args.identity_grace_seconds <= 0:
+        raise SystemExit("error: --identity_rotation_hours must be >= 0 and --identity_grace_seconds > 0")
     try:
         args.coordinator_address.format(job="j", namespace="n", coordinator="c")
     except (KeyError, IndexError, ValueError) as err:
@@ -96,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         kube_api_concurrency=args.kube_api_concurrency,
         planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
         rendering=Renderer(pull_policy=args.image_pull_policy),
+        rotation=Policy(period_s=args.identity_rotation_hours * 3600, grace_s=args.identity_grace_seconds),
     )
 
 

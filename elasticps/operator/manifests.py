@@ -20,12 +20,15 @@ Children of job ``J`` (every one labelled and owned by the job, ``controller: tr
   ``path`` /metrics) and runs locked down: non-root (uid/gid 1000, fsGroup 1000), no privilege
   escalation, every capability dropped, the RuntimeDefault seccomp profile, a read-only root
   filesystem with an ``emptyDir`` at ``/tmp`` (Python and TensorFlow need a writable temp dir).
-- Secret ``J-identity`` (``identity.py``): the job's key (``key``, hex) and a token per member the
-  operator created a pod for (``ps-0``, ``worker-3`` ...), added before that pod is created. Every
-  pod reads its own token from it (``ELASTICPS_TOKEN``); the pods that serve the job's calls (PS,
-  coordinator, a decentralized job's workers) also read the key (``ELASTICPS_JOB_KEY``). A PS
-  worker never sees the key, so it cannot speak as another worker. The template's own entries of
-  these two names are replaced.
+- Secret ``J-identity`` (``identity.py``): the key tokens are made under (``key``, hex), the keys
+  the servers accept (``accepted``: two while a rotation is under way, ``rotation.py``) and a token
+  per member the operator created a pod for (``ps-0``, ``worker-3`` ...), added before that pod is
+  created. Every pod mounts its own token from it at ``/var/run/elasticps/identity/token``
+  (``ELASTICPS_TOKEN_FILE``); the pods that serve the job's calls (PS, coordinator, a decentralized
+  job's workers) also the accepted keys (``keys``, ``ELASTICPS_KEY_FILE``). A mounted Secret
+  follows its changes, so keys rotate under running pods. A PS worker never sees a key, so it
+  cannot speak as another worker. The template's own identity variables, volume and mount of
+  these names are replaced.
 - NetworkPolicy ``J-ps``: the job's PS pods accept gRPC (2222) and the bulk tensor channel (2224)
   only from the job's own pods and from the operator's pods (``OPERATOR_PEER``: it asks PS 0's coordinator for progress), and
   metrics (9090) from anywhere, so Prometheus can scrape them.
@@ -55,6 +58,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from elasticps import identity
+from elasticps.operator import rotation
 from elasticps.api.replicas import (
     PS_PORT, Replica, Role, cluster_ps_addresses, coordinator_replica, holds_job_key, peer_worker_replica, ps_replica,
     replica_name, worker_replica,
@@ -106,7 +110,13 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
-IDENTITY_KEY = "key"  # the job's key in its identity Secret (hex); the members' tokens are under their names
+IDENTITY_KEY = "key"  # the key tokens are made under (hex); the members' tokens are under their names
+IDENTITY_ACCEPTED = "accepted"  # the keys the servers accept (hex, one a line: two while rotating)
+IDENTITY_PHASE = "elasticps.io/identity-phase"  # the Secret's annotations: where a rotation stands
+IDENTITY_SINCE = "elasticps.io/identity-since"
+IDENTITY_HONORED = "elasticps.io/identity-rotation"  # the job's last rotate-identity value carried out
+IDENTITY_VOLUME = "elasticps-identity"
+IDENTITY_DIR = "/var/run/elasticps/identity"  # the pod's token (``token``) and, on servers, keys (``keys``)
 
 
 def identity_secret_name(job: TrainingJob) -> str:
@@ -118,13 +128,21 @@ def member(role: Role, index: int) -> str:
     return identity.member_name(role.value, index)
 
 
-def identity_secret_data(key: bytes, members: Iterable[str]) -> dict[str, str]:
-    """The Secret's ``data`` (base64) for ``key`` and the tokens of ``members``."""
-    plain = {IDENTITY_KEY: key.hex(), **{m: identity.token_for(key, m) for m in members}}
+def identity_secret_data(keys: rotation.KeyState, members: Iterable[str]) -> dict[str, str]:
+    """The Secret's ``data`` (base64): the keys, and the tokens of ``members`` under the signing key."""
+    plain = {
+        IDENTITY_KEY: keys.signing.hex(),
+        IDENTITY_ACCEPTED: identity.format_keys(keys.accepted),
+        **{m: identity.token_for(keys.signing, m) for m in members},
+    }
     return {name: base64.b64encode(value.encode()).decode() for name, value in sorted(plain.items())}
 
 
-def identity_secret_manifest(job: TrainingJob, uid: str, key: bytes, members: Iterable[str]) -> dict[str, Any]:
+def identity_secret_annotations(keys: rotation.KeyState) -> dict[str, str]:
+    return {IDENTITY_PHASE: keys.phase, IDENTITY_SINCE: f"{keys.since:.3f}", IDENTITY_HONORED: keys.honored}
+
+
+def identity_secret_manifest(job: TrainingJob, uid: str, keys: rotation.KeyState, members: Iterable[str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -133,22 +151,32 @@ def identity_secret_manifest(job: TrainingJob, uid: str, key: bytes, members: It
             "name": identity_secret_name(job),
             "namespace": job.namespace,
             "labels": {LABEL_JOB: job.name, LABEL_JOB_UID: uid},
+            "annotations": identity_secret_annotations(keys),
             "ownerReferences": [owner_reference(job, uid)],
         },
-        "data": identity_secret_data(key, members),
+        "data": identity_secret_data(keys, members),
     }
 
 
-def identity_env(job: TrainingJob, role: Role, index: int) -> list[dict[str, Any]]:
-    """The container's environment entries of the replica's identity, read from the job's Secret."""
-
-    def entry(name: str, key: str) -> dict[str, Any]:
-        return {"name": name, "valueFrom": {"secretKeyRef": {"name": identity_secret_name(job), "key": key}}}
-
-    env = [entry(identity.TOKEN_ENV, member(role, index))]
+def identity_env(job: TrainingJob, role: Role) -> list[dict[str, Any]]:
+    """The container's environment entries of the replica's identity: where its files are."""
+    env = [{"name": identity.TOKEN_FILE_ENV, "value": f"{IDENTITY_DIR}/token"}]
     if holds_job_key(job, role):
-        env.append(entry(identity.KEY_ENV, IDENTITY_KEY))
+        env.append({"name": identity.KEY_FILE_ENV, "value": f"{IDENTITY_DIR}/keys"})
     return env
+
+
+# Names a template's container may not set: the identity comes from the operator's Secret only.
+IDENTITY_ENV_NAMES = frozenset({identity.TOKEN_FILE_ENV, identity.KEY_FILE_ENV, identity.TOKEN_ENV, identity.KEY_ENV})
+
+
+def identity_volume(job: TrainingJob, role: Role, index: int) -> dict[str, Any]:
+    """The replica's identity, mounted from the job's Secret (the kubelet keeps it current as the
+    operator rotates keys): its own token, and the accepted keys for a pod that serves the job."""
+    items = [{"key": member(role, index), "path": "token"}]
+    if holds_job_key(job, role):
+        items.append({"key": IDENTITY_ACCEPTED, "path": "keys"})
+    return {"name": IDENTITY_VOLUME, "secret": {"secretName": identity_secret_name(job), "items": items, "defaultMode": 0o444}}
 
 
 class TemplateError(ValueError):
@@ -340,6 +368,8 @@ def pod_manifest(
         raise TemplateError(f"{where}.spec.volumes: must be a list")
     if not any(isinstance(v, dict) and v.get("name") == TMP_VOLUME for v in volumes):
         volumes = [*volumes, {"name": TMP_VOLUME, "emptyDir": {}}]
+    volumes = [*(v for v in volumes if not (isinstance(v, dict) and v.get("name") == IDENTITY_VOLUME)),
+               identity_volume(job, role, index)]  # fmt: skip
     pod_spec = {
         **t_spec,
         "securityContext": {**POD_SECURITY, **_mapping(t_spec.get("securityContext"), f"{where}.spec.securityContext")},
@@ -394,14 +424,15 @@ def _container(
     env = base.get("env", [])
     if not isinstance(env, list):
         raise TemplateError(f"{where}.env: must be a list")
-    ours_env = identity_env(job, rep.role, rep.index)
-    taken_env = {e["name"] for e in ours_env}
-    container["env"] = [*(e for e in env if not (isinstance(e, dict) and e.get("name") in taken_env)), *ours_env]
+    ours_env = identity_env(job, rep.role)
+    container["env"] = [*(e for e in env if not (isinstance(e, dict) and e.get("name") in IDENTITY_ENV_NAMES)), *ours_env]
     mounts = base.get("volumeMounts", [])
     if not isinstance(mounts, list):
         raise TemplateError(f"{where}.volumeMounts: must be a list")
     if not any(isinstance(m, dict) and m.get("mountPath") == "/tmp" for m in mounts):
-        container["volumeMounts"] = [*mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
+        mounts = [*mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    theirs = [m for m in mounts if not (isinstance(m, dict) and (m.get("name") == IDENTITY_VOLUME or m.get("mountPath") == IDENTITY_DIR))]
+    container["volumeMounts"] = [*theirs, {"name": IDENTITY_VOLUME, "mountPath": IDENTITY_DIR, "readOnly": True}]
     return container
 
 

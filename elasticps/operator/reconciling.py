@@ -15,7 +15,8 @@ A pass:
    asks for), ``rendering`` (replicas -> Pods, Services, the NetworkPolicy, owned by the job's uid)
    and ``executing.execute`` (which patches status once); the outcome says whether the job is now
    finished (the queue then stops its idle resync). Pods are created only once the job's identity
-   Secret holds their tokens (``identities``); PS 0 is asked with the operator's own token.
+   Secret holds their tokens (``identities``); PS 0 is asked with the operator's own token; the
+   job's identity key rotates when due (``rotation``), an Event telling each step.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from elasticps.operator.observing import coordinator_running, observe_names, obs
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.identities import JobIdentities
 from elasticps.operator.rendering import FINISHED, ClusterAction, CreatePod, Renderer
+from elasticps.operator.rotation import ROTATE_ANNOTATION, Policy
 from elasticps.operator.validating import TemplateCheck
-from elasticps.planning.actions import SetStatus
+from elasticps.planning.actions import Event, SetStatus
 from elasticps.planning.observed import JobProgress, Observed
 from elasticps.planning.plan import plan, plan_invalid
 from elasticps.planning.roles import coordinating
@@ -72,12 +74,13 @@ class Reconcile:
         metrics: OperatorMetrics | None = None,
         renderer: Renderer = Renderer(),
         concurrency: int = DEFAULT_CONCURRENCY,
+        rotation: Policy = Policy(),
     ) -> None:
         self.api, self.probe, self.settings, self.clock = api, probe, settings, clock
         self.renderer, self.concurrency = renderer, concurrency
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())
         self.templates = TemplateCheck(api, renderer)
-        self.identities = JobIdentities(api)
+        self.identities = JobIdentities(api, clock, rotation)
 
     def __call__(self, key: JobKey) -> Outcome:
         token = current_job.set(str(key))
@@ -136,6 +139,11 @@ class Reconcile:
         members = [a.member for a in actions if isinstance(a, CreatePod) and a.member]
         if members:
             self.identities.ensure(job, ref.uid, members)  # before the pods that read their tokens from it
+        if status.get("phase") not in FINISHED and pod_items:
+            annotations = meta.get("annotations") or {}
+            rotated = self.identities.rotate(job, ref.uid, str(annotations.get(ROTATE_ANNOTATION) or ""), pod_items)
+            if rotated:
+                actions = [*actions, Event("IdentityRotated", rotated)]
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
 
     def _invalid(self, message: str, ref: JobRef, status: dict[str, Any], generation: int | None) -> Outcome:

@@ -62,6 +62,7 @@ class OperatorRuntime:
                 metrics=self.metrics,
                 renderer=config.rendering,
                 concurrency=config.kube_api_concurrency,
+                rotation=config.rotation,
             ),
             debounce_s=config.debounce_s,
             resync_s=config.resync_s,

@@ -27,8 +27,8 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   connection's thread; a pull written behind it is answered as soon as the round is committed. The
   coordinator's answer is the same as over gRPC (``coordinator/bulk.py``, ``BulkJoins``); waiting
   joins are bounded by the connections (``max_push_streams``); another PS answers UNIMPLEMENTED;
-* job identity (``identity.py``): with the job's key, a connection's calls are served only once
-  its hello named a member allowed them, and a push or join only when it names that member's own
+* job identity (``identity.py``): with the job's key, a connection's calls are served only while
+  its last hello's token names a member allowed them (checked at each call), and a push or join only when it names that member's own
   worker (UNAUTHENTICATED or PERMISSION_DENIED, then the connection is closed);
 * after any refusal the reply is sent and the connection closed (the client falls back to gRPC
   frames, where the same call gets the same answer).
@@ -139,7 +139,7 @@ class BulkServer:
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = [np.empty(0, dtype=np.uint8)]  # the connection's receive buffer, reused while free
-        member: str | None = None  # named by the connection's hello
+        token: str | None = None  # the connection's hello's: checked at each call (the keys may rotate)
         try:
             while True:
                 idle = self._limits.stream_idle_s  # a client keeps a few connections, each busy every step
@@ -149,13 +149,14 @@ class BulkServer:
                 except (bulk.BulkClosed, bulk.DeadlineExceeded, OSError):
                     return  # closed or idle between calls: nothing was under way
                 if magic == bulk.MAGIC and method == bulk.HELLO:
-                    member = self._hello(conn)
+                    token = self._hello(conn)
                     continue
                 if magic != bulk.MAGIC or method not in bulk.METHODS:
                     self._refuse(conn, grpc.StatusCode.INVALID_ARGUMENT, "bulk: not a bulk request")
                     return
                 what = bulk.METHODS[method]
                 deadline = self._deadline(what)
+                member = self._verifier.member(token) if self._verifier is not None else None
                 if self._verifier is not None and (problem := identity.refusal(member, what)) is not None:
                     code = grpc.StatusCode.UNAUTHENTICATED if member is None else grpc.StatusCode.PERMISSION_DENIED
                     self._refuse(conn, code, f"bulk: {problem}")
@@ -186,13 +187,16 @@ class BulkServer:
             conn.close()
 
     def _hello(self, conn: socket.socket) -> str | None:
-        """The member the connection's hello names (None: no valid token, or no key here)."""
+        """The token of the connection's hello (None: not ASCII)."""
         deadline = bulk.Deadline.within(self._limits.stream_idle_s, self._limits.stream_idle_s, "hello")
         length = bulk.recv_length(conn, deadline)
         if length > identity.MAX_TOKEN_BYTES:
             raise bulk.BulkClosed(f"hello: a token of {length} bytes")
         token = bulk.recv_bytes(conn, length, deadline)
-        return self._verifier.member(token) if self._verifier is not None else None
+        try:
+            return token.decode("ascii")
+        except UnicodeDecodeError:
+            return None
 
     def _refuse(self, conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
         try:

@@ -7,8 +7,10 @@ whenever the channel cannot be used, stays on gRPC. The bytes are those of the g
 
 * hello: a connection's first bytes, written ahead of its first call and never answered: ``EPB2``,
   method 0, then ``u64 length`` + the member's token (``identity.py``, at most
-  ``identity.MAX_TOKEN_BYTES``; empty without one). A server with the job's key answers a call on a
-  connection whose hello named no member UNAUTHENTICATED and closes it;
+  ``identity.MAX_TOKEN_BYTES``; empty without one); written again ahead of a later call when the
+  member's token changed (rotated keys). A server with the job's key checks the last hello's token
+  at every call (the keys it accepts may have changed since): a call whose token names no member
+  is answered UNAUTHENTICATED and the connection closed;
 * request: ``EPB2``, the method (1 push, 2 pull), then frames, each ``u64 length`` + the serialized
   ``Frame`` bytes: a push is its head frame (head and tensor metadata) and payload frames, ended by
   a zero length; a pull is one serialized ``PullRequest``;
@@ -38,7 +40,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -281,18 +283,21 @@ class BulkConnection:
 
     def __init__(self, host: str, port: int, connect_timeout_s: float, timeout_s: float,
                  token: str | None = None) -> None:
-        """``token``: the member's (None: this process's, ``identity.own_token``), sent in the
-        connection's hello ahead of its first call."""
+        """``token``: the member's (None: this process's as it is at each call,
+        ``identity.own_token``), sent in a hello ahead of the connection's first call and again
+        ahead of the first call after it changed (a rotated token file)."""
         self._sock = socket.create_connection((host, port), timeout=connect_timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timeout_s = timeout_s
-        self._hello = hello(identity.own_token() if token is None else token)
+        self._token: Callable[[], str] = identity.own_token if token is None else (lambda: token)
+        self._sent: str | None = None  # the token of the last hello
         self.broken = False
 
     def _send(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> None:
-        """Writes a call, the hello ahead of the connection's first."""
-        if self._hello:
-            parts, self._hello = [*self._hello, *parts], []
+        """Writes a call, a hello ahead of it when the token is not the one the server has."""
+        token = self._token()
+        if token != self._sent:
+            parts, self._sent = [*hello(token), *parts], token
         send(self._sock, parts, deadline)
 
     def _deadline(self, what: str) -> Deadline:

@@ -30,10 +30,11 @@ _OPTIONS: list[tuple[str, int]] = [
 
 
 def create_channel(address: str, token: str | None = None) -> grpc.Channel:
-    """A channel whose every call carries ``token`` (None: this process's, ``identity.own_token``;
-    "": none), the proof that the caller belongs to the job (``rpc/guard.py``)."""
-    token = identity.own_token() if token is None else token
-    return guard.with_token(grpc.insecure_channel(address, options=_OPTIONS), token)
+    """A channel whose every call carries ``token`` (None: this process's as it is at each call,
+    ``identity.token_source``; "": none), the proof that the caller belongs to the job
+    (``rpc/guard.py``)."""
+    source = identity.token_source() if token is None else token
+    return guard.with_token(grpc.insecure_channel(address, options=_OPTIONS), source)
 
 
 # The most a server takes in one message. What a call legitimately carries is far less: a stream's

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple, TypeAlias
 
 import grpc
@@ -142,15 +142,19 @@ def _replaced(handler: Handler, behavior: Any) -> Handler:
 
 
 # ---- the clients' side ---------------------------------------------------------------------------------
+Token: TypeAlias = "str | Callable[[], str]"  # a fixed token, or one asked for on every call (rotated)
+
+
 class _WithToken:
     """A multi-callable whose every call carries the token in its metadata."""
 
-    def __init__(self, inner: Any, pair: tuple[str, str]) -> None:
+    def __init__(self, inner: Any, token: Token) -> None:
         self._inner = inner
-        self._pair = pair
+        self._token = token
 
     def _metadata(self, metadata: Any) -> tuple[tuple[str, str], ...]:
-        return (*(metadata or ()), self._pair)
+        token = self._token if isinstance(self._token, str) else self._token()
+        return (*(metadata or ()), (identity.METADATA_KEY, token))
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, **kwargs: Any) -> Any:
         return self._inner(request, timeout=timeout, metadata=self._metadata(metadata), **kwargs)
@@ -166,29 +170,29 @@ class _TokenChannel(grpc.Channel):
     """A channel whose calls carry the member's token: a thin wrapper of its multi-callables (a
     client interceptor, grpc's own way, costs several times more per call)."""
 
-    def __init__(self, channel: grpc.Channel, token: str) -> None:
+    def __init__(self, channel: grpc.Channel, token: Token) -> None:
         self._channel = channel
-        self._pair = (identity.METADATA_KEY, token)
+        self._token = token
 
     def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
                     _registered_method: bool = False) -> Any:  # fmt: skip
         return _WithToken(self._channel.unary_unary(method, request_serializer, response_deserializer,
-                                                    _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
+                                                    _registered_method=_registered_method), self._token)  # type: ignore[call-arg]
 
     def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
                      _registered_method: bool = False) -> Any:  # fmt: skip
         return _WithToken(self._channel.unary_stream(method, request_serializer, response_deserializer,
-                                                     _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
+                                                     _registered_method=_registered_method), self._token)  # type: ignore[call-arg]
 
     def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
                      _registered_method: bool = False) -> Any:  # fmt: skip
         return _WithToken(self._channel.stream_unary(method, request_serializer, response_deserializer,
-                                                     _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
+                                                     _registered_method=_registered_method), self._token)  # type: ignore[call-arg]
 
     def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
                       _registered_method: bool = False) -> Any:  # fmt: skip
         return _WithToken(self._channel.stream_stream(method, request_serializer, response_deserializer,
-                                                      _registered_method=_registered_method), self._pair)  # type: ignore[call-arg]
+                                                      _registered_method=_registered_method), self._token)  # type: ignore[call-arg]
 
     def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
         self._channel.subscribe(callback, try_to_connect)
@@ -206,6 +210,7 @@ class _TokenChannel(grpc.Channel):
         self.close()
 
 
-def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
-    """``channel`` with ``token`` on every call (itself when the token is empty)."""
+def with_token(channel: grpc.Channel, token: Token) -> grpc.Channel:
+    """``channel`` with ``token`` on every call (itself when the token is empty); a callable is
+    asked on every call (a token file the operator rotates, ``identity.token_source``)."""
     return _TokenChannel(channel, token) if token else channel

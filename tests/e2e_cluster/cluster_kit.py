@@ -168,6 +168,9 @@ class Watch:
 
 
 # ---- the operator, a real process ---------------------------------------------------------------------
+IDENTITY_GRACE_S = 3.0  # between the steps of a key rotation: kwok's pods read no files
+
+
 @dataclass
 class Operator:
     env: dict[str, str]
@@ -197,6 +200,7 @@ class Operator:
             "--stats_file", str(self.stats_path),
             "--coordinator_address", f"unix://{self.coordinator_dir}/{{namespace}}.{{job}}.sock",
             "--coordinator_timeout", "0.5",
+            "--identity_grace_seconds", str(IDENTITY_GRACE_S),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics_port", str(self.metrics_port),
         ]  # fmt: skip

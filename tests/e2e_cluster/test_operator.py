@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from elasticps import identity
-from cluster_kit import ROOT, Kubectl, Operator, Watch, condition, phases, scrape, training_job, wait_for
+from cluster_kit import IDENTITY_GRACE_S, ROOT, Kubectl, Operator, Watch, condition, phases, scrape, training_job, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -228,30 +228,82 @@ def test_kubectl_scale_adds_workers_without_restarting_others(kubectl: Kubectl, 
     assert uids(kubectl.pods(ns, "tj")) == {k: v for k, v in after.items() if k != "tj-worker-3"}
 
 
+def identity_secret(kubectl: Kubectl, ns: str, job: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The job's identity Secret: its annotations, and its data decoded."""
+    found = kubectl.json("get", "secret", "tj-identity", "-n", ns)
+    assert found["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # goes with the job
+    return found["metadata"].get("annotations") or {}, {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
+
+
 def test_each_job_has_its_identity_and_every_pod_its_own_token(kubectl: Kubectl, ns: str, coordinator: Any) -> None:
     ps0 = coordinator(ns, "tj")
     kubectl.apply(ns, training_job("tj", workers=1))
     job = running(kubectl, ns, "tj", workers=1)
 
-    def secret() -> dict[str, str]:
-        found = kubectl.json("get", "secret", "tj-identity", "-n", ns)
-        assert found["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # goes with the job
-        return {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
-
-    data = secret()
-    verifier = identity.Verifier(identity.parse_key(data.pop("key")))
+    _, data = identity_secret(kubectl, ns, job)
+    key = identity.parse_key(data.pop("key"))
+    assert identity.parse_keys(data.pop("accepted")) == (key,)
+    verifier = identity.Verifier(key)
     assert {name: verifier.member(token) for name, token in data.items()} == {"ps-0": "ps-0", "worker-0": "worker-0"}
-    pods = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in kubectl.pods(ns, "tj")}
-    refs = {name: {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]} for name, c in pods.items()}
-    assert refs["tj-ps-0"] == {"ELASTICPS_TOKEN": {"name": "tj-identity", "key": "ps-0"},
-                               "ELASTICPS_JOB_KEY": {"name": "tj-identity", "key": "key"}}
-    assert refs["tj-worker-0"] == {"ELASTICPS_TOKEN": {"name": "tj-identity", "key": "worker-0"}}  # no key
+    pods = {p["metadata"]["name"]: p["spec"] for p in kubectl.pods(ns, "tj")}
+    files = {name: {i["path"]: i["key"] for v in spec["volumes"] if v["name"] == "elasticps-identity" for i in v["secret"]["items"]}
+             for name, spec in pods.items()}  # fmt: skip
+    assert files == {"tj-ps-0": {"token": "ps-0", "keys": "accepted"}, "tj-worker-0": {"token": "worker-0"}}  # no key
+    env = {name: {e["name"] for e in spec["containers"][0]["env"]} for name, spec in pods.items()}
+    assert env == {"tj-ps-0": {"ELASTICPS_TOKEN_FILE", "ELASTICPS_KEY_FILE"}, "tj-worker-0": {"ELASTICPS_TOKEN_FILE"}}
 
     kubectl("scale", "trainingjob/tj", "-n", ns, "--replicas=2")  # a new worker: its token first
     running(kubectl, ns, "tj", workers=2)
-    assert verifier.member(secret()["worker-1"]) == "worker-1"
+    assert verifier.member(identity_secret(kubectl, ns, job)[1]["worker-1"]) == "worker-1"
     wait_for(lambda: ps0.tokens, 30, "the operator to ask PS 0")
     assert {verifier.member(token) for token in ps0.tokens} == {"observer-operator"}
+
+
+def test_the_operator_rotates_a_jobs_key_when_asked_in_three_steps(kubectl: Kubectl, ns: str, coordinator: Any) -> None:
+    """``kubectl annotate tj J elasticps.io/rotate-identity=...``: the servers accept a new key, the
+    tokens move to it, the old one goes; an Event for each step; the pods stay; the operator's own
+    calls use the new key."""
+    ps0 = coordinator(ns, "tj")
+    kubectl.apply(ns, training_job("tj", workers=2))
+    job = running(kubectl, ns, "tj", workers=2)
+    pods = uids(kubectl.pods(ns, "tj"))
+    seen: list[tuple[str, tuple[bytes, ...], bytes, dict[str, str]]] = []
+
+    def step(phase: str) -> bool:
+        notes, data = identity_secret(kubectl, ns, job)
+        state = (notes["elasticps.io/identity-phase"], identity.parse_keys(data.pop("accepted")), identity.parse_key(data.pop("key")), data)
+        if not seen or seen[-1][:3] != state[:3]:
+            seen.append(state)
+        return state[0] == phase
+
+    assert step("stable")
+    old = seen[0][2]
+    kubectl("annotate", "trainingjob/tj", "-n", ns, "elasticps.io/rotate-identity=first")
+    wait_for(lambda: step("adding"), 60, "the new key accepted")
+    wait_for(lambda: step("switched"), 60, "the tokens made under the new key")
+    wait_for(lambda: step("stable"), 60, "the old key dropped")
+    phases = [s[0] for s in seen]
+    assert phases == ["stable", "adding", "switched", "stable"], phases
+    new = seen[1][1][1]
+    assert new != old
+    assert seen[0][1:3] == ((old,), old)
+    assert seen[1][1:3] == ((old, new), old)  # adding: tokens still under the old key
+    assert seen[2][1:3] == ((old, new), new)  # switched
+    assert seen[3][1:3] == ((new,), new)  # stable
+    tokens = seen[3][3]
+    assert {name: identity.Verifier(new).member(t) for name, t in tokens.items()} == {n: n for n in ("ps-0", "worker-0", "worker-1")}
+    assert all(identity.Verifier(old).member(t) is None for t in tokens.values())
+    assert uids(kubectl.pods(ns, "tj")) == pods  # nobody restarted
+    reasons = [e["message"] for e in kubectl.json("get", "events", "-n", ns)["items"] if e["reason"] == "IdentityRotated"]
+    assert sorted(m.split(":")[1].split(";")[0].strip() for m in reasons) == [
+        "done, tokens of the old key are refused", "every token is made under the new key", "the servers accept a new key too"]
+    ps0.tokens.clear()
+    wait_for(lambda: ps0.tokens, 30, "the operator to ask PS 0")
+    assert identity.Verifier(new).member(ps0.tokens[-1]) == "observer-operator"
+    # The same value again asks for nothing.
+    kubectl("annotate", "trainingjob/tj", "-n", ns, "elasticps.io/rotate-identity=first", "--overwrite")
+    time.sleep(IDENTITY_GRACE_S + 1)
+    assert identity_secret(kubectl, ns, job)[0]["elasticps.io/identity-phase"] == "stable"
 
 
 def printed_columns(kubectl: Kubectl, ns: str) -> dict[str, str]:

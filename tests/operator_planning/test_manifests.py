@@ -16,6 +16,7 @@ import yaml
 import job_builders
 
 from elasticps import identity
+from elasticps.operator import rotation
 from elasticps.api.replicas import Role, cluster_ps_addresses, ps_replica, worker_replica
 from elasticps.api.spec import TrainingJob
 from elasticps.operator.manifests import (
@@ -28,6 +29,7 @@ from elasticps.operator.manifests import (
     TemplateError,
     identity_env,
     identity_secret_manifest,
+    identity_volume,
     network_policy_manifest,
     pod_manifest,
     selector,
@@ -138,8 +140,8 @@ def test_pods_run_as_non_root_read_only_with_a_writable_tmp(role: Role) -> None:
     c = container(pod)
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
-    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]
-    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}, identity_volume(make_job(), role, 0)]
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}, IDENTITY_MOUNT]
 
 
 def test_the_template_may_loosen_security_and_bring_its_own_tmp() -> None:
@@ -156,11 +158,11 @@ def test_the_template_may_loosen_security_and_bring_its_own_tmp() -> None:
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
     assert pod["spec"]["securityContext"]["runAsUser"] == 0 and pod["spec"]["securityContext"]["runAsNonRoot"] is False
     assert pod["spec"]["securityContext"]["fsGroup"] == 1000
-    assert pod["spec"]["volumes"] == [{"name": "tmp", "hostPath": {"path": "/scratch"}}]
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "hostPath": {"path": "/scratch"}}, identity_volume(make_job(), Role.WORKER, 0)]
     c = container(pod)
     assert c["securityContext"]["readOnlyRootFilesystem"] is False
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/tmp"}]
+    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/tmp"}, IDENTITY_MOUNT]
 
 
 def test_network_policy_lets_only_the_job_and_the_operator_reach_its_ps() -> None:
@@ -268,46 +270,67 @@ def test_template_is_merged_in() -> None:
     assert spec["serviceAccountName"] == "trainer"
     assert spec["nodeSelector"] == {"accelerator": "h100"}
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert spec["volumes"] == [*TEMPLATE["spec"]["volumes"], {"name": "tmp", "emptyDir": {}}]
+    assert spec["volumes"] == [*TEMPLATE["spec"]["volumes"], {"name": "tmp", "emptyDir": {}}, identity_volume(job, Role.WORKER, 2)]
     assert spec["restartPolicy"] == "Never"  # the planner replaces pods itself
     ours, sidecar = spec["containers"]
     assert ours["name"] == CONTAINER and sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
     assert ours["image"] == "elasticps:latest"
     assert ours["args"][0] == "worker"
-    assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}, *identity_env(job, Role.WORKER, 2)]
-    assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}]
+    assert ours["env"] == [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}, *identity_env(job, Role.WORKER)]
+    assert ours["volumeMounts"] == [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}, IDENTITY_MOUNT]
     assert ours["resources"] == {"requests": {"cpu": "4", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
 
 
-def secret_refs(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
-    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(pod)["env"] if "valueFrom" in e}
+IDENTITY_MOUNT = {"name": "elasticps-identity", "mountPath": "/var/run/elasticps/identity", "readOnly": True}
 
 
-def test_each_pod_reads_its_own_token_and_only_servers_the_key() -> None:
-    token = "ELASTICPS_TOKEN"
-    key = {"ELASTICPS_JOB_KEY": {"name": "mnist-identity", "key": "key"}}
+def identity_files(pod: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The pod's identity variables, and which Secret entry each mounted identity file holds."""
+    env = {e["name"]: e.get("value", "") for e in container(pod)["env"] if e["name"].startswith("ELASTICPS_")}
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "elasticps-identity")
+    assert volume["secret"]["secretName"] == "mnist-identity"
+    assert IDENTITY_MOUNT in container(pod)["volumeMounts"]
+    return env, {item["path"]: item["key"] for item in volume["secret"]["items"]}
+
+
+def test_each_pod_mounts_its_own_token_and_only_servers_the_keys() -> None:
+    token = {"ELASTICPS_TOKEN_FILE": "/var/run/elasticps/identity/token"}
+    keys = {"ELASTICPS_KEY_FILE": "/var/run/elasticps/identity/keys"}
     job = make_job()
-    assert secret_refs(pod_manifest(job, UID, Role.PS, 1)) == {token: {"name": "mnist-identity", "key": "ps-1"}, **key}
-    assert secret_refs(pod_manifest(job, UID, Role.WORKER, 3)) == {token: {"name": "mnist-identity", "key": "worker-3"}}
+    assert identity_files(pod_manifest(job, UID, Role.PS, 1)) == ({**token, **keys}, {"token": "ps-1", "keys": "accepted"})
+    assert identity_files(pod_manifest(job, UID, Role.WORKER, 3)) == (token, {"token": "worker-3"})
     hop = make_job(strategy="decentralized", worker={"replicas": 3})
-    assert secret_refs(pod_manifest(hop, UID, Role.WORKER, 2)) == {token: {"name": "mnist-identity", "key": "worker-2"}, **key}
-    assert secret_refs(pod_manifest(hop, UID, Role.COORDINATOR, 0))[token]["key"] == "coordinator-0"
-    # A template's own entries of these names are replaced, its others kept.
-    template = {"spec": {"containers": [{"name": CONTAINER, "env": [{"name": token, "value": "forged"},
-                                                                     {"name": "A", "value": "1"}]}]}}
-    env = container(pod_manifest(make_job(worker={"template": template}), UID, Role.WORKER, 0))["env"]
-    assert [e["name"] for e in env] == ["A", token] and "value" not in env[1]
+    assert identity_files(pod_manifest(hop, UID, Role.WORKER, 2)) == ({**token, **keys}, {"token": "worker-2", "keys": "accepted"})
+    assert identity_files(pod_manifest(hop, UID, Role.COORDINATOR, 0))[1]["token"] == "coordinator-0"
+    # A template's own identity variables, volume and mount of these names are replaced, its others kept.
+    template = {"spec": {
+        "volumes": [{"name": "elasticps-identity", "secret": {"secretName": "forged"}}],
+        "containers": [{"name": CONTAINER, "env": [{"name": "ELASTICPS_TOKEN", "value": "forged"},
+                                                  {"name": "ELASTICPS_JOB_KEY", "value": "ab" * 32},
+                                                  {"name": "A", "value": "1"}],
+                        "volumeMounts": [{"name": "forged", "mountPath": "/var/run/elasticps/identity"}]}]}}
+    pod = pod_manifest(make_job(worker={"template": template}), UID, Role.WORKER, 0)
+    assert [e["name"] for e in container(pod)["env"]] == ["A", "ELASTICPS_TOKEN_FILE"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["tmp", "elasticps-identity"]
+    assert identity_files(pod) == (token, {"token": "worker-0"})
+    assert [m["name"] for m in container(pod)["volumeMounts"]] == ["tmp", "elasticps-identity"]
 
 
-def test_the_identity_secret_holds_the_key_and_each_members_token() -> None:
+def test_the_identity_secret_holds_the_keys_the_rotation_and_each_members_token() -> None:
     import base64
 
-    key = bytes(range(32))
-    secret = identity_secret_manifest(make_job(), UID, key, ["worker-1", "ps-0"])
+    key, following = bytes(range(32)), bytes(range(1, 33))
+    keys = rotation.KeyState(key, (following, key), rotation.SWITCHED, 1234.5, "now")
+    secret = identity_secret_manifest(make_job(), UID, keys, ["worker-1", "ps-0"])
     assert secret["metadata"]["name"] == "mnist-identity" and secret["metadata"]["namespace"] == "team"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert secret["metadata"]["annotations"] == {
+        "elasticps.io/identity-phase": "switched", "elasticps.io/identity-since": "1234.500", "elasticps.io/identity-rotation": "now"}
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert data == {"key": key.hex(), "ps-0": identity.token_for(key, "ps-0"), "worker-1": identity.token_for(key, "worker-1")}
+    assert data == {
+        "key": key.hex(), "accepted": f"{following.hex()}\n{key.hex()}\n",
+        "ps-0": identity.token_for(key, "ps-0"), "worker-1": identity.token_for(key, "worker-1"),
+    }
 
 
 def test_template_without_our_container_gets_it_first() -> None:
