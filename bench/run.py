@@ -162,8 +162,14 @@ def start_grpc_raw(workdir: Path) -> Child:
 
 
 def start_ps(name: str, workdir: Path, data: Path, chunk_bytes: int, key: bytes | None = None) -> Child:
-    """``key``: the job's (``identity.py``): the PS then serves only callers with its tokens."""
+    """``key``: the job's (``identity.py``): the PS then serves only callers with its tokens. It
+    reads the key from a file, as a pod does from its mounted Secret (re-read when it changes)."""
     port_file = workdir / f"{name}.port"
+    env: dict[str, str] = {}
+    if key is not None:
+        key_file = workdir / f"{name}.keys"
+        key_file.write_text(identity.format_keys((key,)))
+        env[identity.KEY_FILE_ENV] = str(key_file)
     args = [
         "-m", "elasticps", "--log_level", "WARNING", "ps",
         "--ps_id", "0", "--num_ps", "1", "--host", "127.0.0.1", "--port", "0",
@@ -171,7 +177,7 @@ def start_ps(name: str, workdir: Path, data: Path, chunk_bytes: int, key: bytes 
         "--data_reader", "npz", "--training_data", str(data),
         "--chunk_bytes", str(chunk_bytes),
     ]  # fmt: skip
-    return _spawn(name, args, port_file, {identity.KEY_ENV: key.hex()} if key is not None else {})
+    return _spawn(name, args, port_file, env)
 
 
 # ---- measured cases -----------------------------------------------------------------------------------

@@ -204,8 +204,11 @@ class WatchedFile(Generic[T]):
         self.path, self._parse, self._every = path, parse, every
         self._lock = threading.Lock()
         self._checked = time.monotonic()
-        self._stamp = self._stat()
-        self.value: T = parse(self._read())  # the first read must succeed: IdentityError/OSError
+        try:  # the first read must succeed
+            self._stamp = self._stat()
+            self.value: T = parse(self._read())
+        except (OSError, UnicodeDecodeError) as err:
+            raise IdentityError(f"{path}: {getattr(err, 'strerror', None) or err}") from None
 
     def current(self) -> T:
         now = time.monotonic()
@@ -258,7 +261,10 @@ def claim_refusal(member: str | None, claimed: str, field: str) -> str | None:
 
 def key_from_env() -> Verifier | None:
     """The process's verifier when ``ELASTICPS_KEY_FILE`` or ``ELASTICPS_JOB_KEY`` is set
-    (IdentityError when it does not hold keys, OSError when the file cannot be read)."""
+    (IdentityError when it does not hold keys or the file cannot be read). Reads the process's
+    token too (:func:`own_token`), so a token file that cannot be read stops the process at its
+    start, not at its first call."""
+    own_token()
     path = os.environ.get(KEY_FILE_ENV, "")
     if path:
         watched = WatchedFile(path, lambda text: parse_keys(text, path))
@@ -273,7 +279,8 @@ _token_lock = threading.Lock()
 
 def own_token() -> str:
     """This process's token now (``ELASTICPS_TOKEN_FILE``'s, else ``ELASTICPS_TOKEN``), or "" when
-    it has none. Cheap enough to ask on every call."""
+    it has none. Cheap enough to ask on every call. IdentityError when the file cannot be read the
+    first time."""
     global _token_file
     path = os.environ.get(TOKEN_FILE_ENV, "")
     if not path:

@@ -33,6 +33,8 @@ import pytest
 from node_kit import (
     IMAGE,
     NODE_LABEL,
+    OPERATOR_NS,
+    RELEASE,
     RESULTS,
     ROOT,
     TIMINGS,
@@ -49,8 +51,6 @@ from node_kit import (
 sys.path.insert(0, str(ROOT / "hack" / "cluster"))
 import realnode  # noqa: E402
 
-RELEASE = "elasticps"
-OPERATOR_NS = "elasticps-system"
 
 
 def _skip(reason: str) -> None:

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("ELASTICPS_CACHE") or Path.home() / ".cache" / "elasticps")
 NODE_LABEL = "elasticps.io/real-node"
 IMAGE = "elasticps:latest"
+RELEASE = "elasticps"  # the operator's Helm release, as the README installs it
+OPERATOR_NS = "elasticps-system"
 T = TypeVar("T")
 
 # Figures printed at the end of the session (build, image import, each scenario).

@@ -200,3 +200,15 @@ def test_a_key_file_without_a_key_stops_the_server_at_its_start(tmp_path: Path, 
     keys.write_text("00ff\n")
     with pytest.raises(identity.IdentityError, match="at least 16"):
         identity.key_from_env()
+
+
+def test_an_unreadable_identity_file_is_a_one_line_error_at_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(identity.KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(identity.KEY_ENV, raising=False)
+    monkeypatch.setenv(identity.TOKEN_FILE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(identity.IdentityError, match=r"missing: No such file or directory"):
+        identity.key_from_env()  # what every process calls first
+    monkeypatch.setenv(identity.TOKEN_FILE_ENV, "")
+    monkeypatch.setenv(identity.KEY_FILE_ENV, str(tmp_path))  # a directory
+    with pytest.raises(identity.IdentityError, match=str(tmp_path)):
+        identity.key_from_env()
