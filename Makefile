@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-torch-peer bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -79,6 +79,13 @@ bench: $(STAMP) bench-large
 PEER_ARGS ?=
 bench-peer: $(STAMP)
 	$(PY) -m bench.peer $(PEER_ARGS)
+
+# Issue 36: elasticps with PyTorch workers (sync, async; 1 PS + 2 workers) against PyTorch
+# DistributedDataParallel over gloo on examples/mnist-torch.yaml, interleaved rounds (about 10 minutes
+# on 2 quiet cores): examples/s in the last epoch and test accuracy (docs/benchmarks.md).
+TORCH_PEER_ARGS ?=
+bench-torch-peer: $(STAMP)
+	$(PY) -m bench.torch_peer $(TORCH_PEER_ARGS)
 
 # Issue 15: every training mode under no slowdown, random 6x steps and a 4x straggler, 4 workers on
 # MNIST, medians of 3 interleaved repetitions (about 2 hours on 2 cores): docs/heterogeneity.md.

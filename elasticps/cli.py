@@ -156,7 +156,7 @@ def _export(checkpoints: Sequence[Path], job_file: Path, out: str, version: int 
 def _check_prediction(job: TrainingJob) -> None:
     """Opens ``spec.prediction.data`` as PS 0 will, and checks that ``spec.prediction.model``
     holds a model file: a :class:`DataError` naming the field, before any process starts."""
-    from elasticps.api.output import KERAS_FILE
+    from elasticps.api.output import MODEL_FILES
     from elasticps.data.readers import DataError, ReaderOptions, open_reader
     from elasticps.storage import exists
 
@@ -170,7 +170,7 @@ def _check_prediction(job: TrainingJob) -> None:
     if records == 0:
         raise DataError(f"spec.prediction.data: {prediction.data}: holds no records")
     if prediction.model:
-        model = f"{prediction.model.rstrip('/')}/{KERAS_FILE}"
+        model = f"{prediction.model.rstrip('/')}/{MODEL_FILES[job.spec.model.framework]}"
         try:
             found = exists(model)
         except OSError as err:

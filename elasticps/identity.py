@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+log = logging.getLogger(__name__)
+
 KEY_ENV = "ELASTICPS_JOB_KEY"  # hex: the servers' and the job owner's
 TOKEN_ENV = "ELASTICPS_TOKEN"  # the member's own token
 KEY_FILE_ENV = "ELASTICPS_KEY_FILE"  # a file of the keys a server accepts, hex, one a line
@@ -186,9 +188,6 @@ def _verify(keys: tuple[bytes, ...], token: str | bytes) -> str | None:
     # Every accepted key is tried, so the time does not tell which one made the token.
     matched = [hmac.compare_digest(mac.encode(), _mac(key, member).encode()) for key in keys]
     return member if any(matched) else None
-
-
-log = logging.getLogger(__name__)
 
 
 T = TypeVar("T")

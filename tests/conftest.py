@@ -7,6 +7,7 @@ Test files do not import this module (tests/e2e has a conftest.py of its own, an
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
@@ -24,6 +25,12 @@ from elasticps.rpc.channels import bind
 from elasticps.rpc.serving import AsyncServer
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# TensorFlow and torch each carry LLVM; in one process the second copy aborts it ("Option ...
+# registered more than once"). The torch backend's own tests import torch's internals, so they run
+# in a process of their own (tests/backends/test_torch_process.py), never beside the Keras tests.
+TORCH_TESTS_ENV = "ELASTICPS_TORCH_TESTS"
+collect_ignore = [] if os.environ.get(TORCH_TESTS_ENV) else ["backends/pytorch"]
 
 # Adds a test's servicers to a server, e.g. lambda s: add_to_server(servicer, s).
 Register = Callable[[AsyncServer], None]

@@ -8,6 +8,8 @@ with ``/`` so the same function serves all three. Layout::
 
     <output>/model.keras            the final model: keras.models.load_model(...)
     <output>/saved_model/           the same model as a TensorFlow SavedModel: tf.saved_model.load(...)
+                                    (a torch model instead: model.safetensors, its state_dict, and
+                                    model.pt2, torch.export.load(...).module())
     <output>/job.json               the TrainingJob it came from (model, data, training, output)
     <output>/metrics.json           its version and final metrics; written last
     <output>/versions/<version>/    the same four files for each periodic export (exportSteps)
@@ -23,10 +25,14 @@ from enum import Enum
 from typing import Any
 
 from elasticps.api.fields import camel
-from elasticps.api.spec import API_VERSION, KIND, DataSpec, ModelSpec, TrainingSpec
+from elasticps.api.spec import API_VERSION, KIND, DataSpec, Framework, ModelSpec, TrainingSpec
 
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
+TORCH_STATE_FILE = "model.safetensors"
+TORCH_PROGRAM_FILE = "model.pt2"
+# The file a prediction job loads, per framework.
+MODEL_FILES = {Framework.KERAS: KERAS_FILE, Framework.TORCH: TORCH_PROGRAM_FILE}
 JOB_FILE = "job.json"
 METRICS_FILE = "metrics.json"
 VERSIONS_DIR = "versions"

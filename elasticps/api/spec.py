@@ -123,6 +123,7 @@ class Framework(str, Enum):
     (``elasticps/backends/registry.py``). The PS, the coordinator and the operator never load it."""
 
     KERAS = "keras"
+    TORCH = "torch"
 
 
 class SchedulingPolicy(str, Enum):
@@ -175,7 +176,7 @@ class ModelSpec:
         default_factory=dict, help="keyword arguments passed to custom_model()", opaque=True
     )
     framework: Framework = spec_field(
-        Framework.KERAS, help="what the model module is written for: keras (its contract in docs/model-zoo.md)"
+        Framework.KERAS, help="what the model module is written for: keras or torch (their contracts in docs/model-zoo.md)"
     )
 
 

@@ -17,6 +17,7 @@ from elasticps.backends.api import Backend
 
 BACKENDS: dict[Framework, str] = {
     Framework.KERAS: "elasticps.backends.keras.backend",
+    Framework.TORCH: "elasticps.backends.pytorch.backend",
 }
 
 

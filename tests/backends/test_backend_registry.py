@@ -30,7 +30,7 @@ def test_the_roles_that_build_no_model_import_no_framework() -> None:
         "import elasticps.cli, elasticps.ps.main, elasticps.coordinator.main, elasticps.worker.main\n"
         "import elasticps.worker.checkpoint_export, elasticps.local.runner, elasticps.operator.main\n"
         "import elasticps.backends.registry, elasticps.backends.api\n"
-        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+        "print(sorted(m for m in ('tensorflow', 'keras', 'torch') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"

@@ -14,6 +14,7 @@ workers are inside their tasks.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -41,7 +42,8 @@ EXPECTED = round_log.expected_per_epoch(RECORDS, PER_TASK, MINIBATCH)  # 188 (6 
 
 
 class Run:
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 2, **training: object) -> None:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 2,
+                 model: dict[str, object] | None = None, **training: object) -> None:  # fmt: skip
         self.rounds = tmp_path / "rounds"
         monkeypatch.setenv("ELASTICPS_ROUND_LOG", str(self.rounds))
         train, validation = write_data(tmp_path, records=RECORDS)
@@ -50,6 +52,8 @@ class Run:
         spec = document["spec"]
         assert isinstance(spec, dict)
         spec["worker"] = {"replicas": workers}
+        if model is not None:
+            spec["model"] = model
         job = write_job(tmp_path / "job.yaml", document)
         self.run_dir, self.result_file = tmp_path / "run", tmp_path / "result.json"
         self.process = elasticps("run", str(job), "--run_dir", str(self.run_dir), "--result_file",
@@ -157,4 +161,29 @@ def test_ps0_killed_without_checkpoints_rebuilds_its_ledger_from_the_other_shard
     result, stderr = run.result()
     assert "once-ps-0 exited with code -9: replacing it" in stderr
     assert "task ledger: rebuilt from PS 1's copy at model version" in (run.run_dir / "once-ps-0.log").read_text()
+    assert_exactly_once(run, result)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_a_torch_job_scaled_2_4_1_with_ps1_killed_applies_each_minibatch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch workers (issue 36) under the same changes: scaled up and down, a PS killed with -9."""
+    run = Run(tmp_path, monkeypatch, model={"framework": "torch", "modelDef": "elasticps.backends.pytorch.zoo.mlp"},
+              checkpointSteps=15)  # fmt: skip
+
+    def scale(workers: int) -> None:
+        done = subprocess.run([sys.executable, "-m", "elasticps", "scale", str(run.run_dir), "--workers", str(workers)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    at = run.wait_version(20)
+    scale(4)
+    at = run.wait_version(at + 20)
+    run.kill("ps-1")
+    at = run.wait_version(at + 20)
+    scale(1)
+    result, stderr = run.result()
+    assert "workers: 2 -> 4" in stderr and "workers: 4 -> 1" in stderr
+    assert "once-ps-1 exited with code -9: replacing it" in stderr
     assert_exactly_once(run, result)

@@ -1,0 +1,1 @@
+"""Example PyTorch model modules (the contract: ``elasticps/backends/pytorch/model_loading.py``)."""

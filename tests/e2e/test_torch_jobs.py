@@ -1,0 +1,120 @@
+"""PyTorch workers on the same parameter servers (issue 36), end to end: `elasticps run` of a job
+whose model is a torch module (``spec.model.framework: torch``), in sync, async with the
+staleness-aware rate, SSP and LocalSGD: every record trained once per epoch, the model learns, and
+the exported program (``model.pt2``) scores the job's accuracy in a fresh process that has no
+model module to import."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from local_jobs import elasticps, job_document, write_job
+
+# Not imported here: this process may hold TensorFlow already (tests/conftest.py says why).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")]
+
+
+def torch_job(name: str, train: Path, validation: Path, output: Path, **training: object) -> dict[str, object]:
+    document = job_document(name, train, validation, evaluationSteps=0, **training)
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec["model"] = {"framework": "torch", "modelDef": "elasticps.backends.pytorch.zoo.mlp"}
+    spec["output"] = str(output)
+    return document
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        pytest.param({}, id="sync"),
+        pytest.param({"useAsync": True, "lrStalenessModulation": True}, id="async-staleness"),
+        pytest.param({"useAsync": True, "getModelFrequency": 4}, id="async-ssp"),
+        pytest.param({"localSGDSteps": 4}, id="localsgd"),
+    ],
+)
+def test_a_torch_job_trains_every_record_learns_and_exports_a_program(
+    tmp_path: Path, data: tuple[Path, Path], training: dict[str, object]
+) -> None:
+    output = tmp_path / "model"
+    job = write_job(tmp_path / "job.yaml", torch_job("torch", *data, output, **training))
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [4000, 4000]
+    accuracy = result["metrics"]["accuracy"]
+    assert accuracy > 0.85, result
+    assert {"job.json", "metrics.json", "model.pt2", "model.safetensors"} <= {p.name for p in output.iterdir()}
+    # The program alone, in a process that cannot import the model module, on the validation records.
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, torch
+        sys.modules["elasticps"] = None  # neither the zoo nor anything of ours
+        program = torch.export.load({str(output / 'model.pt2')!r}).module()
+        data = np.load({str(data[1])!r})
+        outputs = program(torch.from_numpy(data["x"].astype(np.float32))).detach().numpy()
+        print(float((outputs.argmax(axis=1) == data["y"]).mean()))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip()) == pytest.approx(accuracy, abs=0.001)
+
+
+# Put first on every process's import path: TensorFlow and Keras are absent, as in an environment
+# without them (``import`` fails, ``importlib.util.find_spec`` finds nothing).
+NO_TENSORFLOW = """
+import sys
+for name in ("tensorflow", "keras", "tf_keras"):
+    sys.modules[name] = None
+"""
+
+
+def test_a_torch_job_runs_where_tensorflow_cannot_be_imported(
+    tmp_path: Path, data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner, the PS, the coordinator and the torch workers: none of them imports TensorFlow."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TENSORFLOW)
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{Path(__file__).parent}")
+    check = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, text=True)
+    assert "import of tensorflow halted" in check.stderr  # the block holds
+    output = tmp_path / "model"
+    job = write_job(tmp_path / "job.yaml", torch_job("no-tf", *data, output, useAsync=True))
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "halted" not in stderr
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [4000, 4000] and result["metrics"]["accuracy"] > 0.85
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").glob("*.log"))
+    assert "halted" not in logs
+
+
+def test_elasticps_export_rebuilds_the_torch_model_from_the_checkpoints(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    from safetensors.numpy import load_file  # numpy's side of safetensors: no torch in this process
+
+    output = tmp_path / "model"
+    job = write_job(tmp_path / "job.yaml", torch_job("torch", *data, output, checkpointSteps=1))
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    rebuilt = tmp_path / "rebuilt"
+    export = elasticps("export", str(tmp_path / "run" / "checkpoints"), "--job", str(job), "--out", str(rebuilt), cwd=tmp_path)
+    out, err = export.communicate(timeout=300)
+    assert export.returncode == 0, err[-3000:]
+    assert "exported model version" in out
+    final, again = load_file(str(output / "model.safetensors")), load_file(str(rebuilt / "model.safetensors"))
+    assert sorted(final) == sorted(again) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for name in final:
+        np.testing.assert_array_equal(final[name], again[name])
