@@ -145,6 +145,14 @@ def open_input(path: str) -> IO[bytes]:
     return handle
 
 
+def copy_to_file(path: str, local: str | Path) -> None:
+    """Copies the file ``path`` (a local path or an object-store URI) to the local file ``local``,
+    8 MiB at a time (OSError when it cannot be read)."""
+    with open_input(path) as source, open(local, "wb") as copy:
+        while chunk := source.read(8 << 20):
+            copy.write(chunk)
+
+
 def fingerprint(path: str) -> Fingerprint:
     if not is_remote(path):
         stat = os.stat(_local(path))

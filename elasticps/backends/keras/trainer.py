@@ -499,15 +499,13 @@ class KerasTrainer:
 
         import keras
 
-        from elasticps.storage import open_input
+        from elasticps.storage import copy_to_file
 
         source = f"{folder.rstrip('/')}/{KERAS_FILE}"
         try:
             with tempfile.TemporaryDirectory(prefix="elasticps-model-") as scratch:
                 local = Path(scratch) / KERAS_FILE
-                with open_input(source) as remote, open(local, "wb") as copy:
-                    while chunk := remote.read(8 << 20):
-                        copy.write(chunk)
+                copy_to_file(source, local)
                 self.model = keras.models.load_model(local, compile=False)
         except OSError as err:
             raise ModelError(f"spec.prediction.model: cannot read {source}: {err}") from None

@@ -46,6 +46,7 @@ class _Built:
 
     def __init__(self, trainer: torch_trainer.TorchTrainer) -> None:
         self._trainer = trainer
+        self._parameters = frozenset(trainer.weights())  # once: assign is called per variable
 
     def variables(self) -> dict[str, Variable]:
         weights, state = self._trainer.weights(), self._trainer.state()
@@ -55,7 +56,7 @@ class _Built:
         }
 
     def assign(self, name: str, value: np.ndarray) -> None:
-        if name in self._trainer.weights():
+        if name in self._parameters:
             self._trainer.assign({name: value})
         else:
             self._trainer.assign_state({name: value})

@@ -233,15 +233,13 @@ class TorchTrainer:
         """Replaces the model by an exported program (``<folder>/model.pt2``), for a job that only predicts."""
         import tempfile
 
-        from elasticps.storage import open_input
+        from elasticps.storage import copy_to_file
 
         source = f"{folder.rstrip('/')}/{TORCH_PROGRAM_FILE}"
         try:
             with tempfile.TemporaryDirectory(prefix="elasticps-model-") as scratch:
                 local = Path(scratch) / TORCH_PROGRAM_FILE
-                with open_input(source) as remote, open(local, "wb") as copy:
-                    while chunk := remote.read(8 << 20):
-                        copy.write(chunk)
+                copy_to_file(source, local)
                 self.model = torch.export.load(str(local)).module().to(self._device)
         except OSError as err:
             raise ModelError(f"spec.prediction.model: cannot read {source}: {err}") from None
