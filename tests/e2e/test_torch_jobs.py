@@ -2,12 +2,17 @@
 whose model is a torch module (``spec.model.framework: torch``), in sync, async with the
 staleness-aware rate, SSP and LocalSGD: every record trained once per epoch, the model learns, and
 the exported program (``model.pt2``) scores the job's accuracy in a fresh process that has no
-model module to import."""
+model module to import. DeepFM with its embedding tables on 2 PS (``backends/pytorch/layers.py``),
+with and without a PS killed: the rows the shards hold are exactly the data's ids, and the export
+holds them."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from local_jobs import elasticps, job_document, write_job
+from local_jobs import elasticps, job_document, wait_for, write_job
+from test_embeddings_processes import RECORDS, TRAIN, assert_rows_are_the_datas_ids, write_criteo
+from test_faults import coordinator
 
 # Not imported here: this process may hold TensorFlow already (tests/conftest.py says why).
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")]
@@ -118,3 +125,61 @@ def test_elasticps_export_rebuilds_the_torch_model_from_the_checkpoints(tmp_path
     assert sorted(final) == sorted(again) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     for name in final:
         np.testing.assert_array_equal(final[name], again[name])
+
+
+def deepfm_job(tmp_path: Path, name: str, **training: object) -> Path:
+    data = write_criteo(tmp_path / "criteo.txt")
+    document = job_document(name, data, data, minibatchSize=64, recordsPerTask=600, numEpochs=2, learningRate=0.02,
+                            evaluationSteps=0, **training)  # fmt: skip
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec["model"] = {"framework": "torch", "modelDef": "elasticps.backends.pytorch.zoo.deepfm",
+                     "params": {"dim": 4, "hidden": [16]}}  # fmt: skip
+    spec["data"] = {"reader": "criteo", "training": f"{data}[0:{TRAIN}]", "validation": f"{data}[{TRAIN}:]"}
+    spec["output"] = str(tmp_path / "model")
+    return write_job(tmp_path / "job.yaml", document)
+
+
+def program_auc(tmp_path: Path) -> float:
+    """The exported program's AUC on the validation records, in a process without elasticps."""
+    from elasticps.api.metrics import auc
+    from elasticps.data.criteo import CriteoReader
+
+    x, y = CriteoReader(str(tmp_path / "criteo.txt")).read(TRAIN, RECORDS)
+    np.save(tmp_path / "x.npy", np.asarray(x, np.int64))
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, torch
+        sys.modules["elasticps"] = None
+        program = torch.export.load({str(tmp_path / 'model' / 'model.pt2')!r}).module()
+        np.save({str(tmp_path / 'logits.npy')!r}, program(torch.from_numpy(np.load({str(tmp_path / 'x.npy')!r}))).detach().numpy())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return auc(y, np.load(tmp_path / "logits.npy"))
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["deepfm", "deepfm-ps-killed"])
+def test_torch_deepfm_on_two_ps_holds_exactly_the_rows_of_its_ids_learns_and_exports_them(
+    tmp_path: Path, kill: bool
+) -> None:
+    name = "ctr-torch-kill" if kill else "ctr-torch"
+    job = deepfm_job(tmp_path, name, **({"checkpointSteps": 10, "keepCheckpointMax": 100} if kill else {}))
+    run_dir, result_file = tmp_path / "run", tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(run_dir), "--result_file", str(result_file), cwd=tmp_path)
+    if kill:
+        client = coordinator(run_dir)
+        wait_for(lambda: client.status().model_version >= 25, 300, "a few checkpoints")
+        os.kill(int((run_dir / f"{name}-ps-1.pid").read_text()), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    if kill:
+        assert f"{name}-ps-1 exited with code -9: replacing it" in stderr
+        assert re.search(r"resumes at version \d+, embedding rows held: \{'deepfm_", (run_dir / f"{name}-ps-1.log").read_text())
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN, TRAIN]
+    assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
+    assert result["metrics"]["auc"] > 0.75, result["metrics"]  # chance: 0.5; Keras's DeepFM on this data: 0.80-0.84
+    assert_rows_are_the_datas_ids(tmp_path, run_dir, name)
+    exported = program_auc(tmp_path)
+    print(f"{name}: AUC {result['metrics']['auc']:.4f}, the exported program's {exported:.4f}")
+    assert exported == pytest.approx(result["metrics"]["auc"], abs=1e-4)

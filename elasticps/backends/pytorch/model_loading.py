@@ -11,7 +11,9 @@ The contract (``docs/model-zoo.md`` sets it beside the Keras one): a module with
 * optionally ``feed(features, labels, mode) -> (inputs, labels)``: a whole task's records (numpy
   arrays as the reader gives them; ``labels`` None for a reader without) to tensors; without it the
   features become float32 tensors and the labels int64 ones;
-* optionally ``eval_metrics_fn() -> {name: fn(outputs, labels) -> tensor}`` (per record or a mean).
+* optionally ``eval_metrics_fn() -> {name: fn(outputs, labels) -> tensor}`` (per record or a mean);
+* optionally ``eval_set_metrics_fn() -> {name: fn(outputs, labels) -> float}``: a metric over an
+  evaluation task's records at once (numpy arrays; the AUC, ``elasticps.api.metrics.auc``).
 
 A module that breaks the contract raises :class:`ModelError` naming what is wrong, before any
 training starts.
@@ -38,6 +40,7 @@ class TorchModule:
     optimizer: Callable[[Any], Any]
     feed: Callable[[Any, Any, str], Any] | None
     eval_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], Any]]] | None
+    eval_set_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], float]]] | None = None
 
 
 def load_torch_module(name: str) -> TorchModule:
@@ -87,4 +90,5 @@ def _check(name: str, module: ModuleType) -> TorchModule:
         optimizer=optimizer,
         feed=function("feed", 3, "feed(features, labels, mode)", required=False),
         eval_metrics_fn=function("eval_metrics_fn", 0, "eval_metrics_fn()", required=False),
+        eval_set_metrics_fn=function("eval_set_metrics_fn", 0, "eval_set_metrics_fn()", required=False),
     )

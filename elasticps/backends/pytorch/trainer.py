@@ -7,10 +7,15 @@ gradients leave torch as numpy views of the gradient tensors (no copy: each step
 ones) and pulled values are written into the parameters' own memory; on a GPU they cross through
 host copies. A whole task's records go through the module's ``feed`` once; the minibatches are
 slices of its tensors.
+
+With ``serve_tables``, the model's ``elasticps.backends.pytorch.layers.Embedding`` tables live on
+the PS: each call of such a module pulls its ids' rows, and each gradient step leaves the rows'
+gradients for the push (``served_tables.py``); an export holds the PS's rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,8 +28,10 @@ from elasticps.api.embedding import RowGrads, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.output import TORCH_PROGRAM_FILE, TORCH_STATE_FILE
 from elasticps.backends.api import HeldRows, ModelError, RowSource
+from elasticps.backends.pytorch.layers import served
 from elasticps.backends.pytorch.model_loading import TorchModule
 from elasticps.backends.pytorch.optimizer_spec import optimizer_config
+from elasticps.backends.pytorch.served_tables import ServedTables
 from elasticps.model_contract import Mode
 
 
@@ -66,18 +73,19 @@ class TorchTrainer:
 
     def __init__(self, module: TorchModule, params: Mapping[str, Any], minibatch_size: int, seed: int = 0,
                  learning_rate: float = 0.0, serve_tables: bool = False) -> None:  # fmt: skip
-        del serve_tables  # a torch model has no tables the PS serves yet: its embeddings are parameters
         self._module = module
         self._minibatch_size = minibatch_size
         self._rng = np.random.default_rng(seed)
         self._device = device()
         try:
-            model = module.model(**params)
+            with served() if serve_tables else contextlib.nullcontext():
+                model = module.model(**params)
         except TypeError as err:
             raise ModelError(f"{module.name}.model(**{dict(params)}): {err}") from None
         if not isinstance(model, torch.nn.Module):
             raise ModelError(f"{module.name}.model() returned {type(model).__name__}, not a torch.nn.Module")
         self.model: torch.nn.Module = model.to(self._device)
+        self._tables = ServedTables(self.model, module.name)
         self._local_optimizer = module.optimizer(self.model.parameters())
         if not isinstance(self._local_optimizer, torch.optim.Optimizer):
             raise ModelError(f"{module.name}.optimizer() returned {type(self._local_optimizer).__name__}, not a torch.optim.Optimizer")
@@ -86,6 +94,7 @@ class TorchTrainer:
             for group in self._local_optimizer.param_groups:
                 group["lr"] = learning_rate
         self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
+        self._set_metric_fns = module.eval_set_metrics_fn() if module.eval_set_metrics_fn else {}
         self._parameters = dict(self.model.named_parameters())
         self._state = {n: b for n, b in self.model.named_buffers() if b.is_floating_point()}
         both = set(self._parameters) & set(self._state)
@@ -100,7 +109,7 @@ class TorchTrainer:
             return
         x, _ = self._pairs(features[:1], None if labels is None else labels[:1], Mode.TRAINING)
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._tables.initial():
             self.model(x)
         self._sample = x
         self._parameters = dict(self.model.named_parameters())
@@ -129,15 +138,19 @@ class TorchTrainer:
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
         return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
 
-    # ---- embedding tables: none served for torch yet -----------------------------------------
+    # ---- embedding tables served by the PS ---------------------------------------------------
     def tables(self) -> list[TableSpec]:
-        return []
+        """The embedding tables the PS serves to this model (none without ``serve_tables``)."""
+        return list(self._tables.specs.values())
 
     def serve_rows(self, source: RowSource, held: HeldRows) -> None:
-        del source, held
+        """Where the rows of a call's ids come from (the PS client's ``pull_embeddings``), and
+        every row the PS holds (``held_rows``, for an export)."""
+        self._tables.serve(source, held)
 
     def row_gradients(self) -> dict[str, RowGrads]:
-        return {}
+        """Each table's row gradients from the last gradient step, for the push that carries it."""
+        return self._tables.gradients()
 
     # ---- data --------------------------------------------------------------------------------
     def _pairs(self, features: np.ndarray, labels: np.ndarray | None, mode: str) -> tuple[Any, Any]:
@@ -176,8 +189,11 @@ class TorchTrainer:
         self.model.train()
         for parameter in self._parameters.values():
             parameter.grad = None  # a new gradient tensor each step: the views handed out stay valid
+        self._tables.clear()
         loss = torch.mean(self._module.loss(self.model(x), y))
         loss.backward()  # type: ignore[no-untyped-call]
+        if self._tables:
+            self._tables.take()
         gradients = {
             name: _numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
             for name, p in self._parameters.items()
@@ -198,8 +214,11 @@ class TorchTrainer:
                 parameter.sub_(torch.as_tensor(np.array(gradients[name]), device=self._device), alpha=rate)
 
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
-        """Sums of each metric x minibatch size over the records (the coordinator divides)."""
+        """Sums of each metric x minibatch size over the records (the coordinator divides); each
+        set metric (``eval_set_metrics_fn``) once over all the records, x their count."""
         sums: dict[str, float] = {}
+        seen: list[tuple[np.ndarray, np.ndarray]] = []
+        total = 0
         self.model.eval()
         with torch.no_grad():
             for x, y in self.batches(features, labels, Mode.EVALUATION):
@@ -210,6 +229,16 @@ class TorchTrainer:
                     results[name] = torch.mean(torch.as_tensor(fn(outputs, y), dtype=torch.float32))
                 for name, value in results.items():
                     sums[name] = sums.get(name, 0.0) + float(value) * count
+                if self._set_metric_fns:
+                    seen.append((_numpy(outputs), _numpy(y)))
+                total += count
+        if seen:
+            outputs_all, labels_all = np.concatenate([o for o, _ in seen]), np.concatenate([y for _, y in seen])
+            for name, set_fn in self._set_metric_fns.items():
+                measured = float(set_fn(outputs_all, labels_all))
+                if not np.isfinite(measured):
+                    raise ModelError(f"{self._module.name}: eval_set_metrics_fn's {name!r} gave {measured}")
+                sums[name] = measured * total
         return sums
 
     def predict(self, features: np.ndarray, labels: np.ndarray | None) -> Any:
@@ -250,7 +279,11 @@ class TorchTrainer:
     def export(self, directory: Path) -> None:
         """Writes ``model.safetensors`` (the state_dict: parameters and buffers) and ``model.pt2``
         (a ``torch.export`` program with a free minibatch dimension: ``torch.export.load(...).module()``
-        runs it without the model module's source)."""
+        runs it without the model module's source). Served tables: the rows the PS holds, in both."""
+        with self._tables.holding(self._device) if self._tables else contextlib.nullcontext():
+            self._export(directory)
+
+    def _export(self, directory: Path) -> None:
         from safetensors.torch import save_file
 
         state = {name: t.detach().cpu().contiguous() for name, t in self.model.state_dict().items()}

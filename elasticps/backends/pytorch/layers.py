@@ -1,0 +1,131 @@
+"""PyTorch modules for model modules: :class:`Embedding`, a lookup in an embedding table served by
+the parameter servers (issue 36), the torch twin of ``elasticps.backends.keras.layers.Embedding``.
+
+A model module uses ``elasticps.backends.pytorch.layers.Embedding(table, dim)`` where it would use
+``torch.nn.Embedding(vocabulary, dim)``: no vocabulary, ids are any int64 (hash strings with
+``elasticps.api.embedding.hash_ids``; the ``criteo`` reader gives ids already). A table's rows
+start from values that depend only on its name, its seed and the id (``api/embedding.py``), the
+same as the Keras layer's.
+
+In one plain process (a notebook, a DDP job, no elasticps at all) the table is local: a parameter
+of ``local_rows`` rows, id ``i`` in row ``i mod local_rows``, trained by the model's optimizer like
+any parameter.
+
+Served by parameter servers (a module made inside :func:`served`, as the worker makes the model),
+the module holds no table. Each call takes the distinct ids of its input, asks the worker's row
+source for their rows (:meth:`Embedding.serve`: the PS client's pull; before the PS holds the
+model, the rows' first values), and looks every id up in them; the rows are a leaf tensor, so after
+``backward`` its gradient is each distinct id's gradient summed over the minibatch, which the
+worker takes (:meth:`Embedding.taken`) and pushes. Only the rows a minibatch touches travel; they
+are never among the module's parameters, so never among the dense variables the PS holds.
+
+Exported from a PS job, each served module is swapped for one holding the rows the PS held
+(``held`` of them: the ids, sorted, as a buffer and their rows as a parameter); an id the job
+never saw looks up zeros. The exported program needs no PS and no elasticps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from elasticps.api.embedding import IdArray, TableSpec, initial_rows
+
+LOCAL_ROWS = 1 << 18
+_SERVED = contextvars.ContextVar("elasticps_torch_tables_served", default=False)
+
+# The rows of a table's distinct ids (sorted), (len(ids), dim): the worker's pull.
+Rows = Callable[[IdArray], np.ndarray]
+
+
+@contextlib.contextmanager
+def served() -> Iterator[None]:
+    """Embedding modules made inside take their rows from the worker (parameter servers), not a
+    local table."""
+    token = _SERVED.set(True)
+    try:
+        yield
+    finally:
+        _SERVED.reset(token)
+
+
+class Embedding(nn.Module):
+    """``(..., ids int64) -> (..., dim)``: the rows of ``ids`` in table ``table``."""
+
+    def __init__(self, table: str, dim: int, initializer: str = "uniform", scale: float = 0.05, seed: int = 0,
+                 local_rows: int = LOCAL_ROWS, held: int = 0) -> None:  # fmt: skip
+        super().__init__()
+        self.spec = TableSpec(table, dim, initializer, scale, seed)  # checked: EmbeddingError says what is wrong
+        if isinstance(local_rows, bool) or not isinstance(local_rows, int) or local_rows < 1:
+            raise ValueError(f"embedding table {table!r}: local_rows {local_rows!r} must be an integer >= 1")
+        if isinstance(held, bool) or not isinstance(held, int) or held < 0:
+            raise ValueError(f"embedding table {table!r}: held {held!r} must be an integer >= 0")
+        self.local_rows, self.held = local_rows, held
+        self.served = _SERVED.get() and not held
+        self._rows: Rows | None = None
+        self._taken: list[tuple[IdArray, torch.Tensor]] = []
+        if self.served:
+            return
+        if held:
+            self.register_buffer("ids", torch.zeros(held, dtype=torch.int64))
+            self.rows = nn.Parameter(torch.zeros(held, self.spec.dim))
+        else:
+            first = initial_rows(self.spec, np.arange(local_rows, dtype=np.int64))
+            self.rows = nn.Parameter(torch.from_numpy(np.ascontiguousarray(first, dtype=np.float32)))
+
+    def serve(self, rows: Rows | None) -> None:
+        """Served: where the rows of a call's ids come from (None: their first values)."""
+        self._rows = rows
+
+    @property
+    def source(self) -> Rows | None:
+        return self._rows
+
+    def taken(self) -> list[tuple[IdArray, torch.Tensor]]:
+        """Served: the ids and the rows tensor of every call since the last :meth:`clear` (each
+        rows tensor's ``grad`` is its ids' gradients after ``backward``)."""
+        return list(self._taken)
+
+    def clear(self) -> None:
+        self._taken.clear()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long()
+        flat = ids.reshape(-1)
+        dim = self.spec.dim
+        if self.served:
+            distinct, where = torch.unique(flat, sorted=True, return_inverse=True)
+            wanted = distinct.cpu().numpy()
+            found = initial_rows(self.spec, wanted) if self._rows is None else self._rows(wanted)
+            rows = torch.from_numpy(np.array(found, dtype=np.float32)).to(ids.device)
+            if torch.is_grad_enabled():
+                rows.requires_grad_(True)
+                self._taken.append((wanted, rows))
+            return rows[where].reshape(*ids.shape, dim)
+        if self.held:
+            held_ids = self.get_buffer("ids")
+            positions = torch.clamp(torch.searchsorted(held_ids, flat), max=self.held - 1)
+            hit = held_ids[positions] == flat
+            looked_up = torch.where(hit[:, None], self.rows[positions], torch.zeros_like(self.rows[:1]))
+            return looked_up.reshape(*ids.shape, dim)
+        return self.rows[torch.remainder(ids, self.local_rows)]
+
+    def holding(self, ids: IdArray, rows: np.ndarray) -> Embedding:
+        """A module of this table holding ``rows`` of ``ids`` (sorted): an export's stand-in."""
+        if not ids.size:  # a table no minibatch touched: one row of zeros, for no id at all
+            ids, rows = np.zeros(1, np.int64), np.zeros((1, self.spec.dim), np.float32)
+        s = self.spec
+        twin = Embedding(s.name, s.dim, s.initializer, s.scale, s.seed, self.local_rows, held=int(ids.size))
+        with torch.no_grad():
+            twin.get_buffer("ids").copy_(torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+            twin.rows.copy_(torch.from_numpy(np.asarray(rows, dtype=np.float32)))
+        return twin
+
+    def extra_repr(self) -> str:
+        where = "served" if self.served else f"held={self.held}" if self.held else f"local_rows={self.local_rows}"
+        return f"table={self.spec.name!r}, dim={self.spec.dim}, {where}"
