@@ -76,6 +76,28 @@ def test_a_torch_job_trains_every_record_learns_and_exports_a_program(
     assert float(done.stdout.strip()) == pytest.approx(accuracy, abs=0.001)
 
 
+def test_a_decentralized_torch_job_trains_every_record_and_learns(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    """Four torch workers on a ring (Hop), no PS: models between the workers over their Peer service."""
+    document = torch_job("torch-hop", *data, tmp_path / "model", learningRate=0.1)
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec.pop("ps")
+    spec["strategy"] = "decentralized"
+    spec["decentralized"] = {"graph": "ring", "maxIterationGap": 2}
+    spec["worker"] = {"replicas": 4}
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file), cwd=tmp_path)
+    _, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "a coordinator (ring graph) + 4 workers, Decentralized" in stderr
+    result = json.loads(result_file.read_text())
+    assert result["succeeded"] and result["epoch_records"] == [4000, 4000]
+    print(f"decentralized torch: accuracy {result['metrics']['accuracy']:.4f}")
+    assert result["metrics"]["accuracy"] > 0.85
+    assert {"model.pt2", "model.safetensors"} <= {p.name for p in (tmp_path / "model").iterdir()}
+
+
 # Put first on every process's import path: TensorFlow and Keras are absent, as in an environment
 # without them (``import`` fails, ``importlib.util.find_spec`` finds nothing).
 NO_TENSORFLOW = """
