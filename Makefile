@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-torch-peer bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-torch-peer gpu-wheels bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -90,6 +90,17 @@ bench-torch-peer: $(STAMP)
 # Issue 15: every training mode under no slowdown, random 6x steps and a 4x straggler, 4 workers on
 # MNIST, medians of 3 interleaved repetitions (about 2 hours on 2 cores): docs/heterogeneity.md.
 # Beside `make bench`, not in it. HETEROGENEITY_ARGS="--modes sync,localsgd4 --slowdowns straggler4".
+# Issue 36's GPU check: `bash bench/gpu_check.sh` on a lent GPU machine (bench/gpu_check.py: 2 PS + 1
+# torch worker training ResNet-50 on the GPU against the model alone); its packages beyond torch,
+# grpcio, numpy and pyarrow come from here as wheels: build/gpu-wheels, carried to the device.
+GPU_WHEELS := grpcio-health-checking protobuf PyYAML tqdm prometheus-client google-crc32c fsspec safetensors
+gpu-wheels: $(STAMP)
+	rm -rf build/gpu-wheels && mkdir -p build/gpu-wheels
+	for v in 3.10 3.11 3.12 3.13; do $(PY) -m pip download -q --only-binary=:all: --no-deps --python-version $$v \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	  -d build/gpu-wheels $(GPU_WHEELS) || exit 1; done
+	du -sh build/gpu-wheels
+
 bench-heterogeneity: $(STAMP)
 	$(PY) -m bench.heterogeneity $(HETEROGENEITY_ARGS)
 
