@@ -98,6 +98,38 @@ def test_a_decentralized_torch_job_trains_every_record_and_learns(tmp_path: Path
     assert {"model.pt2", "model.safetensors"} <= {p.name for p in (tmp_path / "model").iterdir()}
 
 
+def test_a_torch_job_predicts_after_training_and_a_prediction_job_predicts_with_its_program(
+    tmp_path: Path, data: tuple[Path, Path]
+) -> None:
+    """(a) train, export, predict the validation records; (b) predict only, with (a)'s ``model.pt2``:
+    every record once, the same classes, the outputs within float noise."""
+    from test_prediction import read_predictions, run_job
+
+    train, validation = data
+    records = int(len(np.load(validation)["y"]))
+    out = tmp_path / "trained"
+    document = torch_job("torch-predict", train, validation, out, numEpochs=1)
+    document["spec"]["prediction"] = {"data": str(validation)}  # type: ignore[index]
+    _, result = run_job(tmp_path, "a", document)
+    assert result["records_predicted"] == records
+    lines = sorted(read_predictions(out / "predictions"), key=lambda line: line["index"])
+    assert [line["index"] for line in lines] == list(range(records))
+    labels = np.load(validation)["y"]
+    accuracy = float(np.mean(np.array([line["class"] for line in lines]) == labels))
+    assert accuracy == pytest.approx(result["metrics"]["accuracy"], abs=1e-6)  # the final evaluation's model
+    alone = tmp_path / "alone"
+    document = torch_job("torch-predict-only", train, validation, alone)
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    spec["data"] = {"reader": "npz"}
+    spec["prediction"] = {"data": str(validation), "model": str(out)}
+    _, result = run_job(tmp_path, "b", document)
+    assert (result["records_predicted"], result["records_done"]) == (records, 0)
+    again = sorted(read_predictions(alone / "predictions"), key=lambda line: line["index"])
+    assert [line["class"] for line in again] == [line["class"] for line in lines]
+    assert max(abs(a - b) for x, y in zip(lines, again) for a, b in zip(x["output"], y["output"])) < 1e-5
+
+
 # Put first on every process's import path: TensorFlow and Keras are absent, as in an environment
 # without them (``import`` fails, ``importlib.util.find_spec`` finds nothing).
 NO_TENSORFLOW = """

@@ -101,6 +101,7 @@ class TorchTrainer:
         if both:
             raise ModelError(f"{module.name}: {sorted(both)[0]!r} names a parameter and a buffer")
         self._sample: Any = None  # one minibatch's inputs, for the export's trace
+        self._program = False  # the model is an exported program (a job that only predicts)
 
     # ---- variables ---------------------------------------------------------------------------
     def build(self, features: np.ndarray, labels: np.ndarray | None) -> None:
@@ -251,7 +252,8 @@ class TorchTrainer:
         x = _to(x, self._device)
         if _count(x) != len(features):
             raise ModelError(f"{self._module.name}: feed gave {_count(x)} inputs for {len(features)} records in prediction mode")
-        self.model.eval()
+        if not self._program:  # an exported program runs as exported (inference), and refuses eval()
+            self.model.eval()
         parts = []
         with torch.no_grad():
             for start in range(0, len(features), self._minibatch_size):
@@ -270,6 +272,7 @@ class TorchTrainer:
                 local = Path(scratch) / TORCH_PROGRAM_FILE
                 copy_to_file(source, local)
                 self.model = torch.export.load(str(local)).module().to(self._device)
+                self._program = True
         except OSError as err:
             raise ModelError(f"spec.prediction.model: cannot read {source}: {err}") from None
         except (RuntimeError, ValueError) as err:
