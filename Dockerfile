@@ -5,10 +5,19 @@
 # the image holds exactly the versions of the lock file.
 #   make image                      CPU image, elasticps:latest
 #   make image VARIANT=gpu          TensorFlow with CUDA libraries, elasticps:latest-gpu
+#   make image VARIANT=torch        PyTorch workers (no TensorFlow), elasticps:latest-torch
 ARG BASE=debian:bookworm-slim
-FROM ${BASE}
 
+# The packages are installed in a stage of their own, so the wheels (GBs for torch) stay out of
+# the image: only the installed environment is copied into it.
+FROM ${BASE} AS install
 ARG VARIANT=cpu
+COPY build/wheels /tmp/wheels
+RUN python3 -m venv /opt/elasticps \
+    && extra=$(case "$VARIANT" in gpu) echo gpu ;; torch) echo torch ;; *) echo tf ;; esac) \
+    && /opt/elasticps/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels "elasticps[$extra]"
+
+FROM ${BASE}
 ENV VIRTUAL_ENV=/opt/elasticps \
     PATH=/opt/elasticps/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
@@ -21,12 +30,8 @@ ENV VIRTUAL_ENV=/opt/elasticps \
 # A fixed non-root user: pods run with runAsNonRoot and runAsUser 1000.
 RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin elasticps
 
-COPY build/wheels /tmp/wheels
-RUN python3 -m venv "$VIRTUAL_ENV" \
-    && extra=$([ "$VARIANT" = gpu ] && echo gpu || echo tf) \
-    && "$VIRTUAL_ENV/bin/pip" install --no-cache-dir --no-index --find-links /tmp/wheels "elasticps[$extra]" \
-    && rm -rf /tmp/wheels \
-    && "$VIRTUAL_ENV/bin/elasticps" --help > /dev/null
+COPY --from=install /opt/elasticps /opt/elasticps
+RUN elasticps --help > /dev/null
 
 USER 1000:1000
 WORKDIR /home/elasticps

@@ -3,6 +3,7 @@
 #
 #   bash hack/image/build.sh                 # CPU image elasticps:latest
 #   VARIANT=gpu bash hack/image/build.sh     # GPU image elasticps:latest-gpu (TensorFlow with CUDA)
+#   VARIANT=torch bash hack/image/build.sh   # elasticps:latest-torch: PyTorch workers, no TensorFlow
 #
 # No registry is needed: the base image is BASE if the engine has it (e.g. debian:bookworm-slim
 # pulled elsewhere), else one made here by debootstrap from Debian's archive and `docker import`;
@@ -11,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANT=${VARIANT:-cpu}
-TAG=${TAG:-elasticps:latest$([ "$VARIANT" = gpu ] && echo -gpu || true)}
+TAG=${TAG:-elasticps:latest$(case "$VARIANT" in gpu | torch) echo "-$VARIANT" ;; esac)}
 PY=${PY:-.venv/bin/python}
 BASE=${BASE:-debian:bookworm-slim}
 STATE=${ELASTICPS_DOCKER_DIR:-$HOME/.cache/elasticps/docker}
@@ -39,6 +40,11 @@ if [ "$VARIANT" = gpu ]; then
   # TensorFlow with CUDA replaces tensorflow-cpu; every package both sets share keeps its pin.
   grep -v '^tensorflow-cpu==' requirements/image-cpu.lock >build/gpu-constraints.txt
   "$PY" -m pip download -q --only-binary=:all: -c build/gpu-constraints.txt -d build/wheels ".[gpu]"
+elif [ "$VARIANT" = torch ]; then
+  # PyPI's Linux torch wheel carries CUDA (its nvidia-* packages, about 3 GB): the same image runs
+  # torch workers on a GPU node and on a CPU one. The lock's pins hold for every package it names.
+  grep -v '^tensorflow' requirements/image-cpu.lock >build/torch-constraints.txt
+  "$PY" -m pip download -q --only-binary=:all: -c build/torch-constraints.txt -d build/wheels ".[torch]"
 else
   "$PY" -m pip download -q --only-binary=:all: --no-deps -r requirements/image-cpu.lock -d build/wheels
 fi
@@ -51,4 +57,5 @@ docker build -q --network host --build-arg "BASE=$BASE" --build-arg "VARIANT=$VA
 if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect "$TAG" --format '{{.Id}}')" ]; then
   docker image rm "$previous" >/dev/null 2>&1 || true
 fi
+docker image prune -f >/dev/null  # the install stage's image (it holds the wheels) is left untagged too
 docker image inspect "$TAG" --format "$TAG: {{.Size}} bytes"
