@@ -81,8 +81,9 @@ bench-peer: $(STAMP)
 	$(PY) -m bench.peer $(PEER_ARGS)
 
 # Issue 36: elasticps with PyTorch workers (sync, async; 1 PS + 2 workers) against PyTorch
-# DistributedDataParallel over gloo on examples/mnist-torch.yaml, interleaved rounds (about 10 minutes
-# on 2 quiet cores): examples/s in the last epoch and test accuracy (docs/benchmarks.md).
+# DistributedDataParallel over gloo and seed 001's all-reduce SSGD (one all_reduce per parameter) on
+# examples/mnist-torch.yaml, 2 interleaved rounds (about 8 minutes on 2 quiet cores, 15 on busy ones):
+# examples/s in the last epoch and test accuracy (docs/benchmarks.md).
 TORCH_PEER_ARGS ?=
 bench-torch-peer: $(STAMP)
 	$(PY) -m bench.torch_peer $(TORCH_PEER_ARGS)
