@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,3 +176,16 @@ def summed_by_id(ids: IdArray, grads: npt.NDArray[Any]) -> tuple[IdArray, npt.ND
     ids, grads = ids[order], grads[order]
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     return ids[starts], np.add.reduceat(grads, starts, axis=0)
+
+
+def row_grads(parts: Mapping[str, Sequence[tuple[IdArray, npt.NDArray[Any]]]]) -> dict[str, RowGrads]:
+    """Each table's gradients from its parts (the layers, or calls, that looked rows up in it):
+    one part as it is, several summed per id."""
+    out: dict[str, RowGrads] = {}
+    for name, found in parts.items():
+        if len(found) == 1:
+            ids, grads = found[0]
+        else:
+            ids, grads = summed_by_id(np.concatenate([i for i, _ in found]), np.concatenate([g for _, g in found]))
+        out[name] = RowGrads(ids, grads)
+    return out

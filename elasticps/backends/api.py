@@ -13,6 +13,8 @@ Registered by framework in ``backends/registry.py``; nothing here imports a fram
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +32,25 @@ from elasticps.model_contract import Metadata
 RowSource = Callable[[Mapping[str, IdArray]], Mapping[str, np.ndarray]]
 # Every row held of the named tables: per table its ids (sorted) and their rows (for an export).
 HeldRows = Callable[[list[str]], Mapping[str, tuple[IdArray, np.ndarray]]]
+
+
+_TABLES_SERVED = contextvars.ContextVar("elasticps_tables_served", default=False)
+
+
+@contextlib.contextmanager
+def tables_served() -> Iterator[None]:
+    """Embedding layers (of either framework) made inside take their rows from the worker (the
+    parameter servers), not a local table: the worker makes its model so."""
+    token = _TABLES_SERVED.set(True)
+    try:
+        yield
+    finally:
+        _TABLES_SERVED.reset(token)
+
+
+def tables_are_served() -> bool:
+    """Inside :func:`tables_served`."""
+    return _TABLES_SERVED.get()
 
 
 class ModelError(ValueError):

@@ -27,9 +27,6 @@ registered), and serves without any PS.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -37,20 +34,10 @@ import numpy as np
 import tensorflow as tf
 
 from elasticps.api.embedding import TableSpec, initial_rows
+from elasticps.backends.api import tables_are_served, tables_served
 
 LOCAL_ROWS = 1 << 18
-_SERVED = contextvars.ContextVar("elasticps_tables_served", default=False)
-
-
-@contextlib.contextmanager
-def served() -> Iterator[None]:
-    """Embedding layers made inside take their rows from the worker (parameter servers), not a
-    local table."""
-    token = _SERVED.set(True)
-    try:
-        yield
-    finally:
-        _SERVED.reset(token)
+served = tables_served  # as the worker makes its model: layers made inside take their rows from it
 
 
 @keras.saving.register_keras_serializable(package="elasticps")
@@ -67,7 +54,7 @@ class Embedding(keras.layers.Layer):  # type: ignore[misc]  # Keras is untyped
             raise ValueError(f"embedding table {table!r}: held {held!r} must be an integer >= 0")
         self.local_rows = local_rows
         self.held = held  # > 0: an exported table of that many rows (ids and rows as weights)
-        self.served = _SERVED.get() and not held
+        self.served = tables_are_served() and not held
         if self.served:
             dim = self.spec.dim
             self.ids_buffer = tf.Variable(np.empty(0, np.int64), shape=tf.TensorShape([None]), trainable=False,

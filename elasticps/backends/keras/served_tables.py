@@ -1,7 +1,7 @@
 """The worker's side of embedding tables served by the PS (issue 17): ids in, rows in, gradients out.
 
 Used by the Keras trainer (``keras_trainer.py``) around every model call on a minibatch. The model
-was made inside ``elasticps.backends.keras.layers.served()``, so its ``Embedding`` layers hold no table, only two
+was made inside ``elasticps.backends.api.tables_served()``, so its ``Embedding`` layers hold no table, only two
 buffers (``layers.py``). Before a minibatch runs, :meth:`ServedTables.load`:
 
 1. finds the ids each layer will look up: a probe model from the model's inputs to the layers'
@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elasticps.api.embedding import IdArray, RowGrads, TableSpec, initial_rows, summed_by_id
+from elasticps.api.embedding import IdArray, RowGrads, TableSpec, initial_rows, row_grads
 from elasticps.backends.api import HeldRows, ModelError, RowSource
 from elasticps.backends.keras.layers import Embedding
 
@@ -103,14 +103,7 @@ class ServedTables:
         parts: dict[str, list[tuple[IdArray, np.ndarray]]] = {}
         for layer, ids, grad in zip(self.layers, self._loaded, gradients):
             parts.setdefault(layer.spec.name, []).append((ids, np.asarray(grad)))
-        out: dict[str, RowGrads] = {}
-        for name, found in parts.items():
-            if len(found) == 1:
-                ids, grads = found[0]
-            else:
-                ids, grads = summed_by_id(np.concatenate([i for i, _ in found]), np.concatenate([g for _, g in found]))
-            out[name] = RowGrads(ids, grads)
-        self._gradients = out
+        self._gradients = row_grads(parts)
 
     def exported(self) -> keras.Model:
         """A copy of the model holding the rows the PS holds now, needing no PS (see the module)."""

@@ -39,11 +39,10 @@ import tensorflow as tf  # noqa: E402
 
 from elasticps.api.embedding import TableSpec  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
-from elasticps.backends.keras.layers import served  # noqa: E402
 from elasticps.api.embedding import RowGrads  # noqa: E402
 from elasticps.api.output import KERAS_FILE, SAVED_MODEL_DIR  # noqa: E402
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
-from elasticps.backends.api import HeldRows, ModelError, RowSource  # noqa: E402
+from elasticps.backends.api import HeldRows, ModelError, RowSource, tables_served  # noqa: E402
 from elasticps.backends.keras.model_loading import ModelModule  # noqa: E402
 from elasticps.backends.keras.optimizer_spec import optimizer_config  # noqa: E402
 from elasticps.backends.keras.served_tables import ServedTables  # noqa: E402
@@ -205,7 +204,7 @@ class KerasTrainer:
         self._rng = np.random.default_rng(seed)
         try:
             if serve_tables:
-                with served():
+                with tables_served():
                     self.model = module.custom_model(**params)
             else:
                 self.model = module.custom_model(**params)

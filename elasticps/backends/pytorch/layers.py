@@ -26,32 +26,20 @@ never saw looks up zeros. The exported program needs no PS and no elasticps.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from elasticps.api.embedding import IdArray, TableSpec, initial_rows
+from elasticps.backends.api import tables_are_served, tables_served
 
 LOCAL_ROWS = 1 << 18
-_SERVED = contextvars.ContextVar("elasticps_torch_tables_served", default=False)
+served = tables_served  # as the worker makes its model: layers made inside take their rows from it
 
 # The rows of a table's distinct ids (sorted), (len(ids), dim): the worker's pull.
 Rows = Callable[[IdArray], np.ndarray]
-
-
-@contextlib.contextmanager
-def served() -> Iterator[None]:
-    """Embedding modules made inside take their rows from the worker (parameter servers), not a
-    local table."""
-    token = _SERVED.set(True)
-    try:
-        yield
-    finally:
-        _SERVED.reset(token)
 
 
 class Embedding(nn.Module):
@@ -66,7 +54,7 @@ class Embedding(nn.Module):
         if isinstance(held, bool) or not isinstance(held, int) or held < 0:
             raise ValueError(f"embedding table {table!r}: held {held!r} must be an integer >= 0")
         self.local_rows, self.held = local_rows, held
-        self.served = _SERVED.get() and not held
+        self.served = tables_are_served() and not held
         self._rows: Rows | None = None
         self._taken: list[tuple[IdArray, torch.Tensor]] = []
         if self.served:

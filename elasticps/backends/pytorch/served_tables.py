@@ -2,7 +2,7 @@
 export holding the PS's rows.
 
 Used by the torch trainer (``trainer.py``). The model was made inside
-``elasticps.backends.pytorch.layers.served()``, so its ``Embedding`` modules hold no table: each
+``elasticps.backends.api.tables_served()``, so its ``Embedding`` modules hold no table: each
 call pulls its distinct ids' rows itself (torch runs eagerly, so no probe of the ids is needed, as
 the Keras side's is). :meth:`ServedTables.take` turns the rows' gradients after ``backward`` into
 one :class:`~elasticps.api.embedding.RowGrads` per table (summed over the modules, and the calls,
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from elasticps.api.embedding import IdArray, RowGrads, TableSpec, summed_by_id
+from elasticps.api.embedding import IdArray, RowGrads, TableSpec, row_grads
 from elasticps.backends.api import HeldRows, ModelError, RowSource
 from elasticps.backends.pytorch.layers import Embedding, Rows
 
@@ -80,14 +80,7 @@ class ServedTables:
                 value = np.zeros(tuple(rows.shape), np.float32) if grad is None else grad.detach().cpu().numpy()
                 parts.setdefault(layer.spec.name, []).append((ids, value))
             layer.clear()
-        out: dict[str, RowGrads] = {}
-        for name, found in parts.items():
-            if len(found) == 1:
-                ids, grads = found[0]
-            else:
-                ids, grads = summed_by_id(np.concatenate([i for i, _ in found]), np.concatenate([g for _, g in found]))
-            out[name] = RowGrads(ids, grads)
-        self._gradients = out
+        self._gradients = row_grads(parts)
 
     def gradients(self) -> dict[str, RowGrads]:
         """The row gradients of the last gradient step (none before one)."""

@@ -27,8 +27,7 @@ import torch
 from elasticps.api.embedding import RowGrads, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.api.output import TORCH_PROGRAM_FILE, TORCH_STATE_FILE
-from elasticps.backends.api import HeldRows, ModelError, RowSource
-from elasticps.backends.pytorch.layers import served
+from elasticps.backends.api import HeldRows, ModelError, RowSource, tables_served
 from elasticps.backends.pytorch.model_loading import TorchModule
 from elasticps.backends.pytorch.optimizer_spec import optimizer_config
 from elasticps.backends.pytorch.served_tables import ServedTables
@@ -78,7 +77,7 @@ class TorchTrainer:
         self._rng = np.random.default_rng(seed)
         self._device = device()
         try:
-            with served() if serve_tables else contextlib.nullcontext():
+            with tables_served() if serve_tables else contextlib.nullcontext():
                 model = module.model(**params)
         except TypeError as err:
             raise ModelError(f"{module.name}.model(**{dict(params)}): {err}") from None
