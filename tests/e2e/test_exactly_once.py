@@ -14,6 +14,7 @@ workers are inside their tasks.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -94,13 +95,16 @@ class Run:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.5)  # a push already sent commits, or waits for the stopped worker
-            entries = round_log.read(self.rounds / "ps-0.jsonl")
-            mine = [m for m in round_log.minibatches(entries) if m.startswith(f"{worker}/") and m.endswith("/e0")]
-            if len(mine) % (PER_TASK // MINIBATCH) != 0:
-                os.kill(pid, signal.SIGKILL)
-                return len(mine)
-            os.kill(pid, signal.SIGCONT)
+            try:
+                time.sleep(0.5)  # a push already sent commits, or waits for the stopped worker
+                entries = round_log.read(self.rounds / "ps-0.jsonl")
+                mine = [m for m in round_log.minibatches(entries) if m.startswith(f"{worker}/") and m.endswith("/e0")]
+                if len(mine) % (PER_TASK // MINIBATCH) != 0:
+                    os.kill(pid, signal.SIGKILL)
+                    return len(mine)
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # killed and reaped already
+                    os.kill(pid, signal.SIGCONT)  # never left stopped, the test failing or not
             time.sleep(0.2)
         raise AssertionError(f"{worker} was never found inside a task")
 
