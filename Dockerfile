@@ -8,14 +8,15 @@
 #   make image VARIANT=torch        PyTorch workers (no TensorFlow), elasticps:latest-torch
 ARG BASE=debian:bookworm-slim
 
-# The packages are installed in a stage of their own, so the wheels (GBs for torch) stay out of
-# the image: only the installed environment is copied into it.
+# The dependencies are installed in a stage of their own, so the wheels (GBs for torch) stay out of
+# the image: only the installed environment is copied into it. build/wheels holds them all and
+# nothing else (hack/image/build.sh resolved them for the variant), so this stage and the image
+# layer copied from it are the same from one commit to the next: Docker's cache reuses them, and a
+# node's containerd already holds them. Only elasticps itself (build/self) is a new layer.
 FROM ${BASE} AS install
-ARG VARIANT=cpu
 COPY build/wheels /tmp/wheels
 RUN python3 -m venv /opt/elasticps \
-    && extra=$(case "$VARIANT" in gpu) echo gpu ;; torch) echo torch ;; *) echo tf ;; esac) \
-    && /opt/elasticps/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels "elasticps[$extra]"
+    && /opt/elasticps/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/*.whl
 
 FROM ${BASE}
 ENV VIRTUAL_ENV=/opt/elasticps \
@@ -31,7 +32,9 @@ ENV VIRTUAL_ENV=/opt/elasticps \
 RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin elasticps
 
 COPY --from=install /opt/elasticps /opt/elasticps
-RUN elasticps --help > /dev/null
+COPY build/self /tmp/self
+RUN /opt/elasticps/bin/pip install --no-cache-dir --no-index --no-deps /tmp/self/*.whl \
+    && rm -rf /tmp/self && /opt/elasticps/bin/pip check && elasticps --help > /dev/null
 
 USER 1000:1000
 WORKDIR /home/elasticps

@@ -4,7 +4,8 @@ Used by ``cluster.py up --real-node``; everything runs as host processes of this
 
 * containerd 1.6 and runc from Debian, with a socket, config and state of the cluster's own (it never
   touches /run/containerd, so a Docker engine on the same machine keeps its own containerd). Its root
-  (content store and snapshots) is a cache outside the repo, so an image imported once stays.
+  (content store and snapshots) is a cache outside the repo, so an image imported once stays (until
+  a newer build of it replaces it).
 * CNI: Debian's bridge + host-local + portmap + loopback plugins. The bridge ``elasticps0`` is created
   here with the gateway address NODE_IP: pods reach the host through it, and the apiserver, CoreDNS and
   the kubelet are advertised on it (Node InternalIP), so nothing listens on the machine's own network.
@@ -298,11 +299,15 @@ def ensure_pause(sock: Path, pause_binary: Path, version: str) -> None:
 
 
 def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: dict[str, str] | None = None) -> float:
-    """`docker save REF | ctr images import` unless containerd has that very image already.
+    """`docker save REF | ctr images import -` unless containerd has that very image already.
 
     The Docker image ID (sha256 of its config) is what containerd stores as the image's config
-    digest, so the comparison needs no marker file. The saved archive is cached under
-    ~/.cache/elasticps/images/, keyed by that ID. Returns the seconds spent (0 when cached).
+    digest, so the comparison needs no marker file. The archive is streamed, never written to disk.
+    When the import replaced an older image of that name, a synchronous garbage collection follows
+    (the removal of a scratch tag triggers it): an import only moves the name, and the old image's
+    layers stayed behind; with an image rebuilt for every commit that filled this machine's disk
+    (28 GiB of dead torch and base layers). Layers both builds share are kept, never imported twice.
+    Returns the seconds spent (0 when already there).
     """
     env = docker_env or dict(os.environ)
     image_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], env=env,
@@ -313,23 +318,28 @@ def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: d
     t0 = time.monotonic()
     names = ctr(sock, "images", "ls", "-q", check=False).stdout.decode().split()
     blobs = ctr(sock, "content", "ls", "-q", check=False).stdout.decode().split()
-    if (f"docker.io/library/{ref}" in names or ref in names) and wanted in blobs:
+    name = f"docker.io/library/{ref}"
+    if name in names and wanted in blobs:
         log(f"image {ref} ({wanted[:19]}) already in the node's containerd")
         return 0.0
-    archives = CACHE / "images"
-    archives.mkdir(parents=True, exist_ok=True)
-    archive = archives / f"{ref.replace('/', '_').replace(':', '_')}-{wanted.split(':')[1][:16]}.tar"
-    if not archive.exists():
-        for stale in archives.glob(f"{ref.replace('/', '_').replace(':', '_')}-*.tar"):
-            stale.unlink()
-        tmp = archive.with_suffix(".tmp")
-        subprocess.run(["docker", "save", "-o", str(tmp), ref], env=env, check=True)
-        tmp.rename(archive)
-    t1 = time.monotonic()
-    ctr(sock, "images", "import", str(archive))
-    t2 = time.monotonic()
-    log(f"image {ref}: docker save {t1 - t0:.1f}s, ctr import {t2 - t1:.1f}s ({archive.stat().st_size >> 20} MiB)")
-    return t2 - t0
+    save = subprocess.Popen(["docker", "save", ref], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert save.stdout is not None and save.stderr is not None
+    imported = subprocess.run(["ctr", "--address", str(sock), "--namespace", NAMESPACE, "images", "import", "-"],
+                              stdin=save.stdout, capture_output=True)
+    save.stdout.close()
+    saved_err = save.stderr.read().decode(errors="replace")
+    if save.wait() != 0:
+        raise RuntimeError(f"docker save {ref}: exit {save.returncode}: {saved_err[-2000:]}")
+    if imported.returncode != 0:
+        raise RuntimeError(f"ctr images import {ref}: exit {imported.returncode}: "
+                           f"{imported.stderr.decode(errors='replace')[-2000:]}")
+    if name in names:
+        scratch = f"{name}-collect-garbage"
+        ctr(sock, "images", "tag", "--force", name, scratch)
+        ctr(sock, "images", "rm", "--sync", scratch)
+    seconds = time.monotonic() - t0
+    log(f"image {ref}: docker save | ctr import {seconds:.1f}s")
+    return seconds
 
 
 def mounts_under(path: Path) -> list[str]:

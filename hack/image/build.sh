@@ -48,12 +48,17 @@ elif [ "$VARIANT" = torch ]; then
 else
   "$PY" -m pip download -q --only-binary=:all: --no-deps -r requirements/image-cpu.lock -d build/wheels
 fi
-"$PY" -m pip wheel -q --no-deps -w build/wheels .
+# elasticps itself goes apart (build/self): the dependency wheels alone make the image's big layer,
+# unchanged while the lock is (see the Dockerfile).
+rm -f build/wheels/elasticps-*.whl
+rm -rf build/self && mkdir -p build/self
+"$PY" -m pip wheel -q --no-deps -w build/self .
 
 echo "building $TAG from $BASE ..."
 previous=$(docker image inspect "$TAG" --format '{{.Id}}' 2>/dev/null || true)
 docker build -q --network host --build-arg "BASE=$BASE" --build-arg "VARIANT=$VARIANT" -t "$TAG" . >/dev/null
-# Every build of a changed tree leaves the image it replaced untagged (2 GB each): drop it.
+# Every build of a changed tree leaves the image it replaced untagged: drop it (its layers shared
+# with the new one stay).
 if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect "$TAG" --format '{{.Id}}')" ]; then
   docker image rm "$previous" >/dev/null 2>&1 || true
 fi
