@@ -179,6 +179,18 @@ def _check_prediction(job: TrainingJob) -> None:
             raise DataError(f"spec.prediction.model: no {model} (export a model there first)")
 
 
+def _queue_label(job_file: Path) -> str:
+    """The job's Kueue queue label, if it has one: the local runner queues nothing and says so."""
+    import yaml
+
+    from elasticps.operator.kueue import QUEUE_LABEL
+
+    document = yaml.safe_load(job_file.read_text())
+    labels = (document.get("metadata") or {}).get("labels") if isinstance(document, dict) else None
+    value = labels.get(QUEUE_LABEL) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else ""
+
+
 def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     from elasticps.api.modes import mode_label
     from elasticps.api.parsing import SpecError, load_job_file
@@ -218,6 +230,10 @@ def _run(job_file: Path, run_dir: Path | None, result_file: Path | None) -> int:
     )
     servers = f"{spec.ps.replicas} PS" if job.uses_ps else f"a coordinator ({spec.decentralized.graph} graph)"
     print(f"job {job.name}: {servers} + {spec.worker.replicas} workers, {what}; logs in {run_dir}", file=sys.stderr)
+    queue = _queue_label(job_file)
+    if queue:
+        print(f"job {job.name}: its Kueue LocalQueue {queue!r} is the cluster's; here it runs at once, "
+              f"with all {spec.worker.replicas} workers", file=sys.stderr)
     runner = LocalRunner(job, run_dir, Progress(job.name))
     # Without a handler SIGTERM would end this process at once and orphan every replica (each runs
     # in its own session); raised in the main thread, it takes the runner's finally, as Ctrl-C does.

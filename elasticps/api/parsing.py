@@ -91,6 +91,11 @@ def _check_cross_fields(spec: TrainingJobSpec) -> None:
         raise SpecError(f"spec.training.{field}: {why}")
     if not spec.model.model_def.strip():
         raise SpecError("spec.model.modelDef: must not be empty")
+    if spec.worker.min_replicas > spec.worker.replicas:
+        raise SpecError(
+            f"spec.worker.minReplicas: must be at most spec.worker.replicas ({spec.worker.replicas}), "
+            f"got {spec.worker.min_replicas}"
+        )
     _check_prediction(spec)
     if spec.training.export_steps and not spec.output.strip():
         raise SpecError("spec.training.exportSteps: exports need spec.output (where to write them)")

@@ -154,13 +154,15 @@ class JobPhase(str, Enum):
     """``status.phase`` of a TrainingJob: the type of its latest true condition (Kubeflow's types),
     or Pending (no condition of its own: Unschedulable or CannotStart say why).
 
-    Created -> Running (every PS and at least one worker run) <-> Restarting (a failed pod is being
+    Created -> Queued while a queue (Kueue) has not admitted the job, or after it evicted it (condition
+    Queued says why); Created -> Running (every PS and at least one worker run) <-> Restarting (a failed pod is being
     replaced, until every pod runs again); Created <-> Pending while a pod cannot be scheduled or its
     container cannot start (conditions Unschedulable, CannotStart, which say why); any non-final phase -> Suspended (``runPolicy.suspend``) -> back through Created when
     resumed; Succeeded and Failed are final. The operator's planner implements the transitions.
     """
 
     CREATED = "Created"
+    QUEUED = "Queued"
     PENDING = "Pending"
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -519,6 +521,17 @@ class PSReplicaSpec(ReplicaSpec):
 
 
 @dataclass(frozen=True)
+class WorkerReplicaSpec(ReplicaSpec):
+    """Workers: elastic between ``minReplicas`` and ``replicas`` where a queue admits the job (Kueue's
+    partial admission: it starts with what the quota allows, never fewer than ``minReplicas``)."""
+
+    min_replicas: int = spec_field(
+        0, minimum=0, maximum=MAX_REPLICAS,
+        help="fewest workers a queue (Kueue) may admit the job with; 0: all of replicas",
+    )
+
+
+@dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = spec_field(3, minimum=0, help="replacements of failed pods before the job fails")
     active_deadline_seconds: int = spec_field(
@@ -562,7 +575,7 @@ class TrainingJobSpec:
     )
     training: TrainingSpec = spec_field(default_factory=TrainingSpec, help="training settings")
     ps: PSReplicaSpec = spec_field(default_factory=PSReplicaSpec, help="parameter servers")
-    worker: ReplicaSpec = spec_field(default_factory=ReplicaSpec, help="workers")
+    worker: WorkerReplicaSpec = spec_field(default_factory=WorkerReplicaSpec, help="workers")
     run_policy: RunPolicy = spec_field(default_factory=RunPolicy, help="run policy")
     scheduling: SchedulingSpec = spec_field(
         default_factory=SchedulingSpec, help="scheduler and admission integration of the pods (operator only)"

@@ -114,9 +114,12 @@ class ClusterApi:
                 return None
             raise
 
-    def list_job_pods(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        """Every pod any job labelled (in ``namespace``; None: every namespace) and the list's resourceVersion."""
-        path = _collection(namespace, "pods") if namespace else "/api/v1/pods"
+    def list_job_pods(
+        self, namespace: str | None, resource: tuple[str, str] = ("v1", "pods")
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every pod (or other object of ``resource``, (apiVersion, plural): a job's Kueue Workload)
+        any job labelled (in ``namespace``; None: every namespace) and the list's resourceVersion."""
+        path = _collection(namespace, resource[1], resource[0]) if namespace else _cluster_collection(resource[1], resource[0])
         status, body = self._call("GET", path, query=[("labelSelector", LABEL_JOB)])
         listed = self._ok(status, body)
         items = listed.get("items")
@@ -125,12 +128,13 @@ class ClusterApi:
         return ([i for i in items if isinstance(i, dict)] if isinstance(items, list) else []), version
 
     def watch_job_pods(
-        self, namespace: str | None, resource_version: str, timeout_s: int
+        self, namespace: str | None, resource_version: str, timeout_s: int, resource: tuple[str, str] = ("v1", "pods")
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """``(type, object)`` of every change to those pods after ``resource_version`` (ADDED, MODIFIED,
-        DELETED, BOOKMARK; ERROR with a Status, e.g. 410 when that version is too old), until the
-        server ends the stream after ``timeout_s`` (a silent connection is given up 30 s later)."""
-        path = _collection(namespace, "pods") if namespace else "/api/v1/pods"
+        """``(type, object)`` of every change to those pods (or objects of ``resource``) after
+        ``resource_version`` (ADDED, MODIFIED, DELETED, BOOKMARK; ERROR with a Status, e.g. 410 when
+        that version is too old), until the server ends the stream after ``timeout_s`` (a silent
+        connection is given up 30 s later)."""
+        path = _collection(namespace, resource[1], resource[0]) if namespace else _cluster_collection(resource[1], resource[0])
         query = [
             ("labelSelector", LABEL_JOB), ("watch", "true"), ("allowWatchBookmarks", "true"),
             ("resourceVersion", resource_version), ("timeoutSeconds", str(timeout_s)),
@@ -154,6 +158,16 @@ class ClusterApi:
                         yield str(event.get("type")), event.get("object") or {}
         finally:
             raw.release_conn()
+
+    def get(self, api_version: str, plural: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+        """One object of any resource (``namespace`` empty: a cluster-scoped one, e.g. a Kueue
+        ResourceFlavor); None when there is none."""
+        path = f"{_collection(namespace, plural, api_version)}/{name}" if namespace else \
+            f"{_cluster_collection(plural, api_version)}/{name}"
+        status, body = self._call("GET", path)
+        if status == 404:
+            return None
+        return self._ok(status, body)
 
     def _list(self, path: str, job: str) -> list[dict[str, Any]]:
         status, body = self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")])
@@ -234,6 +248,18 @@ class ClusterApi:
         self._ok(status, body)
         return True
 
+    def replace_status(self, namespace: str, plural: str, obj: dict[str, Any]) -> bool:
+        """Writes ``obj``'s ``.status`` (PUT of the status subresource, guarded by the object's
+        resourceVersion: a 409 means someone wrote it since it was read, and the next pass reads it
+        again). False when the object is gone or was changed meanwhile."""
+        api_version = str(obj.get("apiVersion") or "v1")
+        name = str(obj["metadata"]["name"])
+        status, body = self._call("PUT", f"{_collection(namespace, plural, api_version)}/{name}/status", body=obj)
+        if status in (404, 409):
+            return False
+        self._ok(status, body)
+        return True
+
     def delete_job(self, namespace: str, name: str) -> bool:
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         status, body = self._call("DELETE", _job_path(namespace, name), body=options)
@@ -284,6 +310,11 @@ def _collection(namespace: str, plural: str, api_version: str = "v1") -> str:
     if api_version == "v1":
         return f"/api/v1/namespaces/{namespace}/{plural}"
     return f"/apis/{api_version}/namespaces/{namespace}/{plural}"
+
+
+def _cluster_collection(plural: str, api_version: str) -> str:
+    """The path of a cluster-scoped collection."""
+    return f"/api/v1/{plural}" if api_version == "v1" else f"/apis/{api_version}/{plural}"
 
 
 def _job_path(namespace: str, name: str) -> str:

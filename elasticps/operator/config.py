@@ -39,6 +39,8 @@ class OperatorConfig:
     ``kube_api_concurrency``: how many creates or deletes of one pass are in flight at once.
     ``planner``: the planner's settings; ``rendering``: how replicas become pods (command, the
     NetworkPolicy's operator peer); ``rotation``: when the jobs' identity keys rotate.
+    ``kueue``: the jobs' Kueue Workloads are watched too (an admission or an eviction makes a pass
+    at once); without it a queued job still works, noticed at each ``resync_s``.
     """
 
     namespaces: tuple[str, ...] = ()
@@ -57,6 +59,7 @@ class OperatorConfig:
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     rendering: Renderer = field(default_factory=Renderer)
     rotation: Policy = field(default_factory=Policy)
+    kueue: bool = False
 
     def coordinator_for(self, namespace: str, job: str, coordinator: str = "") -> str:
         return self.coordinator_address.format(job=job, namespace=namespace, coordinator=coordinator or f"{job}-ps-0")

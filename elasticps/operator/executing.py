@@ -4,7 +4,7 @@ Callers: ``reconciling``, with the actions of ``planning.plan`` (or ``plan_inval
 ``rendering`` made them Kubernetes objects. Order: deletes (pods, then a finished job's scheduling
 group objects), then the one status patch (so a large
 job's status says Created, with its counts as they are, before its first pod is even asked for,
-not seconds later), then creates (the scheduling policy's group objects, so a gang scheduler knows
+not seconds later), then the status of a queued job's Workload (``ReplaceStatus``), then creates (the scheduling policy's group objects, so a gang scheduler knows
 the group before its first pod; the NetworkPolicy and the Services, so the PS pods are never
 reachable from outside the job and a worker's first dial finds its PS Service; then PS pods, then
 workers), then Events, then ``DeleteJob``; ``Recheck`` is handed back to the work queue.
@@ -49,6 +49,7 @@ from elasticps.operator.rendering import (
     CreateService,
     DeleteGroup,
     DeletePod,
+    ReplaceStatus,
 )
 from elasticps.planning.actions import DeleteJob, Event, Recheck, SetStatus
 from elasticps.planning.status import rfc3339
@@ -130,6 +131,16 @@ def execute(
             failed(f"deleting {action.kind} {action.name}", err)
             done.group_deletes.append((action.kind, action.name, err.message))
 
+    def replace_status(action: ReplaceStatus) -> None:
+        kind, name = action.manifest.get("kind"), action.manifest["metadata"]["name"]
+        try:
+            if api.replace_status(job.namespace, action.plural, action.manifest):
+                log.info("%s/%s: %s %s %s", job.namespace, job.name, kind, name, action.what)
+            else:  # changed since it was read (or gone): the next pass reads it again
+                outcome.retry = True
+        except ApiError as err:
+            failed(f"writing the status of {kind} {name}", err)
+
     def create(action: _Create) -> None:
         kind, what, title = _kind(action)
         name = str(action.manifest["metadata"]["name"])
@@ -159,6 +170,9 @@ def execute(
         if isinstance(action, SetStatus) and not api.patch_job_status(job.namespace, job.name, action.status):
             outcome.gone = True
             return outcome
+    for action in actions:
+        if isinstance(action, ReplaceStatus):
+            replace_status(action)
     for stage in _creation_stages(actions):
         _fan_out(create, stage, concurrency)
         if done.terminating:

@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--liveness", default="", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="watch the Kueue Workloads of queued jobs (kueue.x-k8s.io/queue-name), so that an admission or "
+        "an eviction is acted on at once (needs list and watch on workloads; without: at each resync)",
+    )
+    parser.add_argument(
         "--image_pull_policy",
         default=DEFAULT_PULL_POLICY,
         choices=PULL_POLICIES,
@@ -114,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         planner=PlannerSettings(pending_timeout_s=args.pending_timeout if args.pending_timeout > 0 else None),
         rendering=Renderer(pull_policy=args.image_pull_policy),
         rotation=Policy(period_s=args.identity_rotation_hours * 3600, grace_s=args.identity_grace_seconds),
+        kueue=args.kueue,
     )
 
 

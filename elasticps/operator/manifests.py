@@ -387,6 +387,14 @@ def pod_manifest(
             raise TemplateError(f"{where}.spec.schedulingGates: must be a list")
         named = [g.get("name") for g in gates if isinstance(g, dict)]
         pod_spec["schedulingGates"] = [*gates, *({"name": n} for n in decoration.scheduling_gates if n not in named)]
+    if decoration.node_selector:
+        selector = _mapping(t_spec.get("nodeSelector"), f"{where}.spec.nodeSelector")
+        pod_spec["nodeSelector"] = {**selector, **decoration.node_selector}
+    if decoration.tolerations:
+        tolerations = t_spec.get("tolerations", [])
+        if not isinstance(tolerations, list):
+            raise TemplateError(f"{where}.spec.tolerations: must be a list")
+        pod_spec["tolerations"] = [*tolerations, *(dict(t) for t in decoration.tolerations if t not in tolerations)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

@@ -2,7 +2,9 @@
 its job. Only that: the pass lists the pods itself.
 
 Callers: ``runtime`` starts one :class:`PodWatch` per watched namespace (one for the whole cluster
-when it watches every namespace) and hands it ``on_pod(namespace, job, job_uid)``.
+when it watches every namespace) and hands it ``on_pod(namespace, job, job_uid)``; with Kueue
+admission on, one more per namespace over the jobs' Workloads (``resource``), so that an admission
+or an eviction is acted on at once, not at the next resync.
 
 Why not kopf's ``on.event`` for pods, as for TrainingJobs: kopf gives every event of every object its
 full handling (a worker per object, handler matching, its logging), about 1.5 ms of the operator's
@@ -51,11 +53,13 @@ class PodWatch:
         on_pod: Callable[[str, str, str], None],
         timeout_s: int = 300,
         retry_s: float = 1.0,
+        resource: tuple[str, str] = ("v1", "pods"),
     ) -> None:
         self._api, self._namespace, self._on_pod = api, namespace, on_pod
-        self._timeout_s, self._retry_s = timeout_s, retry_s
+        self._timeout_s, self._retry_s, self._resource = timeout_s, retry_s, resource
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"elasticps pod watch {namespace or '*'}", daemon=True)
+        what = resource[1].removesuffix("s")
+        self._thread = threading.Thread(target=self._run, name=f"elasticps {what} watch {namespace or '*'}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -69,15 +73,15 @@ class PodWatch:
         while not self._stop.is_set():
             try:
                 if not version:
-                    items, version = self._api.list_job_pods(self._namespace)
+                    items, version = self._api.list_job_pods(self._namespace, self._resource)
                     for item in items:
                         self._notify(item)
-                for kind, obj in self._api.watch_job_pods(self._namespace, version, self._timeout_s):
+                for kind, obj in self._api.watch_job_pods(self._namespace, version, self._timeout_s, self._resource):
                     if self._stop.is_set():
                         return
                     if kind == "ERROR":
                         if obj.get("code") != GONE:
-                            log.warning("pod watch: %s", obj.get("message") or obj)
+                            log.warning("%s watch: %s", self._resource[1], obj.get("message") or obj)
                         version = ""  # list again
                         break
                     meta = obj.get("metadata") or {}
@@ -85,7 +89,8 @@ class PodWatch:
                     if kind != "BOOKMARK":
                         self._notify(obj)
             except (ApiError, OSError, urllib3.exceptions.HTTPError, ValueError) as err:
-                log.warning("pod watch (%s): %s; again in %.0f s", self._namespace or "all namespaces", err, self._retry_s)
+                log.warning("%s watch (%s): %s; again in %.0f s", self._resource[1], self._namespace or "all namespaces",
+                            err, self._retry_s)
                 version = ""
                 self._stop.wait(self._retry_s)
 

@@ -10,7 +10,9 @@ A pass:
    strictly in a dry run (``validating``: a template key Kubernetes does not know is InvalidSpec too);
 3. lists the job's pods, Services and NetworkPolicies by the ``elasticps.io/job-name`` label (fresh,
    not from a cache; NetworkPolicies the operator may not list are "not observed", not an error);
-4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer);
+4. asks PS 0's coordinator, only while PS 0 runs (None otherwise or when it does not answer); for a
+   job labelled with a Kueue LocalQueue, reads its Workload and the flavors it was admitted on
+   (``kueue``);
 5. ``plan(job, observed, settings, check)`` (the check: ``rendering`` can render each replica it
    asks for), ``rendering`` (replicas -> Pods, Services, the NetworkPolicy, owned by the job's uid)
    and ``executing.execute`` (which patches status once); the outcome says whether the job is now
@@ -30,6 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.parsing import SpecError, parse_job
+from elasticps.api.spec import TrainingJob
 from elasticps.api.replicas import replica_name
 from elasticps.operator.cluster_api import ClusterApi
 from elasticps.operator.counting import current_job
@@ -39,7 +42,8 @@ from elasticps.operator.metrics import OperatorMetrics
 from elasticps.operator.observing import coordinator_running, observe_names, observe_pods, observe_services
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.identities import JobIdentities
-from elasticps.operator.rendering import FINISHED, ClusterAction, CreatePod, Renderer
+from elasticps.operator import kueue
+from elasticps.operator.rendering import FINISHED, ClusterAction, CreatePod, Queueing, Renderer
 from elasticps.operator.rotation import ROTATE_ANNOTATION, Policy
 from elasticps.operator.validating import TemplateCheck
 from elasticps.planning.actions import Event, SetStatus
@@ -125,17 +129,20 @@ class Reconcile:
         if coordinator_running(pods, role):
             token = self.identities.observer(job, ref.uid)
             progress = self.probe.progress(key.namespace, key.name, replica_name(job, role, 0), token)
+        now = self.clock()
+        queueing = self._queueing(meta, job, ref.uid, now)
         observed = Observed(
             pods=pods,
             services=services,
-            now=self.clock(),
+            now=now,
             coordinator=progress,
             status=status,
             generation=generation,
             network_policies=policies,
+            admission=None if queueing is None else kueue.admission_of(queueing.workload, queueing.queue),
         )
         planned = plan(job, observed, self.settings, check=self.renderer.problem)
-        actions = self.renderer.render(planned, job, ref.uid)
+        actions = self.renderer.render(planned, job, ref.uid, queueing)
         members = [a.member for a in actions if isinstance(a, CreatePod) and a.member]
         if members:
             self.identities.ensure(job, ref.uid, members)  # before the pods that read their tokens from it
@@ -145,6 +152,24 @@ class Reconcile:
             if rotated:
                 actions = [*actions, Event("IdentityRotated", rotated)]
         return self._execute(actions, ref, {p.name: p.uid for p in pods}, observed.now, status)
+
+    def _queueing(self, meta: dict[str, Any], job: TrainingJob, uid: str, now: float) -> Queueing | None:
+        """A job labelled with a Kueue LocalQueue: its Workload, the flavors it was admitted on and
+        its WorkloadPriorityClass, as read now (None: the job is not queued)."""
+        found_labels = meta.get("labels")
+        labels: dict[str, Any] = found_labels if isinstance(found_labels, dict) else {}
+        queue = kueue.queue_of(labels)
+        if not queue:
+            return None
+        workload = self.api.get(kueue.API_VERSION, kueue.WORKLOADS, kueue.workload_name(job.name, uid), job.namespace)
+        flavors = {name: self.api.get(kueue.API_VERSION, kueue.FLAVORS, name) for name in kueue.flavor_names(workload)}
+        priority = None
+        wanted = labels.get(kueue.PRIORITY_LABEL)
+        if workload is None and isinstance(wanted, str) and wanted:
+            found = self.api.get(kueue.API_VERSION, kueue.PRIORITY_CLASSES, wanted)
+            value = (found or {}).get("value")
+            priority = (wanted, int(value)) if isinstance(value, int) else None
+        return Queueing(queue, workload, kueue.placements(workload, flavors), priority, now)
 
     def _invalid(self, message: str, ref: JobRef, status: dict[str, Any], generation: int | None) -> Outcome:
         """A spec the operator cannot run: Failed, reason InvalidSpec, nothing listed or created."""

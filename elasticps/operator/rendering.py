@@ -20,6 +20,11 @@ sees the pods; 409 on a later pass costs one request); a pass whose status patch
 (Succeeded or Failed) deletes them (``DeleteGroup``: a finished job holds no place in the
 scheduler's queue). Deleting the job deletes them too, by their ownerReference. Policy ``none``
 has no group objects and decorates nothing: its passes render exactly as without a policy.
+
+A queued job (Kueue, ``Queueing``): ``RequestAdmission`` becomes its Workload (a ``CreateGroup``,
+created first like a policy's group objects), ``ReleaseAdmission`` and ``FinishAdmission`` writes
+of the Workload's status (``ReplaceStatus``), and every pod gets the placement of the flavors its
+role was admitted on (``operator.kueue``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any, Union
 
 from elasticps.api.replicas import Role
 from elasticps.api.spec import JobPhase, SchedulingPolicy, TrainingJob
+from elasticps.operator import kueue
 from elasticps.operator.manifests import (
     DEFAULT_COMMAND,
     DEFAULT_PULL_POLICY,
@@ -40,7 +46,7 @@ from elasticps.operator.manifests import (
     pod_manifest,
     service_manifest,
 )
-from elasticps.operator.scheduling import POLICIES, GroupObject, Policy, policy_for
+from elasticps.operator.scheduling import POLICIES, GroupObject, PodDecoration, Policy, policy_for
 from elasticps.planning.actions import (
     Action,
     CreateIngressPolicy,
@@ -49,7 +55,10 @@ from elasticps.planning.actions import (
     DeleteJob,
     DeleteReplica,
     Event,
+    FinishAdmission,
     Recheck,
+    ReleaseAdmission,
+    RequestAdmission,
     SetStatus,
 )
 
@@ -98,9 +107,32 @@ class DeleteGroup:
     name: str
 
 
+@dataclass(frozen=True)
+class ReplaceStatus:
+    """Write ``manifest``'s status (an object the job does not own alone: its Kueue Workload),
+    guarded by the resourceVersion it was read at; ``what`` says what the write means."""
+
+    plural: str
+    manifest: dict[str, Any]
+    what: str
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """What the reconciler read of a queued job, for rendering: its LocalQueue, its Workload (None:
+    not created yet), the placement of each admitted role, its WorkloadPriorityClass (name, value)
+    and the pass's time."""
+
+    queue: str
+    workload: Mapping[str, Any] | None = field(default=None, hash=False)
+    placement: Mapping[Role, PodDecoration] = field(default_factory=dict, hash=False)
+    priority: tuple[str, int] | None = None
+    now: float = 0.0
+
+
 ClusterAction = Union[
     CreateGroup, CreateNetworkPolicy, CreateService, CreatePod, DeleteGroup, DeletePod, SetStatus, Event, DeleteJob,
-    Recheck,
+    Recheck, ReplaceStatus,
 ]  # fmt: skip
 FINISHED = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 
@@ -126,14 +158,17 @@ class Renderer:
             return str(err)
         return None
 
-    def render(self, actions: Sequence[Action], job: TrainingJob, uid: str) -> list[ClusterAction]:
+    def render(
+        self, actions: Sequence[Action], job: TrainingJob, uid: str, queueing: Queueing | None = None
+    ) -> list[ClusterAction]:
         """``actions`` for the API server, in the same order; ``uid`` owns what is created. A PS
-        Service or the ingress policy of a job whose strategy has no PS renders to nothing.
+        Service or the ingress policy of a job whose strategy has no PS renders to nothing; the
+        admission actions of a job that is not queued (``queueing`` None) render to nothing.
 
         Raises :class:`~elasticps.operator.manifests.TemplateError` only for a replica the render
         check passed, which would be a bug (the check renders the same pod).
         """
-        rendered = [r for r in (self._render(action, job, uid) for action in actions) if r is not None]
+        rendered = [r for r in (self._render(action, job, uid, queueing) for action in actions) if r is not None]
         groups = policy_for(job, self.policies).groups(job)
         return _with_groups(rendered, groups, job, uid) if groups else rendered
 
@@ -141,14 +176,21 @@ class Renderer:
         """Replica ``index`` of ``role`` as its pod (TemplateError: see :meth:`problem`)."""
         return self._pod(job, uid, role, index)
 
-    def _pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
+    def _pod(
+        self, job: TrainingJob, uid: str, role: Role, index: int, placement: PodDecoration | None = None
+    ) -> dict[str, Any]:
         decoration = policy_for(job, self.policies).pod(job, role, index)
+        if placement is not None:
+            decoration = decoration.joined(placement)
         return pod_manifest(job, uid, role, index, command=self.command, decoration=decoration,
                             pull_policy=self.pull_policy)
 
-    def _render(self, action: Action, job: TrainingJob, uid: str) -> ClusterAction | None:
+    def _render(self, action: Action, job: TrainingJob, uid: str, queueing: Queueing | None) -> ClusterAction | None:
+        if isinstance(action, (RequestAdmission, ReleaseAdmission, FinishAdmission)):
+            return None if queueing is None else self._admission(action, job, uid, queueing)
         if isinstance(action, CreateReplica):
-            return CreatePod(self._pod(job, uid, action.role, action.index), member(action.role, action.index))
+            placement = queueing.placement.get(action.role) if queueing is not None else None
+            return CreatePod(self._pod(job, uid, action.role, action.index, placement), member(action.role, action.index))
         if isinstance(action, DeleteReplica):
             return DeletePod(action.name, action.reason)
         if isinstance(action, CreateIngressPolicy) and not job.uses_ps:
@@ -161,6 +203,22 @@ class Renderer:
             peer = None if self.operator_peer is None else dict(self.operator_peer)
             return CreateNetworkPolicy(network_policy_manifest(job, uid, peer))
         return action
+
+    def _admission(
+        self, action: RequestAdmission | ReleaseAdmission | FinishAdmission, job: TrainingJob, uid: str, queueing: Queueing
+    ) -> ClusterAction | None:
+        """A queued job's request as its Workload; a release or the end as a write of its status."""
+        if isinstance(action, RequestAdmission):
+            pods = {role: self._pod(job, uid, role, 0) for role, _, _ in action.pod_sets}
+            manifest = kueue.workload_manifest(job, uid, queueing.queue, action.pod_sets, pods, queueing.priority)
+            return CreateGroup(kueue.WORKLOADS, manifest)
+        if queueing.workload is None:
+            return None
+        if isinstance(action, ReleaseAdmission):
+            released = kueue.released(queueing.workload, action.message, queueing.now)
+            return ReplaceStatus(kueue.WORKLOADS, released, "gave its quota back")
+        ended = kueue.finished(queueing.workload, action.succeeded, action.message, queueing.now)
+        return ReplaceStatus(kueue.WORKLOADS, ended, "finished")
 
 
 def _with_groups(

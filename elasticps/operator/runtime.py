@@ -24,6 +24,7 @@ from elasticps.operator.counting import RequestCounter, current_job
 from elasticps.operator.manifests import LABEL_JOB_UID
 from elasticps.operator.executing import Outcome
 from elasticps.operator.metrics import OperatorMetrics
+from elasticps.operator import kueue
 from elasticps.operator.podwatch import PodWatch
 from elasticps.operator.probing import CoordinatorProbe
 from elasticps.operator.queueing import WorkQueue
@@ -80,10 +81,14 @@ class OperatorRuntime:
         def on_pod(namespace: str, name: str, uid: str) -> None:  # from a watch thread
             loop.call_soon_threadsafe(self.request, namespace, name, uid)
 
+        resources = [("v1", "pods")]
+        if self.config.kueue:
+            resources.append((kueue.API_VERSION, kueue.WORKLOADS))
         for namespace in self.config.namespaces or (None,):
-            watch = PodWatch(self.api, namespace, on_pod)
-            watch.start()
-            self._pod_watches.append(watch)
+            for resource in resources:
+                watch = PodWatch(self.api, namespace, on_pod, resource=resource)
+                watch.start()
+                self._pod_watches.append(watch)
 
     def request(self, namespace: str, name: str, uid: str = "") -> None:
         """A pass of the job soon; ``uid``: the job a pod event came from, when known. The pods of a

@@ -53,6 +53,30 @@ class CreateIngressPolicy:
 
 
 @dataclass(frozen=True)
+class RequestAdmission:
+    """Ask the cluster's queue to admit the job (a Kueue Workload): ``pod_sets`` are (role, replicas,
+    fewest replicas it may start with), in creation order. Created once; never changed after."""
+
+    pod_sets: tuple[tuple[Role, int, int], ...]
+
+
+@dataclass(frozen=True)
+class ReleaseAdmission:
+    """The job's replicas are gone after the queue evicted it (or it was suspended): the queue may
+    take its quota back and queue it again. ``message`` says why, for the queue's own status."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class FinishAdmission:
+    """The job ended (``succeeded`` or not): the queue frees its quota for good."""
+
+    succeeded: bool
+    message: str
+
+
+@dataclass(frozen=True)
 class SetStatus:
     status: dict[str, Any]  # a JSON merge patch of .status (None deletes a key)
 
@@ -75,5 +99,6 @@ class Recheck:
 
 
 Action = Union[
-    CreateIngressPolicy, CreateReplicaService, CreateReplica, DeleteReplica, SetStatus, Event, DeleteJob, Recheck
+    CreateIngressPolicy, CreateReplicaService, CreateReplica, DeleteReplica, SetStatus, Event, DeleteJob, Recheck,
+    RequestAdmission, ReleaseAdmission, FinishAdmission,
 ]

@@ -38,7 +38,12 @@ class Draft:
         self.delete_job = False
 
     def desired(self, role: Role) -> int:
-        return desired(self.job, role)
+        """The replicas of ``role`` the job wants now: its spec's, never more than its queue admitted."""
+        wanted = desired(self.job, role)
+        admission = self.obs.admission
+        if admission is not None and admission.admitted:
+            return min(wanted, admission.counts.get(role, wanted))
+        return wanted
 
     @property
     def job_id(self) -> str:

@@ -117,6 +117,30 @@ class JobProgress:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """What the cluster's queue (Kueue) says of a job that asked to be admitted: pure data, read
+    from the job's Workload by the operator (the local runner queues nothing: no Admission at all).
+
+    ``requested``: the job's request (its Workload) exists. ``admitted``: the queue admitted it
+    (quota reserved, every admission check passed). ``counts``: the replicas admitted per role
+    (fewer workers than asked under partial admission). ``holds_quota``: the queue still counts
+    the job against its quota (after an eviction, until the job says its pods are gone).
+    ``evicted``: why the queue took the admission back ("": it did not). ``waiting``: why the job
+    is not admitted, in the queue's words. ``finished``: the queue was told the job ended.
+    """
+
+    queue: str
+    requested: bool = False
+    admitted: bool = False
+    counts: Mapping[Role, int] = field(default_factory=dict)
+    holds_quota: bool = False
+    evicted: str = ""
+    waiting: str = ""
+    finished: bool = False
+    cluster_queue: str = ""
+
+
+@dataclass(frozen=True)
 class Observed:
     """One observation of a job. ``status`` is the job's ``.status`` as read (what earlier passes
     wrote); ``coordinator`` is None when PS 0 did not answer; ``now`` is epoch seconds.
@@ -124,7 +148,8 @@ class Observed:
     ``services`` and ``network_policies``: the names of the job's Services and NetworkPolicies, or
     None where the executor has none to observe (the local runner: processes dial 127.0.0.1 ports;
     an operator without RBAC to list NetworkPolicies): the planner then neither creates nor
-    expects them."""
+    expects them. ``admission``: what the cluster's queue says, for a job that is queued (None: it is
+    not, or the executor has no queue)."""
 
     pods: tuple[ObservedPod, ...]
     services: tuple[ObservedService, ...] | None
@@ -133,3 +158,4 @@ class Observed:
     status: Mapping[str, Any] = field(default_factory=dict)
     generation: int | None = None
     network_policies: tuple[str, ...] | None = None
+    admission: Admission | None = None

@@ -10,12 +10,17 @@ and a replica that exists (even one being deleted) is never created again.
 
 Rules, in the order a pass applies them (the first that ends the job wins); the modules named
 implement them:
-1. Finished (status.phase Succeeded or Failed): only clean up replicas per ``cleanPodPolicy`` and,
-   when ``ttlSecondsAfterFinished`` has passed since ``completionTime``, ``DeleteJob`` (``ends``).
+1. Finished (status.phase Succeeded or Failed): only clean up replicas per ``cleanPodPolicy``, tell
+   the job's queue it ended (``admission``) and, when ``ttlSecondsAfterFinished`` has passed since
+   ``completionTime``, ``DeleteJob`` (``ends``).
 2. First pass: condition Created, ``startTime``.
 3. ``runPolicy.suspend``: delete every replica (no restart counted), condition Suspended. Unsetting
    it resumes: Suspended turns False, ``startTime`` restarts (the deadline counts from the resume),
    the replicas are created again (the PS restore from their checkpoint) (``suspension``).
+3a. A job its executor queues (Kueue, ``Observed.admission``): it asks its queue once and runs no
+   replica until admitted (phase Queued, condition Queued says why); admitted, it runs at most the
+   replicas the queue admitted; evicted, its replicas are deleted (condition Suspended) and its quota
+   given back once they are gone, and it is queued again (``admission``).
 4. ``activeDeadlineSeconds`` past since ``startTime``: Failed, reason DeadlineExceeded; running
    replicas are stopped whatever ``cleanPodPolicy`` says (a deadline is there to stop spending).
 5. What the training loss says, on the coordinator's answer: condition TrainingHealthy False
@@ -74,6 +79,7 @@ did (``status``). Every patch also reports counts and progress (``reporting``).
 from __future__ import annotations
 
 from elasticps.api.spec import JobPhase, TrainingJob
+from elasticps.planning import admission
 from elasticps.planning.actions import Action, Event, SetStatus
 from elasticps.planning.draft import Draft
 from elasticps.planning.ends import cleanup, export_failed, past_deadline, succeeded, ttl, unrecoverable
@@ -107,6 +113,7 @@ def _apply_rules(d: Draft) -> None:
     status = d.status
     if status.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED):  # 1
         cleanup(d, succeeded=status.phase is JobPhase.SUCCEEDED)
+        admission.finished(d)
         ttl(d)
         return
     if not status.has(JobPhase.CREATED.value):  # 2
@@ -119,6 +126,8 @@ def _apply_rules(d: Draft) -> None:
         status.start_time = d.now
     if d.job.spec.run_policy.suspend:  # 3
         suspend(d)
+        return
+    if not admission.gate(d):  # 3a
         return
     resume_if_suspended(d)
     if past_deadline(d) or unhealthy(d) or succeeded(d) or export_failed(d) or unrecoverable(d) or failures(d) or stuck(d):  # 4-9

@@ -249,11 +249,29 @@ build_pause() {
     -o "$bin/pause" "$dir/build/pause/linux/pause.c"
 }
 
+# Kueue's controller manager (cluster.py kueue). Its go.mod has no replace directives, so `go install`
+# at the version works; the module's config/ (CRDs, webhooks) is read from the module cache by cluster.py.
+# The version string is what Kueue logs and reports in its metrics.
+build_kueue() {
+  local bin="$KUEUE_DIR/bin"
+  mkdir -p "$bin"
+  log "kueue $KUEUE_VERSION: compiling"
+  GOBIN="$bin" "${NICE[@]}" go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+}
+
 K8S_BINS=("$K8S_DIR/bin/kube-apiserver" "$K8S_DIR/bin/kube-controller-manager" "$K8S_DIR/bin/kube-scheduler" "$K8S_DIR/bin/kubectl")
 if need "${K8S_BINS[@]}"; then timed "kubernetes-$K8S_VERSION" build_kubernetes; else log "kubernetes $K8S_VERSION: cached"; fi
 if need "$ETCD_DIR/bin/etcd"; then timed "etcd-$ETCD_VERSION" build_etcd; else log "etcd $ETCD_VERSION: cached"; fi
 if need "$KWOK_DIR/bin/kwok" "$KWOK_DIR/bin/kwokctl"; then timed "kwok-$KWOK_VERSION" build_kwok; else log "kwok $KWOK_VERSION: cached"; fi
 if need "$HELM_DIR/bin/helm"; then timed "helm-$HELM_VERSION" build_helm; else log "helm $HELM_VERSION: cached"; fi
+# KUEUE=0 skips it (the Kueue tests then skip and say so).
+KUEUE_BINS=()
+if [[ "${KUEUE:-1}" != 0 ]]; then
+  if need "$KUEUE_DIR/bin/kueue"; then timed "kueue-$KUEUE_VERSION" build_kueue || log "kueue $KUEUE_VERSION: build failed"; else log "kueue $KUEUE_VERSION: cached"; fi
+  [[ -x "$KUEUE_DIR/bin/kueue" ]] && KUEUE_BINS=("$KUEUE_DIR/bin/kueue")
+fi
 # The real node's runtime comes from Debian (containerd, runc, the CNI plugins, iptables, iproute2)
 # and the pause binary needs gcc: installed here when missing and we are root with apt, as
 # hack/image/engine.sh does for docker.io. Elsewhere the real-node tests skip and say what is missing.
@@ -291,7 +309,7 @@ fi
 # envtest layout (kube-apiserver, etcd, kubectl in one dir) plus the rest, so
 # one PATH entry or KUBEBUILDER_ASSETS reaches everything.
 mkdir -p "$ASSETS_DIR"
-for f in "${K8S_BINS[@]}" "$ETCD_DIR/bin/etcd" "$KWOK_DIR/bin/kwok" "$KWOK_DIR/bin/kwokctl" "$HELM_DIR/bin/helm" "${NODE_BINS[@]}"; do
+for f in "${K8S_BINS[@]}" "$ETCD_DIR/bin/etcd" "$KWOK_DIR/bin/kwok" "$KWOK_DIR/bin/kwokctl" "$HELM_DIR/bin/helm" "${KUEUE_BINS[@]}" "${NODE_BINS[@]}"; do
   ln -sfn "$f" "$ASSETS_DIR/$(basename "$f")"
 done
 

@@ -58,6 +58,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kueue  # noqa: E402
 import realnode  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -70,7 +71,7 @@ REAL_NODE_PORTS = ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-pro
                    "coredns-health", "coredns-ready"]
 # Start order; `down` stops in reverse so nothing loses its apiserver first.
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-              "containerd", "coredns", "kube-proxy", "kubelet"]
+              "containerd", "coredns", "kube-proxy", "kubelet", "kueue"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
@@ -537,6 +538,8 @@ def cmd_up(args: argparse.Namespace) -> None:
              lambda: api.call("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, 60)
     if real:
         start_real_node(state, exe, ports, api, pki, logs, record, procs, t_start)
+    if args.kueue:
+        start_kueue(state, api, pki, logs, procs)
     t_total = time.monotonic() - t_start
     state.setdefault("timings", {})
     state["timings"].update({"apiserver_ready_s": round(t_api, 2), "cluster_ready_s": round(t_total, 2)})
@@ -642,6 +645,68 @@ def start_real_node(state: dict, exe: dict[str, str], ports: dict[str, int], api
     state.setdefault("timings", {})["real_node_ready_s"] = round(time.monotonic() - t0, 2)
     log(f"real node {realnode.NODE_NAME}: containerd, kubelet, kube-proxy, CoreDNS ready in "
         f"{time.monotonic() - t0:.1f}s ({time.monotonic() - t_start:.1f}s since up)")
+
+
+def start_kueue(state: dict, api: Api, pki: Path, logs: Path, procs: dict[str, subprocess.Popen]) -> None:
+    """Kueue's CRDs, its controller manager and its webhooks (kueue.py), until it is ready."""
+    t0 = time.monotonic()
+    version = versions("KUEUE_VERSION")["KUEUE_VERSION"]
+    exe = {"kueue": binary("kueue")}
+    kubectl, kc = binary("kubectl"), state["kubeconfig"]
+    module = kueue.module_dir(version)
+    ports = state["ports"]
+    for name in ("kueue-webhook", "kueue-health"):
+        ports[name] = free_port()
+    url = f"https://127.0.0.1:{ports['kueue-webhook']}"
+    ca = (pki / "ca.crt").read_bytes()
+    cert_dir = STATE_DIR / "kueue"
+    kueue.serving_cert(pki, cert_dir, run)
+    try:
+        kueue.metrics_cert(run)
+    except RuntimeError as err:
+        sys.exit(str(err))
+    code, out = api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": kueue.NAMESPACE}})
+    if code not in (201, 409):
+        sys.exit(f"creating namespace {kueue.NAMESPACE}: {code} {out}")
+    apply(kubectl, kc, kueue.crds(kubectl, kc, module, url, ca))
+    subprocess.run([kubectl, "--kubeconfig", kc, "wait", "--for=condition=Established", "--timeout=60s",
+                    *[f"crd/{p}.{kueue.GROUP}" for p in kueue.CONVERTED]],
+                   check=True, capture_output=True)
+    config = cert_dir / "config.yaml"
+    config.write_text(json.dumps(kueue.configuration(ports["kueue-health"], ports["kueue-webhook"], cert_dir), indent=2))
+    record = recorder(state, exe, procs)
+    record("kueue", start("kueue", [exe["kueue"], f"--config={config}", f"--kubeconfig={kc}",
+                                    "--feature-gates=VisibilityOnDemand=false"], logs))
+    t = wait_for("kueue /readyz", lambda: http_ok(f"http://127.0.0.1:{ports['kueue-health']}/readyz"), 120,
+                 procs["kueue"], logs / "kueue.log")
+    apply(kubectl, kc, kueue.webhook_configurations(kubectl, kc, module, url, ca))
+    state["kueue"] = version
+    (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    log(f"kueue {version} ready after {t:.1f}s, webhooks on {url} ({time.monotonic() - t0:.1f}s in all)")
+
+
+def apply(kubectl: str, kubeconfig: str, objects: list[dict]) -> None:
+    """Server-side apply (CRDs are too large for the client-side annotation)."""
+    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    out = subprocess.run([kubectl, "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts",
+                          "--field-manager=elasticps-cluster", "-f", "-"], input=doc, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"kubectl apply: {out.stderr.strip()[-2000:]}")
+
+
+def cmd_kueue(args: argparse.Namespace) -> None:
+    """Kueue joins a running cluster (``up`` then ``kueue``): nothing else restarts."""
+    state = load_state()
+    if not running(state):
+        sys.exit("cluster is not running: hack/cluster/cluster.py up")
+    if state.get("kueue"):
+        log(f"kueue {state['kueue']} already running")
+        return
+    api = admin_api(state)
+    if api is None:
+        sys.exit(f"no admin token in {STATE_DIR}: hack/cluster/cluster.py down, then up")
+    start_kueue(state, api, STATE_DIR / "pki", STATE_DIR / "logs", {})
 
 
 def admin_api(state: dict) -> Api | None:
@@ -800,7 +865,10 @@ def main() -> None:
     u.add_argument("--kube-api-burst", type=int, default=0, help="their client burst, with --kube-api-qps")
     u.add_argument("--kwok-parallelism", type=int, default=0,
                    help="pods (and nodes) kwok moves through their stages at once (default: kwok's, 4)")
+    u.add_argument("--kueue", action="store_true",
+                   help="also Kueue (its CRDs, webhooks and controller manager; built by build.sh)")
     u.set_defaults(fn=cmd_up)
+    sub.add_parser("kueue", help="add Kueue to the running cluster").set_defaults(fn=cmd_kueue)
     li = sub.add_parser("load-image", help="docker save REF | ctr import into the real node's containerd")
     li.add_argument("refs", nargs="+")
     li.set_defaults(fn=cmd_load_image)

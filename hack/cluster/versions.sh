@@ -18,6 +18,10 @@ HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 # binary is compiled from the pause.c shipped in the k8s.io/kubernetes module at K8S_VERSION.
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.1}"
 PAUSE_VERSION="${PAUSE_VERSION:-3.10.1}"
+# Kueue (cluster.py kueue): the newest release the Go module proxy served when it was added; its
+# CRDs and webhook configuration come from the same module (config/components), never from a copy.
+# Built on client-go 0.35, within skew of a 1.34 apiserver.
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 # Everything built lives outside the repository, keyed by version, so that a
 # version bump never reuses a stale binary and `git clean` never costs a rebuild.
@@ -28,6 +32,7 @@ KWOK_DIR="$ELASTICPS_CACHE/kwok-$KWOK_VERSION"
 HELM_DIR="$ELASTICPS_CACHE/helm-$HELM_VERSION"
 COREDNS_DIR="$ELASTICPS_CACHE/coredns-$COREDNS_VERSION"
 PAUSE_DIR="$ELASTICPS_CACHE/pause-$PAUSE_VERSION"
+KUEUE_DIR="$ELASTICPS_CACHE/kueue-$KUEUE_VERSION"
 # One directory of symlinks in the layout controller-runtime's envtest expects
 # (kube-apiserver, etcd, kubectl), so KUBEBUILDER_ASSETS can point at it.
 ASSETS_DIR="$ELASTICPS_CACHE/assets-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"

@@ -82,6 +82,19 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     "patch_secret": {("", "secrets", "patch")},
     "delete_job": {("elasticps.io", "trainingjobs", "delete")},
     "close": set(),
+    # Kueue's objects (a queued job's Workload, the flavors it was admitted on, its priority class):
+    # granted only with the chart's kueue.enabled (KUEUE below), as a policy's group objects are.
+    "get": set(),
+    "replace_status": set(),
+}
+# What kueue.enabled adds: the Workloads in the job's namespace, flavors and priority classes cluster-wide.
+KUEUE_NAMESPACED: set[Permission] = {
+    ("kueue.x-k8s.io", "workloads", "get"), ("kueue.x-k8s.io", "workloads", "create"),
+    ("kueue.x-k8s.io", "workloads", "list"), ("kueue.x-k8s.io", "workloads", "watch"),  # --kueue: the watch
+    ("kueue.x-k8s.io", "workloads/status", "update"),
+}
+KUEUE_CLUSTER: set[Permission] = {
+    ("kueue.x-k8s.io", "resourceflavors", "get"), ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
 }
 # The resources kopf watches (list + watch) for our handlers: (group, plural).
 KOPF_WATCHED = {("elasticps.io", "trainingjobs")}
@@ -302,7 +315,8 @@ def render(helm: str, *sets: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
-@pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("metrics.enabled=true", "metrics.podMonitor.enabled=true")])
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("metrics.enabled=true", "metrics.podMonitor.enabled=true"),
+                                  ("kueue.enabled=true",)])
 def test_helm_lint(helm: str, sets: tuple[str, ...]) -> None:
     command = [helm, "lint", "--strict", str(CHART)]
     for value in sets:
@@ -331,6 +345,18 @@ def test_helm_default_renders_the_cluster_wide_operator(helm: str) -> None:
     assert "--metrics_port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for doc in docs:
         validate(doc)
+
+
+def test_helm_kueue_adds_exactly_what_admission_needs(helm: str) -> None:
+    [role] = by_kind(render(helm, "kueue.enabled=true"), "ClusterRole")
+    no_wildcards(role["rules"])
+    assert expand(role["rules"]) == set(REQUIRED) | KUEUE_NAMESPACED | KUEUE_CLUSTER
+    roles = by_kind(render(helm, "kueue.enabled=true", "watchNamespaces={a}"), "Role")
+    assert [expand(r["rules"]) for r in roles] == [set(NAMESPACED) | KUEUE_NAMESPACED]
+    [deployment] = by_kind(render(helm, "kueue.enabled=true"), "Deployment")
+    assert "--kueue" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    [deployment] = by_kind(render(helm), "Deployment")
+    assert "--kueue" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_helm_sets_the_operators_client_rate_limit(helm: str) -> None:

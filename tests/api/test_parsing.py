@@ -18,7 +18,7 @@ from elasticps.api.spec import (
     DataSpec,
     ModelSpec,
     PSReplicaSpec,
-    ReplicaSpec,
+    WorkerReplicaSpec,
     Resources,
     RestartPolicy,
     RunPolicy,
@@ -97,7 +97,7 @@ def test_minimal_job_gets_every_default() -> None:
             image="elasticps:latest",
             training=TrainingSpec(),
             ps=PSReplicaSpec(replicas=1, restart_policy=RestartPolicy.ALWAYS),
-            worker=ReplicaSpec(replicas=1, restart_policy=RestartPolicy.ON_FAILURE),
+            worker=WorkerReplicaSpec(replicas=1, restart_policy=RestartPolicy.ON_FAILURE),
             run_policy=RunPolicy(),
         ),
     )

@@ -180,6 +180,7 @@ class Operator:
     metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    extra_args: tuple[str, ...] = ()  # more flags of `elasticps operator` (e.g. --kueue)
 
     @property
     def log_path(self) -> Path:
@@ -203,6 +204,7 @@ class Operator:
             "--identity_grace_seconds", str(IDENTITY_GRACE_S),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics_port", str(self.metrics_port),
+            *self.extra_args,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -22,13 +22,28 @@ class PodDecoration:
     ``scheduler_name``: the pod's ``spec.schedulerName`` (empty: the template's, or the cluster's
     default). ``labels`` and ``annotations`` go over the template's (the operator's own labels still
     win). ``scheduling_gates``: names of ``spec.schedulingGates`` the pod is created with, after the
-    template's; the pod waits unscheduled until whoever admits it removes them.
+    template's; the pod waits unscheduled until whoever admits it removes them. ``node_selector``
+    goes over the template's; ``tolerations`` are added to the template's (a queue's flavor: the
+    nodes its quota is on).
     """
 
     scheduler_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
     scheduling_gates: tuple[str, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    tolerations: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+
+    def joined(self, other: PodDecoration) -> PodDecoration:
+        """This decoration with ``other`` on top (its scheduler name, labels, selector win)."""
+        return PodDecoration(
+            scheduler_name=other.scheduler_name or self.scheduler_name,
+            labels={**self.labels, **other.labels},
+            annotations={**self.annotations, **other.annotations},
+            scheduling_gates=(*self.scheduling_gates, *(g for g in other.scheduling_gates if g not in self.scheduling_gates)),
+            node_selector={**self.node_selector, **other.node_selector},
+            tolerations=(*self.tolerations, *(t for t in other.tolerations if t not in self.tolerations)),
+        )
 
 
 @dataclass(frozen=True)

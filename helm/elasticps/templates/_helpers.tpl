@@ -72,6 +72,14 @@ manifests/rbac.yaml for who makes which; tests/api/test_manifests_files.py check
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [list, create]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
+{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped, granted only to an operator watching every namespace: kopf notices CRDs added or removed. */}}
@@ -79,4 +87,9 @@ manifests/rbac.yaml for who makes which; tests/api/test_manifests_files.py check
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, workloadpriorityclasses]
+  verbs: [get]
+{{- end }}
 {{- end }}
