@@ -11,8 +11,9 @@ ARG BASE=debian:bookworm-slim
 # The dependencies are installed in a stage of their own, so the wheels (GBs for torch) stay out of
 # the image: only the installed environment is copied into it. build/wheels holds them all and
 # nothing else (hack/image/build.sh resolved them for the variant), so this stage and the image
-# layer copied from it are the same from one commit to the next: Docker's cache reuses them, and a
-# node's containerd already holds them. Only elasticps itself (build/self) is a new layer.
+# layer copied from it are the same from one commit to the next: Docker's cache reuses them (build.sh
+# keeps this stage tagged, elasticps-deps:VARIANT), and a node's containerd already holds them. Only
+# elasticps itself (build/self) is a new layer.
 FROM ${BASE} AS install
 COPY build/wheels /tmp/wheels
 RUN python3 -m venv /opt/elasticps \

@@ -129,10 +129,13 @@ class Framework(str, Enum):
 class SchedulingPolicy(str, Enum):
     """Who decorates a job's pods for a cluster's scheduler and admission (``spec.scheduling.policy``):
     a scheduler name, labels, annotations, scheduling gates, and a group object (a PodGroup) living
-    with the job. ``none``: nothing, the default scheduler takes each pod as it comes. The operator
-    reads it (``operator/scheduling``); the local runner has no scheduler and ignores it."""
+    with the job. ``none``: nothing, the default scheduler takes each pod as it comes.
+    ``coscheduling``: the PS and the fewest workers are one gang (a PodGroup) for the scheduler-plugins'
+    Coscheduling plugin, in the scheduler ``spec.scheduling.schedulerName``. The operator reads it
+    (``operator/scheduling``); the local runner has no scheduler and ignores it."""
 
     NONE = "none"
+    COSCHEDULING = "coscheduling"
 
 
 SCALE_DECENTRALIZED = (
@@ -549,7 +552,14 @@ class RunPolicy:
 @dataclass(frozen=True)
 class SchedulingSpec:
     policy: SchedulingPolicy = spec_field(
-        SchedulingPolicy.NONE, help="how the operator prepares the pods for the cluster's scheduler: none"
+        SchedulingPolicy.NONE,
+        help="how the operator prepares the pods for the cluster's scheduler: none, or coscheduling (the PS and "
+        "worker.minReplicas workers start together or not at all: a PodGroup for the scheduler-plugins' "
+        "Coscheduling plugin)",
+    )
+    scheduler_name: str = spec_field(
+        "scheduler-plugins-scheduler",
+        help="coscheduling: the scheduler that runs the Coscheduling plugin (the scheduler-plugins chart's name)",
     )
 
 

@@ -327,6 +327,8 @@ class Coordinator:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self.sync is not None:
+            self.sync.save_final()
         if self._curves is not None:
             self._curves.close()
         self._changes.notify()  # waiting joins answer PENDING now

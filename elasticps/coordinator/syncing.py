@@ -190,6 +190,23 @@ class SyncRounds:
         periods = self.rounds.periods
         return 0 if periods is None else periods.current
 
+    def save_final(self) -> None:
+        """PS 0 stops: the ledger at the rounds' version too, due or not, beside the shards' last
+        checkpoints (``Checkpointing.final``), so that a job stopped as a whole resumes there. Not
+        while a round is half committed: the shards may then disagree, and a recovery decides."""
+        with self.lock:
+            version = self.rounds.version
+            if self.rounds.closing is not None or version <= 0 or not self._checkpoint_steps or not version % self._checkpoint_steps:
+                return
+            if self._journals is None:
+                return
+            state = {**self._ledger.state(), "incarnation": self.incarnation}
+            try:
+                self._journals.write(version, state, protect=self.restorable)
+                log.info("ledger saved at version %d as PS 0 stops", version)
+            except OSError as err:
+                log.error("cannot save the ledger at version %d: %s", version, err)
+
     def _save_ledger(self, version: int) -> None:
         """At a version the shards checkpoint, the ledger too: what a rollback to it goes back to."""
         steps = self._checkpoint_steps

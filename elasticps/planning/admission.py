@@ -11,9 +11,10 @@ The protocol is Kueue's for a job kind it does not know itself (an "external fra
    from the admission); the replicas are created, never more per role than the queue admitted
    (``Draft.desired``: fewer workers under partial admission).
 3. Evicted (preempted by a job of higher priority, quota reclaimed) or the admission lost: every
-   replica is deleted, condition Suspended True with the queue's reason; once none is left the job
-   gives the quota back (``ReleaseAdmission``) and is queued again; on its next admission the PS
-   restore from their checkpoint, as after ``runPolicy.suspend``.
+   replica is deleted, the workers first (``suspension.stop_in_order``: the sync shards then
+   checkpoint the version they stop at), condition Suspended True with the queue's reason; once none
+   is left the job gives the quota back (``ReleaseAdmission``) and is queued again; on its next
+   admission the PS restore from that checkpoint, as after ``runPolicy.suspend``.
 4. Finished (Succeeded or Failed): the queue is told (``FinishAdmission``), once.
 """
 
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 from elasticps.api.replicas import Role
 from elasticps.api.spec import JobPhase
-from elasticps.planning.actions import DeleteReplica, Event, FinishAdmission, ReleaseAdmission, RequestAdmission
+from elasticps.planning.actions import Event, FinishAdmission, ReleaseAdmission, RequestAdmission
 from elasticps.planning.draft import Draft
 from elasticps.planning.roles import desired, job_roles
+from elasticps.planning.suspension import stop_in_order
 
 QUEUED = JobPhase.QUEUED.value
 ADMITTED = "Admitted"
@@ -71,8 +73,7 @@ def gate(d: Draft) -> bool:
             d.events.append(Event("Evicted", why, "Warning"))
         status.set_if_present(JobPhase.RUNNING.value, False, "Evicted", why)
         status.set_if_present(JobPhase.RESTARTING.value, False, "Evicted", why)
-    for pod in live:
-        d.deletes.append(DeleteReplica(pod.name, "the job is not admitted by its queue"))
+    stop_in_order(d, "the job is not admitted by its queue")
     status.replacing.clear()
     if status.is_true(ADMITTED):
         status.set(ADMITTED, False, "Evicted" if admission.evicted else "NotAdmitted",

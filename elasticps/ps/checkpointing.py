@@ -136,7 +136,20 @@ class Checkpointing:
                 # Dropped before the new copy is taken, so a shard never holds a third snapshot.
                 self._waiting = None
                 self.skipped += 1
-        taken = snapshot()
+        self._hand(snapshot())
+
+    def final(self, version: int, snapshot: Callable[[], checkpoint.Checkpoint]) -> None:
+        """The shard stops at ``version``: a checkpoint of it too, due or not (none twice), so that a
+        job stopped as a whole (suspended, evicted by its queue) resumes where it stopped, not at
+        its last due version. :meth:`flush` waits for it."""
+        if self.directory is None or self.every <= 0 or version <= 0:
+            return
+        with self._lock:
+            if version <= self._handed:
+                return
+        self._hand(snapshot())
+
+    def _hand(self, taken: checkpoint.Checkpoint) -> None:
         with self._lock:
             if taken.version <= self._handed:
                 # Async updates may snapshot concurrently: a newer version got here first.

@@ -2,7 +2,8 @@
 
 PS 0 also serves the coordinator (tasks, progress, evaluation), so a job is PS pods plus worker
 pods. A restarted PS restores its newest good checkpoint before it serves. SIGTERM stops it after
-in-flight calls (2 s grace) and the pending checkpoint writes.
+in-flight calls (2 s grace) and the pending checkpoint writes; a sync shard with checkpoints also
+writes one of the version it stops at (PS 0 its ledger beside it).
 """
 
 from __future__ import annotations
@@ -322,11 +323,15 @@ def run(config: PSConfig) -> int:
     if bulk_server is not None:
         bulk_server.stop()
     server.stop(grace=2).wait()
+    if config.job.mode.rounds:
+        # Sync and LocalSGD: the model stands still once PS 0 stops committing rounds; a checkpoint
+        # of it, beside PS 0's ledger (``SyncRounds.save_final``), is where a job stopped as a whole
+        # resumes. (Async shards have no common version to stop at.)
+        store.checkpoint_final()
     store.flush_checkpoints()
-    if store.rows_held():
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
-        log.info("PS %d stops at version %d%s; peak resident memory %.0f MB", config.job.index, store.version,
-                 _rows_line(store), peak_mb)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+    log.info("PS %d stops at version %d%s; peak resident memory %.0f MB", config.job.index, store.version,
+             _rows_line(store), peak_mb)
     return 0
 
 

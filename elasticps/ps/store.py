@@ -440,6 +440,11 @@ class ParameterStore:
         """Waits for the checkpoints already submitted (tests; shutdown)."""
         self._checkpoints.flush()
 
+    def checkpoint_final(self) -> None:
+        """A checkpoint of the current version, due or not (the shard stops; see ``Checkpointing.final``)."""
+        if self.initialized:
+            self._checkpoints.final(self._version.value, self.snapshot)
+
     def checkpoint_versions(self) -> list[int]:
         """The versions of this shard's checkpoints that read back whole, newest first."""
         return self._checkpoints.versions()

@@ -71,7 +71,7 @@ REAL_NODE_PORTS = ["kubelet", "kubelet-healthz", "kube-proxy-healthz", "kube-pro
                    "coredns-health", "coredns-ready"]
 # Start order; `down` stops in reverse so nothing loses its apiserver first.
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-              "containerd", "coredns", "kube-proxy", "kubelet", "kueue"]
+              "containerd", "coredns", "kube-proxy", "kubelet", "kueue", "coscheduler", "coscheduler-controller"]
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
@@ -540,6 +540,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         start_real_node(state, exe, ports, api, pki, logs, record, procs, t_start)
     if args.kueue:
         start_kueue(state, api, pki, logs, procs)
+    if args.coscheduler:
+        start_coscheduler(state, pki, logs, procs)
     t_total = time.monotonic() - t_start
     state.setdefault("timings", {})
     state["timings"].update({"apiserver_ready_s": round(t_api, 2), "cluster_ready_s": round(t_total, 2)})
@@ -684,6 +686,51 @@ def start_kueue(state: dict, api: Api, pki: Path, logs: Path, procs: dict[str, s
     state["kueue"] = version
     (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     log(f"kueue {version} ready after {t:.1f}s, webhooks on {url} ({time.monotonic() - t0:.1f}s in all)")
+
+
+def start_coscheduler(state: dict, pki: Path, logs: Path, procs: dict[str, subprocess.Popen]) -> None:
+    """The PodGroup CRD and a second kube-scheduler running the Coscheduling plugin (kueue.py)."""
+    t0 = time.monotonic()
+    version = versions("SCHED_PLUGINS_VERSION")["SCHED_PLUGINS_VERSION"]
+    exe = {"coscheduler": binary("coscheduler"), "coscheduler-controller": binary("coscheduler-controller")}
+    kubectl, kc = binary("kubectl"), state["kubeconfig"]
+    module = kueue.plugins_dir(version)
+    crds = kueue.as_json(kubectl, kc, module / "manifests" / "coscheduling" / "crd.yaml")
+    apply(kubectl, kc, crds)
+    ports = state["ports"]
+    ports["coscheduler"] = free_port()
+    config = STATE_DIR / "coscheduler.yaml"
+    config.write_text(json.dumps(kueue.coscheduler_configuration(kc), indent=2))
+    record = recorder(state, exe, procs)
+    record("coscheduler", start("coscheduler", [
+        exe["coscheduler"], f"--config={config}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1", f"--secure-port={ports['coscheduler']}",
+    ], logs))
+    t = wait_for("coscheduler /healthz", lambda: http_ok(f"https://127.0.0.1:{ports['coscheduler']}/healthz", insecure=True),
+                 120, procs["coscheduler"], logs / "coscheduler.log")
+    # Its controller keeps the PodGroups' status; each update sends a waiting gang back to the queue.
+    ports["coscheduler-controller"], probe = free_port(), free_port()
+    record("coscheduler-controller", start("coscheduler-controller", [
+        exe["coscheduler-controller"], f"--kubeconfig={kc}", f"--metricsAddr=127.0.0.1:{ports['coscheduler-controller']}",
+        f"--probeAddr=127.0.0.1:{probe}",
+    ], logs))
+    wait_for("coscheduler-controller /readyz", lambda: http_ok(f"http://127.0.0.1:{probe}/readyz"), 60,
+             procs["coscheduler-controller"], logs / "coscheduler-controller.log")
+    state["coscheduler"] = version
+    (STATE_DIR / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    log(f"coscheduler (scheduler-plugins {version}, scheduler {kueue.COSCHEDULER_NAME}) ready after {t:.1f}s "
+        f"({time.monotonic() - t0:.1f}s in all)")
+
+
+def cmd_coscheduler(args: argparse.Namespace) -> None:
+    """The gang scheduler joins a running cluster (``up`` then ``coscheduler``)."""
+    state = load_state()
+    if not running(state):
+        sys.exit("cluster is not running: hack/cluster/cluster.py up")
+    if state.get("coscheduler"):
+        log(f"coscheduler {state['coscheduler']} already running")
+        return
+    start_coscheduler(state, STATE_DIR / "pki", STATE_DIR / "logs", {})
 
 
 def apply(kubectl: str, kubeconfig: str, objects: list[dict]) -> None:
@@ -867,8 +914,12 @@ def main() -> None:
                    help="pods (and nodes) kwok moves through their stages at once (default: kwok's, 4)")
     u.add_argument("--kueue", action="store_true",
                    help="also Kueue (its CRDs, webhooks and controller manager; built by build.sh)")
+    u.add_argument("--coscheduler", action="store_true",
+                   help="also a gang scheduler: scheduler-plugins' kube-scheduler with Coscheduling (built by build.sh)")
     u.set_defaults(fn=cmd_up)
     sub.add_parser("kueue", help="add Kueue to the running cluster").set_defaults(fn=cmd_kueue)
+    sub.add_parser("coscheduler", help="add the gang scheduler (Coscheduling) to the running cluster").set_defaults(
+        fn=cmd_coscheduler)
     li = sub.add_parser("load-image", help="docker save REF | ctr import into the real node's containerd")
     li.add_argument("refs", nargs="+")
     li.set_defaults(fn=cmd_load_image)

@@ -1,5 +1,7 @@
 """Kueue in the test cluster: its CRDs and webhooks from its own Go module, its controller manager as a
-host process (``cluster.py kueue``, or ``up --kueue``).
+host process (``cluster.py kueue``, or ``up --kueue``); and a gang scheduler beside the default one,
+the scheduler-plugins' kube-scheduler with its Coscheduling plugin (``cluster.py coscheduler``, or
+``up --coscheduler``), its PodGroup CRD from the same module.
 
 Everything comes from ``sigs.k8s.io/kueue`` at ``KUEUE_VERSION`` (versions.sh): the binary build.sh
 compiled, and the module's ``config/components`` read from the Go module cache, so the CRDs always
@@ -147,3 +149,32 @@ def metrics_cert(run: Any) -> None:
                            f"run as root, or create tls.crt and tls.key there") from None
     run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=kueue-metrics",
         "-keyout", str(METRICS_CERTS / "tls.key"), "-out", str(METRICS_CERTS / "tls.crt"))
+
+
+# ---- gang scheduling: the scheduler-plugins' Coscheduling plugin -------------------------------------------
+COSCHEDULER_NAME = "scheduler-plugins-scheduler"
+
+
+def coscheduler_configuration(kubeconfig: str) -> dict[str, Any]:
+    """A second kube-scheduler, ``scheduler-plugins-scheduler``, whose one profile sorts its queue by
+    pod group and permits a group's pods only together (upstream's manifests/coscheduling)."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "profiles": [{
+            "schedulerName": COSCHEDULER_NAME,
+            "plugins": {"multiPoint": {"enabled": [{"name": "Coscheduling"}]},
+                        "queueSort": {"enabled": [{"name": "Coscheduling"}], "disabled": [{"name": "*"}]}},
+            "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 10}}],
+        }],
+    }
+
+
+def plugins_dir(version: str) -> Path:
+    """The scheduler-plugins module's directory (its PodGroup CRD: manifests/coscheduling/crd.yaml)."""
+    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/scheduler-plugins@{version}"],
+                         capture_output=True, text=True, env=_go_env(), cwd="/")
+    if out.returncode != 0:
+        raise RuntimeError(f"go mod download sigs.k8s.io/scheduler-plugins@{version}: {out.stderr.strip()[-1000:]}")
+    return Path(json.loads(out.stdout)["Dir"])

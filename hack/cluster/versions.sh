@@ -22,6 +22,9 @@ PAUSE_VERSION="${PAUSE_VERSION:-3.10.1}"
 # CRDs and webhook configuration come from the same module (config/components), never from a copy.
 # Built on client-go 0.35, within skew of a 1.34 apiserver.
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+# The coscheduling plugin (gang scheduling by PodGroup) in a second kube-scheduler: scheduler-plugins
+# v0.34.7 is built on Kubernetes 1.34.7 (its go.mod), the control plane's minor.
+SCHED_PLUGINS_VERSION="${SCHED_PLUGINS_VERSION:-v0.34.7}"
 
 # Everything built lives outside the repository, keyed by version, so that a
 # version bump never reuses a stale binary and `git clean` never costs a rebuild.
@@ -33,6 +36,7 @@ HELM_DIR="$ELASTICPS_CACHE/helm-$HELM_VERSION"
 COREDNS_DIR="$ELASTICPS_CACHE/coredns-$COREDNS_VERSION"
 PAUSE_DIR="$ELASTICPS_CACHE/pause-$PAUSE_VERSION"
 KUEUE_DIR="$ELASTICPS_CACHE/kueue-$KUEUE_VERSION"
+SCHED_PLUGINS_DIR="$ELASTICPS_CACHE/scheduler-plugins-$SCHED_PLUGINS_VERSION"
 # One directory of symlinks in the layout controller-runtime's envtest expects
 # (kube-apiserver, etcd, kubectl), so KUBEBUILDER_ASSETS can point at it.
 ASSETS_DIR="$ELASTICPS_CACHE/assets-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"

@@ -56,7 +56,11 @@ rm -rf build/self && mkdir -p build/self
 
 echo "building $TAG from $BASE ..."
 previous=$(docker image inspect "$TAG" --format '{{.Id}}' 2>/dev/null || true)
-docker build -q --network host --build-arg "BASE=$BASE" --build-arg "VARIANT=$VARIANT" -t "$TAG" . >/dev/null
+# The dependencies' stage first, under a tag of its own: kept, it is the build cache that makes the
+# next build reuse the image's big layer (an untagged stage would be pruned below, and Docker's
+# legacy builder would install everything again into a layer of another digest).
+docker build -q --network host --build-arg "BASE=$BASE" --target install -t "elasticps-deps:$VARIANT" . >/dev/null
+docker build -q --network host --build-arg "BASE=$BASE" -t "$TAG" . >/dev/null
 # Every build of a changed tree leaves the image it replaced untagged: drop it (its layers shared
 # with the new one stay).
 if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect "$TAG" --format '{{.Id}}')" ]; then

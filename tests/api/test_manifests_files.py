@@ -93,6 +93,9 @@ KUEUE_NAMESPACED: set[Permission] = {
     ("kueue.x-k8s.io", "workloads", "list"), ("kueue.x-k8s.io", "workloads", "watch"),  # --kueue: the watch
     ("kueue.x-k8s.io", "workloads/status", "update"),
 }
+COSCHEDULING: set[Permission] = {
+    ("scheduling.x-k8s.io", "podgroups", "create"), ("scheduling.x-k8s.io", "podgroups", "delete"),
+}
 KUEUE_CLUSTER: set[Permission] = {
     ("kueue.x-k8s.io", "resourceflavors", "get"), ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
 }
@@ -316,7 +319,7 @@ def render(helm: str, *sets: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("metrics.enabled=true", "metrics.podMonitor.enabled=true"),
-                                  ("kueue.enabled=true",)])
+                                  ("kueue.enabled=true",), ("coscheduling.enabled=true",)])
 def test_helm_lint(helm: str, sets: tuple[str, ...]) -> None:
     command = [helm, "lint", "--strict", str(CHART)]
     for value in sets:
@@ -345,6 +348,11 @@ def test_helm_default_renders_the_cluster_wide_operator(helm: str) -> None:
     assert "--metrics_port=9090" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for doc in docs:
         validate(doc)
+
+
+def test_helm_coscheduling_adds_exactly_the_pod_groups(helm: str) -> None:
+    [role] = by_kind(render(helm, "coscheduling.enabled=true"), "ClusterRole")
+    assert expand(role["rules"]) == set(REQUIRED) | COSCHEDULING
 
 
 def test_helm_kueue_adds_exactly_what_admission_needs(helm: str) -> None:

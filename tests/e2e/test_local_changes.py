@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from job_builders import merge
 from local_jobs import elasticps, job_document, wait_for, write_data, write_job
 
 from elasticps.api.parsing import parse_job
+from elasticps.ps import checkpoint
 from elasticps.api.spec import TrainingJob
 from elasticps.coordinator.client import CoordinatorClient
 from elasticps.local.fleet import observer_token
@@ -137,6 +139,12 @@ def test_suspend_stops_every_process_and_resume_finishes_the_job(tmp_path: Path)
     wait_for(lambda: run.phase == "Suspended" and not run.alive("changes-ps-0") and not run.alive("changes-worker-0"),
              60, "every process to stop")
     pids = sorted(p.read_text() for p in run.run_dir.glob("*.pid"))
+    # The worker stopped first, then the PS, which checkpointed the version it stopped at.
+    log = (run.run_dir / "changes-ps-0.log").read_text()
+    stopped_at = int(re.findall(r"PS 0 stops at version (\d+)", log)[-1])
+    newest = max(v for v in map(checkpoint.version_of, checkpoint.list_checkpoints(run.run_dir / "checkpoints" / "ps-0"))
+                 if v is not None)
+    assert newest == stopped_at, (newest, stopped_at)
     time.sleep(1.5)  # suspended stays suspended: nothing started again
     assert run.phase == "Suspended" and sorted(p.read_text() for p in run.run_dir.glob("*.pid")) == pids
     assert "TrainingJob is suspended" in run.output.getvalue()
@@ -147,7 +155,8 @@ def test_suspend_stops_every_process_and_resume_finishes_the_job(tmp_path: Path)
     assert list(result.status.epoch_records) == [RECORDS, RECORDS]  # every record trained once per epoch
     assert result.restarts == 0  # suspending spends no restart
     assert "TrainingJob is resumed" in run.output.getvalue()
-    assert "resumes at version" in (run.run_dir / "changes-ps-0.log").read_text()  # from its checkpoint
+    # From that checkpoint, not the last periodic one: nothing trained again.
+    assert f"resumes at version {stopped_at}" in (run.run_dir / "changes-ps-0.log").read_text(), stopped_at
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)], ids=["scale-up", "scale-down"])

@@ -103,13 +103,20 @@ def test_a_queued_job_asks_once_runs_what_it_was_admitted_and_gives_back_what_it
     # Evicted: every replica deleted, Suspended with the queue's reason; quota kept until they are gone.
     evicted = Admission("team", requested=True, admitted=True, holds_quota=True, evicted="Preempted to accommodate a "
                         "workload (UID: x) due to prioritization in the ClusterQueue", counts=admitted.counts)
+    # The workers first; the PS once no worker is left (the model stands still: the shards
+    # checkpoint the version they stop at).
     actions = life.step(pods(1, 2), evicted)
-    assert sorted(names(actions, DeleteReplica)) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    assert sorted(names(actions, DeleteReplica)) == ["tj-worker-0", "tj-worker-1"]
     assert of(actions, ReleaseAdmission) == []
     assert life.condition("Suspended")["reason"] == "Evicted" and "Preempted" in life.condition("Suspended")["message"]
     assert life.status["phase"] == "Suspended"
     assert "Evicted" in [e.reason for e in of(actions, Event)]
-    actions = life.step(pods(1, 2, deleted=True), evicted)  # still going: nothing new
+    going = [*pods(1, 0), *pods(0, 2, deleted=True)]
+    actions = life.step(going, evicted)  # workers still going: the PS stays
+    assert of(actions, ReleaseAdmission) == [] and names(actions, DeleteReplica) == []
+    actions = life.step(pods(1, 0), evicted)
+    assert names(actions, DeleteReplica) == ["tj-ps-0"] and of(actions, ReleaseAdmission) == []
+    actions = life.step(pods(1, 0, deleted=True), evicted)  # still going: nothing new
     assert of(actions, ReleaseAdmission) == [] and names(actions, DeleteReplica) == []
     actions = life.step([], evicted)  # gone: the quota goes back, once
     assert len(of(actions, ReleaseAdmission)) == 1

@@ -581,9 +581,14 @@ CASES = [
     Case("activeDeadlineSeconds not yet: a recheck when due", up(), spec={"runPolicy": {"activeDeadlineSeconds": 3600}},
          status={"startTime": rfc3339(NOW - 600)}, phase="Running", recheck=3000.0),
     # suspend
-    Case("suspend: pods deleted, Suspended", up(), spec={"runPolicy": {"suspend": True}}, deletes=ALL, creates=[],
+    Case("suspend: the workers deleted first, Suspended", up(), spec={"runPolicy": {"suspend": True}},
+         deletes=["tj-worker-0", "tj-worker-1"], creates=[],
          phase="Suspended", conditions={"Suspended": ("True", "TrainingJobSuspended"), "Running": ("False", "TrainingJobSuspended")},
          restarts=0, events=["Suspended"]),
+    Case("suspend: the PS once no worker is left", [pod("ps", 0), pod("worker", 0, deleted=True)],
+         spec={"runPolicy": {"suspend": True}}, prior="suspended", deletes=[], creates=[], phase="Suspended", events=[]),
+    Case("suspend: the PS deleted once the workers are gone", up(1, 0), spec={"runPolicy": {"suspend": True}},
+         prior="suspended", deletes=["tj-ps-0"], creates=[], phase="Suspended", events=[]),
     Case("suspended, pods gone: nothing to do", [], spec={"runPolicy": {"suspend": True}}, prior="suspended",
          phase="Suspended", events=[]),
     Case("resume: pods created again", [], prior="suspended", creates=ALL,
@@ -1055,6 +1060,9 @@ def test_lifecycle_suspend_and_resume() -> None:
     cluster.kubelet()
     cluster.step()
     cluster.job = make_job({"runPolicy": {"activeDeadlineSeconds": 100, "suspend": True}})
+    cluster.step()
+    cluster.kubelet()
+    assert sorted(cluster.pods) == ["tj-ps-0"] and cluster.status["phase"] == "Suspended"  # the workers first
     cluster.step()
     cluster.kubelet()
     assert cluster.pods == {} and cluster.status["phase"] == "Suspended"

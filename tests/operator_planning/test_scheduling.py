@@ -166,3 +166,20 @@ def test_group_manifest_keeps_the_policys_labels_and_adds_the_jobs() -> None:
     manifest = group_manifest(make_job(), UID, group)
     assert manifest["metadata"]["labels"] == {"a": "b", LABEL_JOB: "tj"}
     assert group.manifest["metadata"] == {"name": "g", "labels": {"a": "b"}}  # the policy's object is not changed
+
+
+# ---- coscheduling ---------------------------------------------------------------------------------------
+def test_coscheduling_makes_the_servers_and_the_fewest_workers_one_gang() -> None:
+    job = make_job({"worker": {"replicas": 6, "minReplicas": 2}, "scheduling": {"policy": "coscheduling"}})
+    [group, pod] = Renderer().render([CreateReplica("tj-worker-5", Role.WORKER, 5)], job, UID)
+    assert isinstance(group, CreateGroup) and group.plural == "podgroups"
+    assert group.manifest["apiVersion"] == "scheduling.x-k8s.io/v1alpha1" and group.manifest["kind"] == "PodGroup"
+    assert group.manifest["metadata"]["name"] == "tj" and group.manifest["spec"] == {"minMember": 2 + 2}
+    assert isinstance(pod, CreatePod)
+    assert pod.manifest["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    assert pod.manifest["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "tj"
+    # Without minReplicas every worker is in the gang; a decentralized job's coordinator counts as its server.
+    whole = make_job({"scheduling": {"policy": "coscheduling", "schedulerName": "gang"}})
+    [group, pod] = Renderer().render([CreateReplica("tj-ps-0", Role.PS, 0)], whole, UID)
+    assert isinstance(group, CreateGroup) and group.manifest["spec"] == {"minMember": 2 + 3}
+    assert isinstance(pod, CreatePod) and pod.manifest["spec"]["schedulerName"] == "gang"

@@ -52,6 +52,20 @@ def test_writes_every_n_versions(tmp_path: Path, every: int, expected: list[int]
     assert names(tmp_path) == expected
 
 
+def test_a_stopping_shard_checkpoints_the_version_it_stops_at_once(tmp_path: Path) -> None:
+    schedule = Checkpointing(tmp_path, every=10, keep=3)
+    for version in range(1, 24):
+        schedule.after_update(version, functools.partial(snap, version))
+        schedule.flush()
+    schedule.final(23, functools.partial(snap, 23))  # not due: written anyway
+    schedule.flush()
+    assert names(tmp_path) == [10, 20, 23]
+    schedule.final(23, lambda: pytest.fail("no second snapshot of one version"))  # type: ignore[arg-type, return-value]
+    schedule.final(20, lambda: pytest.fail("nor of an older one"))  # type: ignore[arg-type, return-value]
+    Checkpointing(None, every=10).final(7, lambda: pytest.fail("no directory: nothing"))  # type: ignore[arg-type, return-value]
+    Checkpointing(tmp_path / "off", every=0).final(7, lambda: pytest.fail("no steps: nothing"))  # type: ignore[arg-type, return-value]
+
+
 def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from elasticps.api.spec import SchedulingPolicy, TrainingJob
+from elasticps.operator.scheduling.coscheduling import Coscheduling
 from elasticps.operator.scheduling.none import NoPolicy
 from elasticps.operator.scheduling.policy import Policy
 
 POLICIES: Mapping[SchedulingPolicy, Policy] = MappingProxyType({
     SchedulingPolicy.NONE: NoPolicy(),
+    SchedulingPolicy.COSCHEDULING: Coscheduling(),
 })  # fmt: skip
 
 

@@ -72,6 +72,11 @@ manifests/rbac.yaml for who makes which; tests/api/test_manifests_files.py check
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [list, create]
+{{- if .Values.coscheduling.enabled }}
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [create, delete]
+{{- end }}
 {{- if .Values.kueue.enabled }}
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]

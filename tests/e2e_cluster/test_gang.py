@@ -1,0 +1,127 @@
+"""Gang scheduling against the real scheduler-plugins' Coscheduling plugin (a second kube-scheduler
+built from its Go module, added by ``hack/cluster/cluster.py coscheduler``) on a small pool of kwok
+nodes: two jobs that each need more than half of the pool, applied together.
+
+Without a gang policy the default scheduler places pods as they come: both jobs get part of their
+pods and the rest wait (counted, and for how long it stays so). With ``spec.scheduling.policy:
+coscheduling`` one job gets all its pods and the other none; when the first Succeeds, the second
+starts whole and Succeeds. PS 0's coordinator is played by a fake that says when a job finished.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cluster_kit import ROOT, Kubectl, condition, training_job, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+CLUSTER_PY = ROOT / "hack" / "cluster" / "cluster.py"
+POOL_CPUS = 4  # per node; two nodes: 8 CPUs, and each job asks for 5
+
+
+@pytest.fixture(scope="module")
+def coscheduler(kubectl: Kubectl) -> Kubectl:
+    done = subprocess.run([sys.executable, str(CLUSTER_PY), "coscheduler"], env=kubectl.env, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cluster.py coscheduler failed:\n{done.stderr[-3000:]}")
+    print(f"\n{done.stderr.strip().splitlines()[-1]}")
+    return kubectl
+
+
+@pytest.fixture
+def pool(kubectl: Kubectl, ns: str) -> Iterator[str]:
+    """Two kwok nodes of 4 CPUs each, labelled for this test only."""
+    names = [f"gang-{ns[-4:]}-{i}" for i in range(2)]
+    for name in names:
+        capacity = {"cpu": str(POOL_CPUS), "memory": "32Gi", "pods": "110"}
+        kubectl.apply("default", {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"pool": ns, "type": "kwok"},
+                         "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        })
+    wait_for(lambda: all(any(c["type"] == "Ready" and c["status"] == "True"
+                             for c in kubectl.json("get", "node", n)["status"].get("conditions", [])) for n in names),
+             60, "the pool's nodes Ready")
+    wait_for(lambda: not any(kubectl.json("get", "node", n)["spec"].get("taints") for n in names), 60, "pool untainted")
+    yield ns
+    kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+def big_job(name: str, pool: str, **spec: Any) -> dict[str, Any]:
+    """1 PS + 4 workers, one CPU each, on the pool: 5 of its 8 CPUs."""
+    template = {"spec": {"nodeSelector": {"pool": pool}}}
+    one_cpu = {"resources": {"requests": {"cpu": "1"}}, "template": template}
+    return training_job(name, workers=4, ps=one_cpu, worker=one_cpu, **spec)
+
+
+def running(kubectl: Kubectl, ns: str, job: str) -> int:
+    return sum(1 for p in kubectl.pods(ns, job) if p.get("status", {}).get("phase") == "Running")
+
+
+def finish(kubectl: Kubectl, ns: str, name: str, ps0: Any) -> None:
+    ps0.set(finished=True, model_version=50, records_done=1000, records_total=1000, epoch=1)
+    for i in range(4):
+        kubectl.set_pod_exit(ns, f"{name}-worker-{i}", 0)
+
+
+def test_without_a_gang_both_jobs_start_in_part(coscheduler: Kubectl, ns: str, pool: str, coordinator: Any) -> None:
+    kubectl = coscheduler
+    for job in ("a", "b"):
+        coordinator(ns, job).set(finished=False, model_version=1, records_done=10, records_total=1000)
+    kubectl.apply(ns, big_job("a", pool))
+    kubectl.apply(ns, big_job("b", pool))
+    wait_for(lambda: running(kubectl, ns, "a") + running(kubectl, ns, "b") == 2 * POOL_CPUS, 60, "the pool full")
+    t0 = time.monotonic()
+    time.sleep(5)  # and it stays so: nobody gives way
+    counts = {job: running(kubectl, ns, job) for job in ("a", "b")}
+    pending = {job: 5 - n for job, n in counts.items()}
+    assert sum(counts.values()) == 2 * POOL_CPUS and sum(pending.values()) == 2, counts  # still stuck: 2 pods wait
+    assert min(counts.values()) < 5, counts  # at least one job holds part of the pool and waits for the rest
+    unschedulable = {job: condition(kubectl.job(ns, job), "Unschedulable") for job in ("a", "b")}
+    print(f"\nno gang: pods running {counts}, pending {pending} after {time.monotonic() - t0:.0f} s more; "
+          f"Unschedulable: { {j: (c or {}).get('status') for j, c in unschedulable.items()} }")
+
+
+def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(
+    coscheduler: Kubectl, ns: str, pool: str, coordinator: Any
+) -> None:
+    kubectl = coscheduler
+    fakes = {job: coordinator(ns, job) for job in ("a", "b")}
+    for fake in fakes.values():
+        fake.set(finished=False, model_version=1, records_done=10, records_total=1000)
+    gang = {"scheduling": {"policy": "coscheduling"}}
+    t0 = time.monotonic()
+    kubectl.apply(ns, big_job("a", pool, **gang))
+    kubectl.apply(ns, big_job("b", pool, **gang))
+    for job in ("a", "b"):
+        group = kubectl.json("get", "podgroups.scheduling.x-k8s.io", job, "-n", ns)
+        assert group["spec"]["minMember"] == 5
+    first = wait_for(lambda: next((j for j in ("a", "b") if running(kubectl, ns, j) == 5), None), 90, "one gang whole")
+    second = "b" if first == "a" else "a"
+    t_first = time.monotonic() - t0
+    time.sleep(5)
+    assert running(kubectl, ns, second) == 0, kubectl.pods(ns, second)  # none of it, not part
+    assert running(kubectl, ns, first) == 5
+    waiting = condition(kubectl.job(ns, second), "Unschedulable")
+    print(f"\ngang: {first} whole after {t_first:.1f} s, {second} waits whole "
+          f"({(waiting or {}).get('message', '')[:120]})")
+
+    finish(kubectl, ns, first, fakes[first])
+    wait_for(lambda: kubectl.job(ns, first)["status"].get("phase") == "Succeeded", 60, f"{first} Succeeded")
+    t_done = time.monotonic() - t0
+    wait_for(lambda: running(kubectl, ns, second) == 5, 120, f"{second} whole")
+    t_second = time.monotonic() - t0
+    finish(kubectl, ns, second, fakes[second])
+    wait_for(lambda: kubectl.job(ns, second)["status"].get("phase") == "Succeeded", 60, f"{second} Succeeded")
+    group = kubectl("get", "podgroups.scheduling.x-k8s.io", first, "-n", ns, check=False)
+    assert group.returncode != 0, "the finished job's PodGroup is deleted"
+    print(f"{first} Succeeded at {t_done:.1f} s; {second} whole at {t_second:.1f} s, Succeeded at "
+          f"{time.monotonic() - t0:.1f} s")
