@@ -85,6 +85,11 @@ def rollback_message(newest: int, version: int, records_again: int) -> str:
     """What a rollback undid, for the job's status. ``records_again`` is the ledger's count of
     records done before it less after it; when PS 0 itself restarted, its ledger before the
     rollback is the one it started with, so the count says nothing and is left out."""
+    if newest == version:  # every shard checkpointed where it stopped (a job stopped as a whole)
+        return (
+            f"the PS shards restarted from their checkpoints: every shard and the task ledger resume at model "
+            f"version {version}; nothing is trained again"
+        )
     again = f"{records_again} records to train again" if records_again > 0 else "the tasks after it are trained again"
     return (
         f"a PS shard restarted from its checkpoint: every shard and the task ledger went back from "

@@ -83,6 +83,13 @@ def test_the_rollback_message_counts_the_records_undone() -> None:
     )
 
 
+def test_the_rollback_message_of_a_job_that_stopped_where_it_checkpointed_says_nothing_is_lost() -> None:
+    assert rollback_message(172, 172, 0) == (
+        "the PS shards restarted from their checkpoints: every shard and the task ledger resume at model "
+        "version 172; nothing is trained again"
+    )
+
+
 def test_the_rollback_message_leaves_out_a_count_from_a_restarted_ledger() -> None:
     # PS 0 restarted: its ledger before the rollback is the one it booted with, behind the checkpoint's.
     for records_again in (0, -4096):
