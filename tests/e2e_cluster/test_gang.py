@@ -10,6 +10,7 @@ starts whole and Succeeds. PS 0's coordinator is played by a fake that says when
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -101,8 +102,12 @@ def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(
     t0 = time.monotonic()
     kubectl.apply(ns, big_job("a", pool, **gang))
     kubectl.apply(ns, big_job("b", pool, **gang))
+    def pod_group(job: str) -> dict[str, Any] | None:
+        found = kubectl("get", "podgroups.scheduling.x-k8s.io", job, "-n", ns, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
     for job in ("a", "b"):
-        group = kubectl.json("get", "podgroups.scheduling.x-k8s.io", job, "-n", ns)
+        group = wait_for(lambda j=job: pod_group(j), 30, f"{job}'s PodGroup")  # type: ignore[misc]
         assert group["spec"]["minMember"] == 5
     first = wait_for(lambda: next((j for j in ("a", "b") if running(kubectl, ns, j) == 5), None), 90, "one gang whole")
     second = "b" if first == "a" else "a"
