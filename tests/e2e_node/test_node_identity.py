@@ -133,7 +133,10 @@ def test_the_key_rotates_under_a_training_job_and_the_old_key_is_refused_after(
     kubectl: Kubectl, ns: str, data: Path, quick_rotation: None
 ) -> None:
     name = "rotating"
-    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=70))  # ~3.5 minutes: it outlasts the rotation
+    # 150 epochs: about 4 minutes on a quiet machine, more beside other work. It must outlast the
+    # rotation's three steps and the grace after them (about 2.5 minutes): at 70 epochs a quiet run
+    # once ended before the test read the PS's log.
+    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=150))
     wait_for(lambda: int(kubectl.job(ns, name).get("status", {}).get("modelVersion") or 0) >= 20, 600,
              f"{name} to train 20 versions", interval=2)  # fmt: skip
     phase, old = secret_state(kubectl, ns, name)
