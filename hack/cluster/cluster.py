@@ -655,7 +655,7 @@ def start_kueue(state: dict, api: Api, pki: Path, logs: Path, procs: dict[str, s
     version = versions("KUEUE_VERSION")["KUEUE_VERSION"]
     exe = {"kueue": binary("kueue")}
     kubectl, kc = binary("kubectl"), state["kubeconfig"]
-    module = kueue.module_dir(version)
+    module = kueue.module_dir("sigs.k8s.io/kueue", version)
     ports = state["ports"]
     for name in ("kueue-webhook", "kueue-health"):
         ports[name] = free_port()
@@ -694,7 +694,7 @@ def start_coscheduler(state: dict, pki: Path, logs: Path, procs: dict[str, subpr
     version = versions("SCHED_PLUGINS_VERSION")["SCHED_PLUGINS_VERSION"]
     exe = {"coscheduler": binary("coscheduler"), "coscheduler-controller": binary("coscheduler-controller")}
     kubectl, kc = binary("kubectl"), state["kubeconfig"]
-    module = kueue.plugins_dir(version)
+    module = kueue.module_dir("sigs.k8s.io/scheduler-plugins", version)
     crds = kueue.as_json(kubectl, kc, module / "manifests" / "coscheduling" / "crd.yaml")
     apply(kubectl, kc, crds)
     ports = state["ports"]

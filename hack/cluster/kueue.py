@@ -40,12 +40,13 @@ EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.elasticps.io"
 CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
 
 
-def module_dir(version: str) -> Path:
-    """The module's directory in the Go module cache (downloaded once; build.sh already did)."""
-    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@{version}"],
+def module_dir(module: str, version: str) -> Path:
+    """A Go module's directory in the module cache (downloaded once; build.sh already did): Kueue's
+    ``config/components``, the scheduler-plugins' ``manifests/coscheduling``."""
+    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"],
                          capture_output=True, text=True, env=_go_env(), cwd="/")
     if out.returncode != 0:
-        raise RuntimeError(f"go mod download sigs.k8s.io/kueue@{version}: {out.stderr.strip()[-1000:]}")
+        raise RuntimeError(f"go mod download {module}@{version}: {out.stderr.strip()[-1000:]}")
     return Path(json.loads(out.stdout)["Dir"])
 
 
@@ -169,12 +170,3 @@ def coscheduler_configuration(kubeconfig: str) -> dict[str, Any]:
             "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 10}}],
         }],
     }
-
-
-def plugins_dir(version: str) -> Path:
-    """The scheduler-plugins module's directory (its PodGroup CRD: manifests/coscheduling/crd.yaml)."""
-    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/scheduler-plugins@{version}"],
-                         capture_output=True, text=True, env=_go_env(), cwd="/")
-    if out.returncode != 0:
-        raise RuntimeError(f"go mod download sigs.k8s.io/scheduler-plugins@{version}: {out.stderr.strip()[-1000:]}")
-    return Path(json.loads(out.stdout)["Dir"])
