@@ -116,10 +116,12 @@ bench-large: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m bench.soak
 
-# The operator at 2 PS + 32..1,024 workers on a kwok cluster tuned for it (12 nodes x 110 pods; the
-# scheduler, controller-manager and kwok with raised client rates), at a given QPS and at its default:
-# time to status, last create, all Running, requests per pod, peak QPS, deletion (docs/operator-scale.md).
-# Not part of `make bench`: it brings up its own control plane (about 10 minutes on 2 cores).
+# The operator at 2 PS + 256 and 1,024 workers on a kwok cluster tuned for it (12 nodes x 110 pods; the
+# scheduler, controller-manager and kwok with raised client rates), at a given QPS and at its default,
+# alone and behind Kueue: time to status, last create, all Running, requests per pod, peak QPS,
+# deletion, and each as a ratio of a bare `kubectl create` of the same pods in the same sitting
+# (docs/operator-scale.md). Not part of `make bench`: it brings up its own control plane (about 25
+# minutes on 2 cores).
 SCALE_ARGS ?=
 scale: $(STAMP) cluster-binaries
 	$(PY) -m bench.operator_scale $(SCALE_ARGS)

@@ -17,7 +17,16 @@ For each N in ``--workers``, in a fresh namespace, with watches on the job and i
   ``peak_qps``: its busiest wall-clock second in that window;
 * ``delete_s``: ``kubectl delete trainingjob`` -> every pod gone, and the requests that took.
 
-t0 is taken just before ``kubectl apply`` starts (as a user would time it). Writes
+The floor, in the same sitting and interleaved with those runs: the pods the operator made for its first
+job of each size, created again by ``kubectl create`` alone (``--floor_processes`` kubectl processes
+together, each a share) in a fresh namespace, so the API server, etcd, the scheduler and kwok do the
+same work without the operator. Through Kueue (on unless ``--no_kueue``; the cluster comes up with it,
+the operator runs with ``--kueue``): the same job labelled for a LocalQueue whose ClusterQueue has quota
+for it, so its Workload is admitted before any pod is made. Each mode's time to its last pod created
+and to every pod Running is reported over the floor's (median over median; the goal at most 1.2x).
+
+t0 is taken just before ``kubectl apply`` (or the floor's first ``kubectl create``) starts, as a user
+would time it. Writes
 ``bench/results/operator_scale.json`` (after every run), ``docs/operator-scale.md`` and
 ``docs/img/operator-scale.png``.
 """
@@ -70,7 +79,7 @@ def cluster_up(state_dir: Path, args: argparse.Namespace) -> dict[str, str]:
     command = [
         sys.executable, str(CLUSTER_PY), "up", "--cpu-nodes", str(args.nodes), "--pods-per-node", str(args.pods_per_node),
         "--kube-api-qps", str(args.component_qps), "--kube-api-burst", str(args.component_burst),
-        "--kwok-parallelism", str(args.kwok_parallelism),
+        "--kwok-parallelism", str(args.kwok_parallelism), *(["--kueue"] if args.kueue else []),
     ]  # fmt: skip
     up = subprocess.run(command, env=env, capture_output=True, text=True)
     if up.returncode != 0:
@@ -102,6 +111,7 @@ class Seen:
     """What the watches saw, with the wall-clock time each thing was first seen."""
 
     status_at: float | None = None
+    created: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     running: dict[str, float] = field(default_factory=dict)
     exist: set[str] = field(default_factory=set)
@@ -185,6 +195,7 @@ def watch_pods(env: dict[str, str], ns: str, seen: Seen, stop: threading.Event) 
                 seen.gone_at[name] = now
                 return
             seen.exist.add(name)
+            seen.created.setdefault(name, now)
             if obj.get("spec", {}).get("nodeName"):
                 seen.bound.setdefault(name, now)
             if obj.get("status", {}).get("phase") == "Running":
@@ -195,13 +206,13 @@ def watch_pods(env: dict[str, str], ns: str, seen: Seen, stop: threading.Event) 
 
 # ---- the operator -------------------------------------------------------------------------------------
 class Operator:
-    def __init__(self, env: dict[str, str], workdir: Path, qps: float, burst: int, concurrency: int) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, qps: float, burst: int, concurrency: int, kueue: bool) -> None:
         self.stats_path = workdir / f"requests-{qps:g}.json"
         self.log_path = workdir / f"operator-{qps:g}.log"
         command = [
             sys.executable, "-m", "elasticps", "--log_level", "INFO", "operator", "--stats_file", str(self.stats_path),
             "--kube_api_qps", str(qps), "--kube_api_burst", str(burst), "--kube_api_concurrency", str(concurrency),
-            "--coordinator_timeout", "0.2",
+            "--coordinator_timeout", "0.2", *(["--kueue"] if kueue else []),
         ]  # fmt: skip
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -234,49 +245,121 @@ class Operator:
 
 
 # ---- one run ------------------------------------------------------------------------------------------
-def job_manifest(workers: int) -> str:
+REQUESTS = {"cpu": "10m", "memory": "16Mi"}  # every pod: what Kueue's quota counts (the same in every mode)
+QUEUE = "scale"  # the LocalQueue a queued run's job names (kueue.x-k8s.io/queue-name)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def job_manifest(workers: int, queued: bool = False) -> str:
+    role = {"resources": {"requests": REQUESTS}}
+    metadata: dict[str, Any] = {"name": JOB}
+    if queued:
+        metadata["labels"] = {QUEUE_LABEL: QUEUE}
     return yaml.safe_dump({
-        "apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": JOB},
+        "apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": metadata,
         "spec": {"model": {"modelDef": "elasticps.backends.keras.zoo.mlp"}, "data": {"training": "/data/train"},
-                 "ps": {"replicas": 2}, "worker": {"replicas": workers}},
+                 "ps": {"replicas": 2, **role}, "worker": {"replicas": workers, **role}},
     })  # fmt: skip
+
+
+def queue_objects() -> list[dict[str, Any]]:
+    """One ResourceFlavor and one ClusterQueue with quota for every job of the run (they run one at a time)."""
+    return [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": QUEUE}, "spec": {}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": QUEUE},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{
+             "coveredResources": ["cpu", "memory"],
+             "flavors": [{"name": QUEUE, "resources": [
+                 {"name": "cpu", "nominalQuota": "1000"}, {"name": "memory", "nominalQuota": "10000Gi"}]}],
+         }]}},
+    ]  # fmt: skip
+
+
+def local_queue(ns: str) -> dict[str, Any]:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns},
+            "spec": {"clusterQueue": QUEUE}}  # fmt: skip
 
 
 def peak(per_second: dict[str, int], start: float, end: float) -> int:
     return max((n for s, n in per_second.items() if start - 1 < int(s) <= end), default=0)
 
 
-def run_one(env: dict[str, str], operator: Operator, workers: int, timeout: float) -> dict[str, Any]:
-    ns = f"scale-{workers}-{uuid.uuid4().hex[:4]}"
+def namespace(env: dict[str, str], prefix: str, workers: int) -> str:
+    ns = f"{prefix}-{workers}-{uuid.uuid4().hex[:4]}"
     kubectl(env, "create", "namespace", ns)
     wait(lambda: subprocess.run(["kubectl", "get", "sa", "default", "-n", ns], env=env, capture_output=True).returncode == 0,
          30, "the default ServiceAccount")  # fmt: skip
-    pods = workers + 2
+    return ns
+
+
+def observe(env: dict[str, str], ns: str) -> tuple[Seen, threading.Event]:
     seen, stop = Seen(), threading.Event()
     watch_job(env, ns, seen, stop)
     watch_pods(env, ns, seen, stop)
     time.sleep(0.5)  # the watches are open
+    return seen, stop
+
+
+def until_running(seen: Seen, pods: int, timeout: float) -> None:
+    wait(lambda: len(seen.running) >= pods, timeout,
+         lambda: f"{pods} pods Running (seen: {len(seen.exist)}, {len(seen.bound)} bound, {len(seen.running)} Running)")
+
+
+def timings(seen: Seen, t0: float) -> dict[str, float]:
+    """What every mode is measured by, from the same watch: the last pod to exist (its ADDED event),
+    the last bound, the last Running."""
+    return {
+        "created_s": round(max(seen.created.values()) - t0, 3),
+        "last_bound_s": round(max(seen.bound.values()) - t0, 3),
+        "running_s": round(max(seen.running.values()) - t0, 3),
+    }
+
+
+ADMITTED_BY = ("kube-api-access-",)  # volumes the ServiceAccount admission adds to every pod
+
+
+def bare(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod the operator created as a user would write it: no owner, status, node or server fields,
+    and no service-account token volume (admission adds it again, as it did for the operator's)."""
+    meta = pod["metadata"]
+    spec = {k: v for k, v in pod["spec"].items() if k not in ("nodeName",)}
+    spec["volumes"] = [v for v in spec.get("volumes", []) if not v["name"].startswith(ADMITTED_BY)]
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if not m["name"].startswith(ADMITTED_BY)]
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}}  # fmt: skip
+
+
+def run_one(env: dict[str, str], operator: Operator, workers: int, timeout: float,
+            queued: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One job through the operator (and through Kueue first, ``queued``): the figures, and its pods
+    as bare manifests (the floor's pods)."""
+    ns = namespace(env, "kueue" if queued else "scale", workers)
+    if queued:
+        kubectl(env, "apply", "-f", "-", stdin=json.dumps(local_queue(ns)))
+    pods = workers + 2
+    seen, stop = observe(env, ns)
     try:
         key = f"{ns}/{JOB}"
         load = os.getloadavg()[0]  # the machine is shared: how busy it was, beside the figures
         t0 = time.time()
-        kubectl(env, "apply", "-n", ns, "-f", "-", stdin=job_manifest(workers))
-        wait(lambda: len(seen.running) >= pods, timeout,
-             lambda: f"{pods} pods Running (seen: {len(seen.exist)}, {len(seen.bound)} bound, {len(seen.running)} Running)")
+        kubectl(env, "apply", "-n", ns, "-f", "-", stdin=job_manifest(workers, queued))
+        until_running(seen, pods, timeout)
         t_running = max(seen.running.values())
         wait(lambda: seen.status_at is not None, 30, "the job's status")
         stats = operator.settled(key)
         job = stats["jobs"][key]
         last_create = job["last_at"]["elasticps create pods"]
+        listed = json.loads(kubectl(env, "get", "pods", "-n", ns, "-l", f"{LABEL_JOB}={JOB}", "-o", "json"))["items"]
         # Requests until every pod ran (the settled count also holds the passes that saw them run).
         result: dict[str, Any] = {
+            "mode": "kueue" if queued else "operator",
             "workers": workers,
             "pods": pods,
             "load_1min": round(load, 2),
             "status_s": round(seen.status_at - t0, 3),  # type: ignore[operator]
             "last_create_s": round(last_create - t0, 3),
-            "last_bound_s": round(max(seen.bound.values()) - t0, 3),
-            "running_s": round(t_running - t0, 3),
+            **timings(seen, t0),
             "requests": job["total"],
             "requests_per_pod": round(job["total"] / pods, 3),
             "requests_by_kind": job["requests"],
@@ -291,6 +374,39 @@ def run_one(env: dict[str, str], operator: Operator, workers: int, timeout: floa
         result["delete_requests"] = {
             k: v - job["requests"].get(k, 0) for k, v in after["requests"].items() if v != job["requests"].get(k, 0)
         }
+    finally:
+        stop.set()
+        kubectl(env, "delete", "namespace", ns, "--wait=false")
+    return result, [bare(p) for p in listed]
+
+
+def floor_one(env: dict[str, str], manifests: list[dict[str, Any]], processes: int, timeout: float) -> dict[str, Any]:
+    """The floor: the same pods created by ``kubectl create`` alone, in ``processes`` kubectl processes
+    started together (each a share of the pods), so the API server, etcd, the scheduler and kwok do the
+    operator's work without it."""
+    workers = len(manifests) - 2
+    ns = namespace(env, "floor", workers)
+    seen, stop = observe(env, ns)
+    shares = [manifests[i::processes] for i in range(processes) if manifests[i::processes]]
+    try:
+        load = os.getloadavg()[0]
+        t0 = time.time()
+        running = [subprocess.Popen(["kubectl", "create", "-n", ns, "-f", "-", "-o", "name"], env=env, text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                   for _ in shares]  # fmt: skip
+        for process, share in zip(running, shares):
+            assert process.stdin is not None
+            process.stdin.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": share}))
+            process.stdin.close()
+        for process in running:
+            if process.wait(timeout=timeout) != 0:
+                raise RuntimeError(f"kubectl create: {process.stderr.read() if process.stderr else ''}")
+        t_returned = time.time()
+        until_running(seen, len(manifests), timeout)
+        result = {"mode": "floor", "workers": workers, "pods": len(manifests), "load_1min": round(load, 2),
+                  "processes": len(shares), "returned_s": round(t_returned - t0, 3), **timings(seen, t0)}  # fmt: skip
+        kubectl(env, "delete", "pods", "--all", "-n", ns, "--wait=false")
+        wait(lambda: not seen.exist and len(seen.gone_at) >= len(manifests), timeout, "every pod gone")
     finally:
         stop.set()
         kubectl(env, "delete", "namespace", ns, "--wait=false")
@@ -320,19 +436,22 @@ def write_doc(doc: dict[str, Any]) -> None:
         "machine: on a 2-CPU machine the API server's own work per pod (create, bind, status) is the larger "
         "part, and the figures move with the load.",
         "",
-        "| operator QPS / burst | workers | load | status | last create | bound | Running | requests (per pod) | peak QPS | delete | delete requests |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| operator QPS / burst | through | workers | load | status | last create | bound | Running | requests (per pod) | peak QPS | delete | delete requests |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for setting in doc["settings"]:
         for r in setting["runs"]:
             deletes = ", ".join(f"{k.split(' ', 1)[1]}: {v}" for k, v in sorted(r["delete_requests"].items()))
             lines.append(
-                f"| {setting['qps']:g} / {setting['burst']} | {r['workers']} | {r.get('load_1min', '-')} | {r['status_s']:.2f} s | "
+                f"| {setting['qps']:g} / {setting['burst']} | {MODES[r.get('mode', 'operator')]} | {r['workers']} | "
+                f"{r.get('load_1min', '-')} | {r['status_s']:.2f} s | "
                 f"{r['last_create_s']:.2f} s | {r['last_bound_s']:.2f} s | {r['running_s']:.2f} s | "
                 f"{r['requests']} ({r['requests_per_pod']:.2f}) | {r['peak_qps']} | {r['delete_s']:.2f} s | {deletes} |"
             )
-    lines += ["", "Against the targets (the first QPS setting, as given; then the default):", ""]
+    lines += ["", "Against the targets (the operator alone; the first QPS setting, as given; then the default):", ""]
     lines += [f"- {line}" for line in verdicts(doc)]
+    if doc.get("floor"):
+        lines += floor_section(doc)
     lines += [
         "",
         "How: creates go out concurrently (`--kube_api_concurrency`, default "
@@ -370,7 +489,8 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
     for setting in doc["settings"]:
         runs: dict[int, list[dict[str, Any]]] = {}
         for r in setting["runs"]:
-            runs.setdefault(r["workers"], []).append(r)
+            if r.get("mode", "operator") == "operator":
+                runs.setdefault(r["workers"], []).append(r)
         checks = [(w, f, limit) for w, f, limit in TARGETS if w in runs]
         checks += [(w, "status_s", 1.0) for w in sorted(runs)]
         parts = []
@@ -385,37 +505,135 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+MODES = {"operator": "operator", "kueue": "Kueue, then operator", "floor": "kubectl create"}
+GOAL = 1.2  # the operator's time as a multiple of the bare-create floor's, at most
+
+
+def ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each setting's and mode's median time to the last pod created and to every pod Running, over the
+    median floor at the same size (the floor runs interleave with the others, in the same sitting)."""
+    floor: dict[int, list[dict[str, Any]]] = {}
+    for r in doc.get("floor", []):
+        floor.setdefault(r["workers"], []).append(r)
+    out = []
+    for setting in doc["settings"]:
+        for mode in ("operator", "kueue"):
+            for workers in sorted(floor):
+                runs = [r for r in setting["runs"] if r.get("mode", "operator") == mode and r["workers"] == workers]
+                if not runs:
+                    continue
+                row: dict[str, Any] = {"qps": setting["qps"], "burst": setting["burst"], "mode": mode, "workers": workers,
+                                       "runs": len(runs), "floor_runs": len(floor[workers])}  # fmt: skip
+                for figure in ("created_s", "running_s"):
+                    value = statistics.median(r[figure] for r in runs)
+                    base = statistics.median(r[figure] for r in floor[workers])
+                    row[figure] = value
+                    row[f"floor_{figure}"] = base
+                    row[f"{figure.removesuffix('_s')}_ratio"] = round(value / base, 3)
+                out.append(row)
+    return out
+
+
+def floor_section(doc: dict[str, Any]) -> list[str]:
+    processes = doc["floor"][0]["processes"]
+    lines = [
+        "",
+        "## Against the floor: the same pods by `kubectl create` alone",
+        "",
+        f"In the same sitting, interleaved with the runs above, the pods the operator made for its first job of "
+        f"each size are created again by `kubectl create` alone ({processes} kubectl processes started together, "
+        "each a share of the pods, in a fresh namespace): the API server, etcd, the scheduler and kwok doing the "
+        "same work without the operator. Every mode is timed by the same pod watch, from just before its first "
+        "command (`kubectl apply` of the job, or the `kubectl create`s): **created**, the last pod's ADDED "
+        "event; **Running**, the last pod Running. "
+        + ("Through Kueue, the job waits for its Workload's admission first (one ClusterQueue with quota for it, "
+           "the operator started with `--kueue`). " if doc.get("kueue") else "")
+        + f"The goal: at most {GOAL:g}x the floor.",
+        "",
+        "| workers | load | kubectl returned | created | bound | Running |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["floor"]:
+        lines.append(f"| {r['workers']} | {r['load_1min']} | {r['returned_s']:.2f} s | {r['created_s']:.2f} s | "
+                     f"{r['last_bound_s']:.2f} s | {r['running_s']:.2f} s |")
+    lines += [
+        "",
+        "| operator QPS / burst | through | workers | runs | created (floor) | ratio | Running (floor) | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in ratios(doc):
+        marks = {k: "" if row[k] <= GOAL else " (over)" for k in ("created_ratio", "running_ratio")}
+        lines.append(
+            f"| {row['qps']:g} / {row['burst']} | {MODES[row['mode']]} | {row['workers']} | {row['runs']} | "
+            f"{row['created_s']:.2f} s ({row['floor_created_s']:.2f} s) | {row['created_ratio']:.2f}x{marks['created_ratio']} | "
+            f"{row['running_s']:.2f} s ({row['floor_running_s']:.2f} s) | {row['running_ratio']:.2f}x{marks['running_ratio']} |"
+        )
+    return lines
+
+
 def plot(doc: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    rows = ratios(doc)
+    fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(13 if rows else 7.5, 4.2), squeeze=False)
+    ax = axes[0][0]
     for setting, marker in zip(doc["settings"], "os^"):
-        runs = setting["runs"]
+        runs = [r for r in setting["runs"] if r.get("mode", "operator") == "operator"]
         label = f"QPS {setting['qps']:g}/{setting['burst']}"
         xs = sorted({r["workers"] for r in runs})
 
-        def median(figure: str, runs: list[dict[str, Any]] = runs) -> list[float]:
+        def median(figure: str, runs: list[dict[str, Any]] = runs, xs: list[int] = xs) -> list[float]:
             return [statistics.median(r[figure] for r in runs if r["workers"] == w) for w in xs]
 
         ax.plot(xs, median("running_s"), marker=marker, label=f"{label}: all Running")
         ax.plot(xs, median("last_create_s"), marker=marker, linestyle="--", label=f"{label}: last create")
+    if doc.get("floor"):
+        xs = sorted({r["workers"] for r in doc["floor"]})
+        ax.plot(xs, [statistics.median(r["running_s"] for r in doc["floor"] if r["workers"] == w) for w in xs],
+                marker="x", color="black", label="kubectl create alone: all Running")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers (+ 2 PS)")
     ax.set_ylabel("seconds after kubectl apply")
     ax.set_title("elasticps operator on a kwok cluster")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    if rows:
+        ax = axes[0][1]
+        sizes = sorted({r["workers"] for r in rows})
+        groups = sorted({(r["qps"], r["mode"]) for r in rows}, key=lambda g: (-g[0], g[1] != "operator"))
+        width = 0.8 / len(groups)
+        for i, (qps, mode) in enumerate(groups):
+            values = [next((r["running_ratio"] for r in rows if (r["qps"], r["mode"], r["workers"]) == (qps, mode, n)), 0.0)
+                      for n in sizes]  # fmt: skip
+            ax.bar([x + i * width for x in range(len(sizes))], values, width, label=f"QPS {qps:g}, {MODES[mode]}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(GOAL, color="red", linestyle="--", linewidth=0.8, label=f"goal {GOAL:g}x")
+        ax.set_xticks([x + width * (len(groups) - 1) / 2 for x in range(len(sizes))], [f"{n} workers" for n in sizes])
+        ax.set_ylabel("all Running, x the kubectl-create floor")
+        ax.set_title("against the floor, same sitting")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     IMAGE.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(IMAGE, dpi=110)
 
 
+def record(runs: list[dict[str, Any]], result: dict[str, Any], what: str) -> None:
+    runs.append(result)
+    figures = [f"{key.removesuffix('_s').replace('_', ' ')} {result[key]:.2f} s"
+               for key in ("status_s", "last_create_s", "created_s", "running_s", "delete_s") if key in result]
+    if "requests" in result:
+        figures.append(f"{result['requests']} requests ({result['requests_per_pod']:.2f}/pod), peak {result['peak_qps']} QPS")
+    log(f"{what}: {result['workers']} workers: " + ", ".join(figures))
+    time.sleep(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", default="32,64,128,256,1024", help="comma-separated worker counts")
+    parser.add_argument("--workers", default="256,1024", help="comma-separated worker counts")
     parser.add_argument("--qps", type=float, default=400.0, help="the operator's QPS for the first pass of runs")
     parser.add_argument("--burst", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -425,8 +643,12 @@ def main() -> None:
     parser.add_argument("--component_qps", type=float, default=1000.0)
     parser.add_argument("--component_burst", type=int, default=2000)
     parser.add_argument("--kwok_parallelism", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each worker count (the targets use the median)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each worker count (the targets use the median)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--floor_processes", type=int, default=8,
+                        help="kubectl processes that create the floor's pods together")
+    parser.add_argument("--no_kueue", dest="kueue", action="store_false",
+                        help="no Kueue in the cluster and no run through it")
     parser.add_argument("--no_docs", action="store_true", help="write the JSON only")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="use this running cluster (tuned as above) instead of starting one")
@@ -452,6 +674,8 @@ def main() -> None:
         "cluster": {"nodes": args.nodes, "pods_per_node": args.pods_per_node, "component_qps": args.component_qps,
                     "component_burst": args.component_burst},  # fmt: skip
         "settings": [],
+        "floor": [],
+        "kueue": args.kueue,
     }
     log(f"cluster: {args.nodes} kwok nodes x {args.pods_per_node} pods, components at {args.component_qps:g} QPS")
     if args.kubeconfig:
@@ -464,21 +688,25 @@ def main() -> None:
         established = '{.status.conditions[?(@.type=="Established")].status}'
         wait(lambda: subprocess.run(["kubectl", "get", "crd/trainingjobs.elasticps.io", "-o", f"jsonpath={established}"],
                                     env=env, capture_output=True, text=True).stdout == "True", 60, "the CRD")  # fmt: skip
+        if args.kueue:
+            kubectl(env, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": queue_objects()}))
+        floors: dict[int, list[dict[str, Any]]] = {}  # the floor's pods: the operator's first job's at that size
         for qps, burst, concurrency in settings:
-            operator = Operator(env, workdir, qps, burst, concurrency)
+            operator = Operator(env, workdir, qps, burst, concurrency, args.kueue)
             setting: dict[str, Any] = {"qps": qps, "burst": burst, "concurrency": concurrency, "runs": []}
             doc["settings"].append(setting)
             try:
                 time.sleep(3)  # kopf has listed and opened its watches
                 for workers in [w for w in counts for _ in range(args.repeats)]:
-                    result = run_one(env, operator, workers, args.timeout)
-                    setting["runs"].append(result)
-                    log(f"QPS {qps:g}: {workers} workers: status {result['status_s']:.2f} s, last create "
-                        f"{result['last_create_s']:.2f} s, Running {result['running_s']:.2f} s, {result['requests']} "
-                        f"requests ({result['requests_per_pod']:.2f}/pod), peak {result['peak_qps']} QPS, "
-                        f"delete {result['delete_s']:.2f} s")  # fmt: skip
+                    # Interleaved, so the machine's drift falls on every mode alike.
+                    result, pods = run_one(env, operator, workers, args.timeout)
+                    record(setting["runs"], result, f"QPS {qps:g}")
+                    floors.setdefault(workers, pods)
+                    record(doc["floor"], floor_one(env, floors[workers], args.floor_processes, args.timeout), "floor")
+                    if args.kueue:
+                        record(setting["runs"], run_one(env, operator, workers, args.timeout, queued=True)[0],
+                               f"QPS {qps:g} through Kueue")
                     RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
-                    time.sleep(2)
             finally:
                 operator.stop()
         ok = True

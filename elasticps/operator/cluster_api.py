@@ -186,6 +186,17 @@ class ClusterApi:
         self._ok(status, body)
         return True
 
+    def patch_spec(self, namespace: str, plural: str, manifest: dict[str, Any]) -> bool:
+        """Merges ``manifest``'s spec into the existing object of that name (a PodGroup's minMember as
+        the job's size changed); False when it is gone."""
+        api_version = str(manifest.get("apiVersion") or "v1")
+        path = f"{_collection(namespace, plural, api_version)}/{manifest['metadata']['name']}"
+        status, body = self._call("PATCH", path, body={"spec": manifest.get("spec", {})}, content_type=MERGE_PATCH)
+        if status == 404:
+            return False
+        self._ok(status, body)
+        return True
+
     def dry_run_pod(self, namespace: str, manifest: dict[str, Any]) -> str | None:
         """The API server's refusal of ``manifest`` as a pod, strictly decoded (an unknown field is an
         error, not dropped) and admitted without being stored (``dryRun=All``); None when it would

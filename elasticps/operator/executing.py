@@ -151,6 +151,8 @@ def execute(
                 with done.lock:
                     done.kinds.setdefault(kind, (what, title))
                     done.created.setdefault(kind, []).append(name)
+            elif isinstance(action, CreateGroup) and action.in_step:
+                api.patch_spec(job.namespace, kind, action.manifest)
         except ApiError as err:
             if err.namespace_terminating:
                 # The namespace and the job in it are going: nothing more to create, nothing to retry.

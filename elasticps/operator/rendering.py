@@ -16,7 +16,9 @@ otherwise).
 The scheduling policy of the job (``spec.scheduling.policy``, looked up in ``Renderer.policies``)
 is the renderer's, not the planner's: every pod gets its decoration; a pass that creates replicas
 first creates the policy's group objects (``CreateGroup``: they must exist before a gang scheduler
-sees the pods; 409 on a later pass costs one request); a pass whose status patch ends the job
+sees the pods), and so does a pass that scales the job down; such a group create is ``in_step``: on
+409 (an earlier pass made it) its spec is patched to the job's, so a gang follows the job's size
+(two requests a pass that changes it); a pass whose status patch ends the job
 (Succeeded or Failed) deletes them (``DeleteGroup``: a finished job holds no place in the
 scheduler's queue). Deleting the job deletes them too, by their ownerReference. Policy ``none``
 has no group objects and decorates nothing: its passes render exactly as without a policy.
@@ -95,6 +97,7 @@ class CreateGroup:
 
     plural: str  # its resource in the API, e.g. podgroups (the group and version are the manifest's)
     manifest: dict[str, Any]
+    in_step: bool = False  # already there (409): its spec is patched to this one's (a policy's group)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ class Renderer:
         """
         rendered = [r for r in (self._render(action, job, uid, queueing) for action in actions) if r is not None]
         groups = policy_for(job, self.policies).groups(job)
-        return _with_groups(rendered, groups, job, uid) if groups else rendered
+        scaled = any(isinstance(a, DeleteReplica) and a.scaled for a in actions)
+        return _with_groups(rendered, groups, job, uid, scaled) if groups else rendered
 
     def pod(self, job: TrainingJob, uid: str, role: Role, index: int) -> dict[str, Any]:
         """Replica ``index`` of ``role`` as its pod (TemplateError: see :meth:`problem`)."""
@@ -222,15 +226,17 @@ class Renderer:
 
 
 def _with_groups(
-    rendered: list[ClusterAction], groups: tuple[GroupObject, ...], job: TrainingJob, uid: str
+    rendered: list[ClusterAction], groups: tuple[GroupObject, ...], job: TrainingJob, uid: str, scaled: bool
 ) -> list[ClusterAction]:
-    """``rendered`` with the policy's group objects created right before its first pod, and
-    deleted right after a status patch that ends the job (see the module doc)."""
+    """``rendered`` with the policy's group objects created (or brought in step) right before its
+    first pod, or first of all in a pass that only scales down, and deleted right after a status
+    patch that ends the job (see the module doc)."""
     out = list(rendered)
-    first_pod = next((i for i, r in enumerate(out) if isinstance(r, CreatePod)), None)
-    if first_pod is not None:
-        out[first_pod:first_pod] = [CreateGroup(g.plural, group_manifest(job, uid, g)) for g in groups]
     ends = next((i for i, r in enumerate(out) if isinstance(r, SetStatus) and r.status.get("phase") in FINISHED), None)
     if ends is not None:
         out[ends + 1 : ends + 1] = [DeleteGroup(g.api_version, g.plural, g.kind, g.name) for g in groups]
+        return out
+    first_pod = next((i for i, r in enumerate(out) if isinstance(r, CreatePod)), 0 if scaled else None)
+    if first_pod is not None:
+        out[first_pod:first_pod] = [CreateGroup(g.plural, group_manifest(job, uid, g), in_step=True) for g in groups]
     return out

@@ -29,10 +29,12 @@ class CreateReplica:
 
 @dataclass(frozen=True)
 class DeleteReplica:
-    """Stop replica ``name``; ``reason`` is for people (Events, logs)."""
+    """Stop replica ``name``; ``reason`` is for people (Events, logs). ``scaled``: the job's size
+    changed (a scale-down), not one replica's fate: what depends on the size (a gang) follows it."""
 
     name: str
     reason: str
+    scaled: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ def scale_down(d: Draft) -> None:
     for pod in sorted(excess, key=lambda p: (p.role is Role.PS, -p.index)):
         d.status.replacing.pop(pod.name, None)
         if not pod.deleted:
-            d.deletes.append(DeleteReplica(pod.name, f"scaled down to {d.desired(pod.role)} {pod.role.value} replicas"))
+            reason = f"scaled down to {d.desired(pod.role)} {pod.role.value} replicas"
+            d.deletes.append(DeleteReplica(pod.name, reason, scaled=True))
     names = [p.name for p in excess if not p.deleted and p.role is Role.WORKER]
     if names:
         d.events.append(

@@ -249,7 +249,21 @@ class Api:
             return status, raw
 
 
-def wait_for(what: str, check, timeout: float, proc: subprocess.Popen | None = None, logfile: Path | None = None) -> float:
+def unestablished(api: Api, plurals: tuple[str, ...], group: str) -> dict[str, object]:
+    """The CRDs of ``plurals`` in ``group`` that are not Established yet, with their conditions (or
+    the API's answer when reading one failed)."""
+    out: dict[str, object] = {}
+    for plural in plurals:
+        code, body = api.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}")
+        conditions = ((body.get("status") or {}).get("conditions") or []) if code == 200 and isinstance(body, dict) else []
+        if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            out[plural] = [(c.get("type"), c.get("status"), c.get("message")) for c in conditions] if code == 200 \
+                else f"{code} {str(body)[:300]}"
+    return out
+
+
+def wait_for(what: str, check, timeout: float, proc: subprocess.Popen | None = None, logfile: Path | None = None,
+             on_timeout=None) -> float:
     t0 = time.monotonic()
     while True:
         try:
@@ -261,7 +275,8 @@ def wait_for(what: str, check, timeout: float, proc: subprocess.Popen | None = N
             tail = logfile.read_text()[-3000:] if logfile else ""
             sys.exit(f"{what}: process exited with {proc.returncode}\n{tail}")
         if time.monotonic() - t0 > timeout:
-            sys.exit(f"timed out after {timeout:.0f}s waiting for {what} (logs: {STATE_DIR / 'logs'})")
+            said = f": {on_timeout()}" if on_timeout else ""
+            sys.exit(f"timed out after {timeout:.0f}s waiting for {what}{said} (logs: {STATE_DIR / 'logs'})")
         time.sleep(0.2)
 
 
@@ -672,9 +687,8 @@ def start_kueue(state: dict, api: Api, pki: Path, logs: Path, procs: dict[str, s
     if code not in (201, 409):
         sys.exit(f"creating namespace {kueue.NAMESPACE}: {code} {out}")
     apply(kubectl, kc, kueue.crds(kubectl, kc, module, url, ca))
-    subprocess.run([kubectl, "--kubeconfig", kc, "wait", "--for=condition=Established", "--timeout=60s",
-                    *[f"crd/{p}.{kueue.GROUP}" for p in kueue.CONVERTED]],
-                   check=True, capture_output=True)
+    wait_for("Kueue's CRDs Established", lambda: not unestablished(api, kueue.CONVERTED, kueue.GROUP), 120,
+             on_timeout=lambda: f"not Established: {unestablished(api, kueue.CONVERTED, kueue.GROUP)}")
     config = cert_dir / "config.yaml"
     config.write_text(json.dumps(kueue.configuration(ports["kueue-health"], ports["kueue-webhook"], cert_dir), indent=2))
     record = recorder(state, exe, procs)

@@ -130,3 +130,27 @@ def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(
     assert group.returncode != 0, "the finished job's PodGroup is deleted"
     print(f"{first} Succeeded at {t_done:.1f} s; {second} whole at {t_second:.1f} s, Succeeded at "
           f"{time.monotonic() - t0:.1f} s")
+
+
+def test_the_gang_follows_the_job_when_its_workers_are_scaled(
+    coscheduler: Kubectl, ns: str, pool: str, coordinator: Any
+) -> None:
+    kubectl = coscheduler
+    coordinator(ns, "c").set(finished=False, model_version=1, records_done=10, records_total=1000)
+    kubectl.apply(ns, big_job("c", pool, scheduling={"policy": "coscheduling"}))
+
+    def min_member() -> int | None:
+        found = kubectl("get", "podgroups.scheduling.x-k8s.io", "c", "-n", ns, "-o", "json", check=False)
+        return int(json.loads(found.stdout)["spec"]["minMember"]) if found.returncode == 0 else None
+
+    wait_for(lambda: running(kubectl, ns, "c") == 5, 90, "c whole")
+    assert min_member() == 5
+    seen = [5]
+    for workers in (2, 3):
+        kubectl("patch", "trainingjob", "c", "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"worker": {"replicas": workers}}}))
+        wait_for(lambda w=workers: min_member() == 1 + w, 30, f"minMember {1 + workers}")  # type: ignore[misc]
+        wait_for(lambda w=workers: running(kubectl, ns, "c") == 1 + w and len(kubectl.pods(ns, "c")) == 1 + w, 60,
+                 f"{1 + workers} pods")  # type: ignore[misc]
+        seen.append(min_member() or 0)
+    print(f"\ngang minMember as the workers went 4 -> 2 -> 3: {seen}")
+    assert seen == [5, 3, 4]

@@ -148,9 +148,39 @@ def test_a_pass_that_creates_pods_creates_the_group_first() -> None:
         },
         "spec": {"minMember": 5},
     }
-    # A pass without pods to create has no group to create either.
-    delete_only: list[Action] = [DeleteReplica("tj-worker-9", "scaled down")]
+    assert group.in_step  # already there: its spec is brought to this one
+    # A pass that only deletes a replica for its own sake (a replacement, the end) leaves the group be.
+    delete_only: list[Action] = [DeleteReplica("tj-worker-9", "replacing it")]
     assert GANG.render(delete_only, job, UID) == Renderer().render(delete_only, job, UID)
+
+
+def test_a_pass_that_scales_the_job_down_brings_its_group_in_step_first() -> None:
+    job = make_job({"worker": {"replicas": 1}})
+    rendered = GANG.render([DeleteReplica("tj-worker-2", "scaled down", scaled=True),
+                            DeleteReplica("tj-worker-1", "scaled down", scaled=True)], job, UID)  # fmt: skip
+    assert [type(a).__name__ for a in rendered] == ["CreateGroup", "DeletePod", "DeletePod"]
+    group = rendered[0]
+    assert isinstance(group, CreateGroup) and group.in_step and group.manifest["spec"] == {"minMember": 2 + 1}
+    # Never in the pass that ends the job: its group goes, and is not made again.
+    ending = GANG.render([DeleteReplica("tj-worker-1", "scaled down", scaled=True), SetStatus({"phase": "Succeeded"})], job, UID)
+    assert [type(a).__name__ for a in ending] == ["DeletePod", "SetStatus", "DeleteGroup"]
+
+
+def test_a_gang_follows_the_job_scaled_down_through_the_planner() -> None:
+    from elasticps.planning.observed import Observed, ObservedPod, ObservedService, PodPhase
+    from elasticps.planning.plan import plan
+    from elasticps.planning.settings import PlannerSettings
+
+    job = make_job({"worker": {"replicas": 1}, "scheduling": {"policy": "coscheduling"}})
+    pods = [ObservedPod(f"tj-{role.value}-{i}", role, i, PodPhase.RUNNING, ready=True)
+            for role, n in ((Role.PS, 2), (Role.WORKER, 3)) for i in range(n)]  # fmt: skip
+    observed = Observed(pods=tuple(pods), services=(ObservedService("tj-ps-0"), ObservedService("tj-ps-1")),
+                        now=1_700_000_000.0, coordinator=None, status={"phase": "Running"})  # fmt: skip
+    actions = plan(job, observed, PlannerSettings(pending_timeout_s=600.0), Renderer().problem)
+    assert [(a.name, a.scaled) for a in actions if isinstance(a, DeleteReplica)] == [("tj-worker-2", True), ("tj-worker-1", True)]
+    rendered = Renderer().render(actions, job, UID)
+    groups = [a for a in rendered if isinstance(a, CreateGroup)]
+    assert [(g.manifest["spec"], g.in_step) for g in groups] == [({"minMember": 2 + 1}, True)]
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
