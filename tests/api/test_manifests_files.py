@@ -75,6 +75,7 @@ CLUSTER_API_CALLS: dict[str, set[Permission]] = {
     # RBAC rule; the built-in policy ``none`` makes none, so nothing is needed for it.
     "dry_run_pod": {("", "pods", "create")},
     "delete": set(),
+    "patch_spec": set(),  # a policy's group object kept in step with the job: COSCHEDULING grants it
     "delete_pod": {("", "pods", "delete")},
     "delete_pods": {("", "pods", "deletecollection")},
     "patch_job_status": {("elasticps.io", "trainingjobs/status", "patch")},
@@ -95,6 +96,7 @@ KUEUE_NAMESPACED: set[Permission] = {
 }
 COSCHEDULING: set[Permission] = {
     ("scheduling.x-k8s.io", "podgroups", "create"), ("scheduling.x-k8s.io", "podgroups", "delete"),
+    ("scheduling.x-k8s.io", "podgroups", "patch"),
 }
 KUEUE_CLUSTER: set[Permission] = {
     ("kueue.x-k8s.io", "resourceflavors", "get"), ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),

@@ -31,9 +31,10 @@ def run(mode: str, workers: int, created: float, running: float) -> dict[str, An
     return {"mode": mode, "workers": workers, "created_s": created, "running_s": running}
 
 
-def test_ratios_are_medians_over_the_floor_s_median_per_mode_and_size() -> None:
+def test_ratios_are_medians_over_each_floor_s_median_per_mode_and_size() -> None:
     doc = {
-        "floor": [run("floor", 256, 1.0, 2.0), run("floor", 256, 3.0, 4.0), run("floor", 256, 2.0, 3.0)],
+        "floor": [run("floor-kubectl", 256, 1.0, 2.0), run("floor-kubectl", 256, 3.0, 4.0), run("floor-kubectl", 256, 2.0, 3.0),
+                  run("floor-client", 256, 1.2, 1.8)],
         "settings": [{"qps": 400, "burst": 800, "runs": [
             run("operator", 256, 2.2, 3.3), run("operator", 256, 2.4, 3.6), run("operator", 256, 9.0, 9.0),
             run("kueue", 256, 3.0, 4.5), run("operator", 1024, 9.0, 9.0),  # no floor at 1,024: no ratio
@@ -41,5 +42,7 @@ def test_ratios_are_medians_over_the_floor_s_median_per_mode_and_size() -> None:
     }  # fmt: skip
     rows = ratios(doc)
     assert [(r["mode"], r["workers"], r["runs"]) for r in rows] == [("operator", 256, 3), ("kueue", 256, 1)]
-    assert rows[0]["created_ratio"] == 1.2 and rows[0]["running_ratio"] == 1.2  # 2.4 / 2.0, 3.6 / 3.0
-    assert rows[1]["created_ratio"] == 1.5 and rows[1]["running_ratio"] == 1.5
+    operator, kueue = rows
+    assert operator["floor-kubectl"] == {"runs": 3, "created_s": 2.0, "running_s": 3.0, "created_ratio": 1.2, "running_ratio": 1.2}
+    assert operator["floor-client"]["created_ratio"] == 2.0 and operator["floor-client"]["running_ratio"] == 2.0
+    assert kueue["floor-kubectl"]["created_ratio"] == 1.5 and kueue["floor-kubectl"]["running_ratio"] == 1.5

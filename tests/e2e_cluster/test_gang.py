@@ -75,10 +75,11 @@ def finish(kubectl: Kubectl, ns: str, name: str, ps0: Any) -> None:
 
 def test_without_a_gang_both_jobs_start_in_part(coscheduler: Kubectl, ns: str, pool: str, coordinator: Any) -> None:
     kubectl = coscheduler
-    for job in ("a", "b"):
-        coordinator(ns, job).set(finished=False, model_version=1, records_done=10, records_total=1000)
-    kubectl.apply(ns, big_job("a", pool))
-    kubectl.apply(ns, big_job("b", pool))
+    fakes = {job: coordinator(ns, job) for job in ("a", "b")}
+    for fake in fakes.values():
+        fake.set(finished=False, model_version=1, records_done=10, records_total=1000)
+    both = {"apiVersion": "v1", "kind": "List", "items": [big_job("a", pool), big_job("b", pool)]}
+    kubectl.apply(ns, both)  # together, in one apply
     wait_for(lambda: running(kubectl, ns, "a") + running(kubectl, ns, "b") == 2 * POOL_CPUS, 60, "the pool full")
     t0 = time.monotonic()
     time.sleep(5)  # and it stays so: nobody gives way
@@ -89,6 +90,12 @@ def test_without_a_gang_both_jobs_start_in_part(coscheduler: Kubectl, ns: str, p
     unschedulable = {job: condition(kubectl.job(ns, job), "Unschedulable") for job in ("a", "b")}
     print(f"\nno gang: pods running {counts}, pending {pending} after {time.monotonic() - t0:.0f} s more; "
           f"Unschedulable: { {j: (c or {}).get('status') for j, c in unschedulable.items()} }")
+    # A part-started job holds its share of the pool until the other ends; only then does it get whole.
+    first = max(counts, key=lambda j: counts[j])
+    other = "b" if first == "a" else "a"
+    finish(kubectl, ns, first, fakes[first])
+    wait_for(lambda: running(kubectl, ns, other) == 5, 120, f"{other} whole after {first} ended")
+    print(f"{other} ran {counts[other]} of its 5 pods for {time.monotonic() - t0:.1f} s, until {first} ended")
 
 
 def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(

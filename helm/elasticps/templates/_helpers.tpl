@@ -75,7 +75,7 @@ manifests/rbac.yaml for who makes which; tests/api/test_manifests_files.py check
 {{- if .Values.coscheduling.enabled }}
 - apiGroups: [scheduling.x-k8s.io]
   resources: [podgroups]
-  verbs: [create, delete]
+  verbs: [create, patch, delete]
 {{- end }}
 {{- if .Values.kueue.enabled }}
 - apiGroups: [kueue.x-k8s.io]
