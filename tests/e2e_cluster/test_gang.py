@@ -67,13 +67,19 @@ def running(kubectl: Kubectl, ns: str, job: str) -> int:
     return sum(1 for p in kubectl.pods(ns, job) if p.get("status", {}).get("phase") == "Running")
 
 
+def pod_group(kubectl: Kubectl, ns: str, job: str) -> dict[str, Any] | None:
+    """The job's PodGroup (None: there is none)."""
+    found = kubectl("get", "podgroups.scheduling.x-k8s.io", job, "-n", ns, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None  # type: ignore[no-any-return]
+
+
 def finish(kubectl: Kubectl, ns: str, name: str, ps0: Any) -> None:
     ps0.set(finished=True, model_version=50, records_done=1000, records_total=1000, epoch=1)
     for i in range(4):
         kubectl.set_pod_exit(ns, f"{name}-worker-{i}", 0)
 
 
-def test_without_a_gang_both_jobs_start_in_part(coscheduler: Kubectl, ns: str, pool: str, coordinator: Any) -> None:
+def test_without_a_gang_the_pool_fills_with_part_of_a_job_that_waits_for_the_other(coscheduler: Kubectl, ns: str, pool: str, coordinator: Any) -> None:
     kubectl = coscheduler
     fakes = {job: coordinator(ns, job) for job in ("a", "b")}
     for fake in fakes.values():
@@ -109,12 +115,8 @@ def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(
     t0 = time.monotonic()
     kubectl.apply(ns, big_job("a", pool, **gang))
     kubectl.apply(ns, big_job("b", pool, **gang))
-    def pod_group(job: str) -> dict[str, Any] | None:
-        found = kubectl("get", "podgroups.scheduling.x-k8s.io", job, "-n", ns, "-o", "json", check=False)
-        return json.loads(found.stdout) if found.returncode == 0 else None
-
     for job in ("a", "b"):
-        group = wait_for(lambda j=job: pod_group(j), 30, f"{job}'s PodGroup")  # type: ignore[misc]
+        group = wait_for(lambda j=job: pod_group(kubectl, ns, j), 30, f"{job}'s PodGroup")  # type: ignore[misc]
         assert group["spec"]["minMember"] == 5
     first = wait_for(lambda: next((j for j in ("a", "b") if running(kubectl, ns, j) == 5), None), 90, "one gang whole")
     second = "b" if first == "a" else "a"
@@ -133,8 +135,7 @@ def test_with_a_gang_one_job_starts_whole_and_the_other_after_it(
     t_second = time.monotonic() - t0
     finish(kubectl, ns, second, fakes[second])
     wait_for(lambda: kubectl.job(ns, second)["status"].get("phase") == "Succeeded", 60, f"{second} Succeeded")
-    group = kubectl("get", "podgroups.scheduling.x-k8s.io", first, "-n", ns, check=False)
-    assert group.returncode != 0, "the finished job's PodGroup is deleted"
+    assert pod_group(kubectl, ns, first) is None, "the finished job's PodGroup is deleted"
     print(f"{first} Succeeded at {t_done:.1f} s; {second} whole at {t_second:.1f} s, Succeeded at "
           f"{time.monotonic() - t0:.1f} s")
 
@@ -147,8 +148,8 @@ def test_the_gang_follows_the_job_when_its_workers_are_scaled(
     kubectl.apply(ns, big_job("c", pool, scheduling={"policy": "coscheduling"}))
 
     def min_member() -> int | None:
-        found = kubectl("get", "podgroups.scheduling.x-k8s.io", "c", "-n", ns, "-o", "json", check=False)
-        return int(json.loads(found.stdout)["spec"]["minMember"]) if found.returncode == 0 else None
+        group = pod_group(kubectl, ns, "c")
+        return None if group is None else int(group["spec"]["minMember"])
 
     wait_for(lambda: running(kubectl, ns, "c") == 5, 90, "c whole")
     assert min_member() == 5
