@@ -54,6 +54,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from bench.doc_regions import write_region
 from elasticps.operator.executing import DEFAULT_CONCURRENCY
 from elasticps.operator.throttling import DEFAULT_BURST, DEFAULT_QPS
 
@@ -61,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 CLUSTER_PY = REPO / "hack" / "cluster" / "cluster.py"
 RESULTS = REPO / "bench" / "results" / "operator_scale.json"
 DOC = REPO / "docs" / "operator-scale.md"
+BENCHMARKS = REPO / "docs" / "benchmarks.md"  # its region operator-scale: the ratios
 IMAGE = REPO / "docs" / "img" / "operator-scale.png"
 JOB = "scale"
 LABEL_JOB = "elasticps.io/job-name"
@@ -327,7 +329,7 @@ def bare(pod: dict[str, Any]) -> dict[str, Any]:
     """A pod the operator created as a user would write it: no owner, status, node or server fields,
     and no service-account token volume (admission adds it again, as it did for the operator's)."""
     meta = pod["metadata"]
-    spec = {k: v for k, v in pod["spec"].items() if k not in ("nodeName",)}
+    spec = {k: v for k, v in pod["spec"].items() if k != "nodeName"}
     spec["volumes"] = [v for v in spec.get("volumes", []) if not v["name"].startswith(ADMITTED_BY)]
     for container in spec.get("containers", []) + spec.get("initContainers", []):
         container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if not m["name"].startswith(ADMITTED_BY)]
@@ -503,6 +505,18 @@ def write_doc(doc: dict[str, Any]) -> None:
         "",
     ]
     DOC.write_text("\n".join(lines))
+    if doc.get("floor"):
+        summary = [
+            "## The operator at scale, against a floor",
+            "",
+            f"Written by `make scale` on {doc['date']} ({doc['machine']}): a TrainingJob of 2 PS + N workers on a kwok "
+            "cluster, the time to its last pod created and to every pod Running over the same pods created without "
+            f"the operator, in the same sitting (goal <= {GOAL:g}x). How, and every run: "
+            f"[operator-scale.md]({DOC.name}).",
+            "",
+            *ratio_table(doc),
+        ]
+        write_region(BENCHMARKS, "operator-scale", "\n".join(summary))
 
 
 TARGETS = (  # (workers, figure, at most seconds)
@@ -602,10 +616,12 @@ def floor_section(doc: dict[str, Any]) -> list[str]:
     for r in doc["floor"]:
         lines.append(f"| {MODES.get(r['mode'], r['mode'])} | {r['workers']} | {r['load_1min']} | {r['returned_s']:.2f} s | "
                      f"{r['created_s']:.2f} s | {r['last_bound_s']:.2f} s | {r['running_s']:.2f} s |")
-    lines += [
-        "",
-        "Medians, and each over the floor's median at the same size:",
-        "",
+    return [*lines, "", "Medians, and each over the floor's median at the same size:", "", *ratio_table(doc)]
+
+
+def ratio_table(doc: dict[str, Any]) -> list[str]:
+    """Each setting's and mode's medians over each floor's (:func:`ratios`), as a Markdown table."""
+    lines = [
         "| operator QPS / burst | through | workers | runs | created | / kubectl | / bare client | Running | / kubectl | / bare client |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
