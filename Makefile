@@ -9,7 +9,7 @@ TFRECORD_DIR ?= $(HOME)/.cache/elasticps/data/mnist-tfrecord
 FASHION_DIR ?= /usr/share/datasets/fashion-mnist
 VARIANT ?= cpu
 
-.PHONY: run test unit e2e-node lint typecheck bench bench-large bench-peer bench-torch-peer gpu-wheels bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
+.PHONY: run test unit e2e-node lint typecheck bench bench-embedding-scale bench-large bench-peer bench-torch-peer gpu-wheels bench-heterogeneity bench-async bench-identity bench-kills soak convergence scale proto manifests docs image clean mnist-tfrecord
 
 # A virtual environment with the package and its development tools, rebuilt when pyproject changes.
 $(STAMP): pyproject.toml
@@ -66,12 +66,14 @@ typecheck: $(STAMP)
 
 # The 23M-parameter sync job (bench-large), the PS data path against its ceiling (bench/run.py), then
 # elasticps against TensorFlow's ParameterServerStrategy on one MNIST job (bench/peer.py), then embedding
-# pull + push against its numpy ceiling (bench/embeddings.py); each
+# pull + push against its numpy ceiling (bench/embeddings.py), then a row policy's AUC and rows on the Criteo
+# sample (bench/row_policy.py); each
 # rewrites only its own section of docs/benchmarks.md (or its own page).
 bench: $(STAMP) bench-large
 	$(PY) -m bench.run
 	$(PY) -m bench.peer $(PEER_ARGS)
 	$(PY) -m bench.embeddings
+	$(PY) -m bench.row_policy
 
 # Only the comparison with TensorFlow's ParameterServerStrategy: 1 PS + 2 workers, the peer, elasticps
 # sync, async and async + staleness-aware lr, interleaved, median of 3 rounds (about 10 minutes on 2
@@ -79,6 +81,13 @@ bench: $(STAMP) bench-large
 PEER_ARGS ?=
 bench-peer: $(STAMP)
 	$(PY) -m bench.peer $(PEER_ARGS)
+
+# Issue 38: a stream of about 100M new ids through a capped 2-PS async job, PS memory over time
+# against the cap's bound, and the AUC capped or not (docs/embeddings.md). About 70 minutes at
+# 2,400 records/s; SCALE_ARGS="--records 1000000 --cap 500000" for a smaller stream.
+SCALE_ARGS ?=
+bench-embedding-scale: $(STAMP)
+	$(PY) -m bench.embedding_scale $(SCALE_ARGS)
 
 # Issue 36: elasticps with PyTorch workers (sync, async; 1 PS + 2 workers) against PyTorch
 # DistributedDataParallel over gloo and seed 001's all-reduce SSGD (one all_reduce per parameter) on

@@ -5,12 +5,17 @@ against the same gather and scatter in one process with numpy (the ceiling), and
 
 Each minibatch is 4,096 ids drawn Zipf-distributed (exponent 1.1) over 10 million ids, scrambled so
 hot ids spread over the shards; a worker pulls and pushes each distinct id once. Per dim, a fresh
-pair of ``elasticps ps`` processes (async, Adam) and the real ``PSClient``: one pull of the
-distinct ids' rows from both shards at once, then one push of their gradients (a row each), timed
-together. Reported: distinct rows moved per second (pulled and pushed), MB/s of tensor bytes
+pair of ``elasticps ps`` processes (async, Adam) and the real ``PSClient`` over the shards' bulk
+channels, twice: the next minibatch's rows pulled behind each push (``PushRequest.rows_behind``:
+one round trip per minibatch, as a worker that knows its next ids does), and apart from it (a
+pull of the distinct ids' rows from both shards at once, then the push of their gradients, a row
+each), each minibatch's calls timed together. Reported: distinct rows moved per second (pulled
+and pushed), MB/s of tensor bytes
 (ids, rows, gradients), and the ratio to the ceiling: the same rows gathered from and scattered
 (plain SGD) into one numpy array, positions known in advance (no lookup, no wire, no optimizer
-state): what no PS can beat. Memory: the rows the shards hold (DescribeShard's
+state): what no PS can beat. Between the two, the shards' tables alone in this process (the same
+pulls and pushes on two ``EmbeddingTable`` s, no wire, no client): what the PS's own work allows.
+Memory: the rows the shards hold (DescribeShard's
 ``embedding_rows``, which must equal the distinct ids pulled: the PS makes no other row), their
 tables' bytes, and the PS processes' resident memory over their resident memory before the first
 row, per million rows. Writes ``bench/results/embeddings.json`` and the section ``embeddings`` of
@@ -66,7 +71,9 @@ def describe(client: PSClient) -> list[pb.ShardState]:
     return [stub.DescribeShard(pb.DescribeRequest(), timeout=10) for stub in client._stubs]
 
 
-def run_ps(dim: int, batches: list[np.ndarray], work: Path) -> dict[str, Any]:
+def run_ps(dim: int, batches: list[np.ndarray], work: Path, behind: bool) -> dict[str, Any]:
+    """Each minibatch's rows pulled, then its gradients pushed; ``behind``: the next minibatch's
+    rows pulled behind the push (one round trip per minibatch), the first pulled alone."""
     train = work / "train.npz"
     np.savez(train, x=np.zeros((8, 1), np.float32), y=np.zeros(8, np.int64))
     processes = PSProcesses(2, work, train)
@@ -79,16 +86,23 @@ def run_ps(dim: int, batches: list[np.ndarray], work: Path) -> dict[str, Any]:
         zero = {"w": np.zeros(1, np.float32)}
         rng = np.random.default_rng(1)
         seconds, rows, moved, seen = [], 0, 0, set()
+        grads = [rng.normal(0, 0.01, (ids.size, dim)).astype(np.float32) for ids in batches]
+        pulled = client.pull_embeddings({table.name: batches[0]}).rows if behind else None
         for k, ids in enumerate(batches):
-            grads = rng.normal(0, 0.01, (ids.size, dim)).astype(np.float32)
             began = time.perf_counter()
-            pulled = client.pull_embeddings({table.name: ids})
-            client.push(PushRequest(zero, [k, k], embeddings={table.name: RowGrads(ids, grads)})).result()
+            if not behind:
+                pulled = client.pull_embeddings({table.name: ids}).rows
+            assert pulled is not None and pulled[table.name].shape == (ids.size, dim)
+            following = {table.name: batches[k + 1]} if behind and k + 1 < len(batches) else None
+            pushed = client.push(PushRequest(zero, [k] * client.num_shards, embeddings={table.name: RowGrads(ids, grads[k])},
+                                             rows_behind=following)).result()  # fmt: skip
             seconds.append(time.perf_counter() - began)
-            assert pulled.rows[table.name].shape == (ids.size, dim)
             rows += ids.size
-            moved += 2 * ids.nbytes + pulled.rows[table.name].nbytes + grads.nbytes
+            moved += 2 * ids.nbytes + pulled[table.name].nbytes + grads[k].nbytes
             seen.update(ids.tolist())
+            if following is not None:
+                assert pushed.rows is not None
+                pulled = pushed.rows.rows
         states = describe(client)
         after = sum(rss_bytes(pid) for pid in processes.pids())
         held = sum(s.embedding_rows for s in states)
@@ -103,6 +117,30 @@ def run_ps(dim: int, batches: list[np.ndarray], work: Path) -> dict[str, Any]:
     finally:
         client.close()
         processes.stop()
+
+
+def run_tables(dim: int, batches: list[np.ndarray]) -> dict[str, Any]:
+    """The shards' tables alone, in this process: each minibatch's rows pulled from and its
+    gradients pushed to two ``EmbeddingTable`` s (Adam), ids split by shard as the client splits
+    them; no wire, no client. What the PS's own work allows."""
+    from elasticps.ps.embeddings import EmbeddingTable
+    from elasticps.ps.optimizers import make_optimizer
+
+    spec = TableSpec(f"alone{dim}", dim)
+    tables = [EmbeddingTable(spec, make_optimizer(ADAM), shard=shard, shards=2) for shard in (0, 1)]
+    rng = np.random.default_rng(1)
+    grads = [rng.normal(0, 0.01, (ids.size, dim)).astype(np.float32) for ids in batches]
+    began = time.perf_counter()
+    for ids, g in zip(batches, grads):
+        for shard, table in enumerate(tables):
+            mine = np.mod(ids, 2) == shard
+            table.pull(ids[mine])
+            table.push(ids[mine], g[mine], 0.001)
+    total = time.perf_counter() - began
+    held, distinct = sum(table.rows_held for table in tables), np.unique(np.concatenate(batches)).size
+    if held != distinct:
+        raise RuntimeError(f"the tables hold {held} rows for {distinct} distinct ids pulled")
+    return {"rows_per_s": sum(ids.size for ids in batches) / total, "rows_held": held}
 
 
 def run_ceiling(dim: int, batches: list[np.ndarray]) -> dict[str, Any]:
@@ -150,14 +188,17 @@ def write_doc(result: dict[str, Any]) -> None:
         "![rows per second](embeddings-bench.png)",
         "",
         "| dim | rows/s, 2 PS | MB/s, 2 PS | ms per minibatch (p50) | rows/s, numpy ceiling | ratio to the ceiling | "
-        "rows held | table bytes per million rows | PS RSS growth per million rows |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "ratio, pulled apart from the push | ratio, the tables alone (no wire) | rows held | table bytes per million rows | "
+        "PS RSS growth per million rows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         ps, ceiling = r["ps"], r["ceiling"]
         lines.append(
-            f"| {r['dim']} | {ps['rows_per_s']:,.0f} | {ps['mb_per_s']:.1f} | {ps['ms_per_minibatch_p50']:.1f} | "
-            f"{ceiling['rows_per_s']:,.0f} | {ps['rows_per_s'] / ceiling['rows_per_s']:.3f} | {ps['rows_held']:,} | "
+            f"| {r['dim']} | {ps['rows_per_s']:,.0f} | {ps['mb_per_s']:.1f} | {ps['ms_per_minibatch_p50']:.2f} | "
+            f"{ceiling['rows_per_s']:,.0f} | {ps['rows_per_s'] / ceiling['rows_per_s']:.3f} | "
+            f"{r['ps_apart']['rows_per_s'] / ceiling['rows_per_s']:.3f} | "
+            f"{r['tables']['rows_per_s'] / ceiling['rows_per_s']:.3f} | {ps['rows_held']:,} | "
             f"{ps['table_bytes_per_million_rows'] / 1e6:,.0f} MB | {ps['rss_per_million_rows'] / 1e6:,.0f} MB |"
         )
     lines += [
@@ -180,12 +221,17 @@ def main() -> None:
     rows = []
     for dim in (int(d) for d in args.dims.split(",")):
         with tempfile.TemporaryDirectory(prefix="elasticps-bench-emb-") as work:
-            ps = run_ps(dim, batches, Path(work))
+            ps = run_ps(dim, batches, Path(work), behind=True)
+        with tempfile.TemporaryDirectory(prefix="elasticps-bench-emb-") as work:
+            apart = run_ps(dim, batches, Path(work), behind=False)
+        tables = run_tables(dim, batches)
         ceiling = run_ceiling(dim, batches)
-        rows.append({"dim": dim, "ps": ps, "ceiling": ceiling})
+        rows.append({"dim": dim, "ps": ps, "ps_apart": apart, "tables": tables, "ceiling": ceiling})
         print(f"dim {dim}: 2 PS {ps['rows_per_s']:,.0f} rows/s ({ps['mb_per_s']:.1f} MB/s, p50 "
-              f"{ps['ms_per_minibatch_p50']:.1f} ms), numpy ceiling {ceiling['rows_per_s']:,.0f} rows/s: ratio "
-              f"{ps['rows_per_s'] / ceiling['rows_per_s']:.3f}; rows held {ps['rows_held']:,}, "
+              f"{ps['ms_per_minibatch_p50']:.2f} ms; pulled apart from the push {apart['rows_per_s']:,.0f}), numpy ceiling "
+              f"{ceiling['rows_per_s']:,.0f} rows/s: ratio {ps['rows_per_s'] / ceiling['rows_per_s']:.3f} "
+              f"({apart['rows_per_s'] / ceiling['rows_per_s']:.3f} apart; the tables alone "
+              f"{tables['rows_per_s'] / ceiling['rows_per_s']:.3f}); rows held {ps['rows_held']:,}, "
               f"{ps['table_bytes_per_million_rows'] / 1e6:.0f} MB of tables and "
               f"{ps['rss_per_million_rows'] / 1e6:.0f} MB of PS RSS per million rows", flush=True)
     result = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -398,7 +398,7 @@ def call(channel: grpc.Channel, service: str, method: str, request: Iterable[byt
 
 # ---- over a PS's bulk channel (elasticps/rpc/bulk.py) ------------------------------------------------
 
-BULK_METHODS = {"PushGradients": 1, "PullDense": 2, "JoinRound": 3}
+BULK_METHODS = {"PushGradients": 1, "PullDense": 2, "JoinRound": 3, "PullEmbeddings": 4}
 
 
 def bulk_call(port: int, method: str, request: Iterable[bytes] | bytes, timeout_s: float = 30.0,

@@ -152,7 +152,7 @@ def train(
     while done < updates:
         epochs += 1
         for x, y in trainer.batches(features, labels, "training"):
-            trainer.apply_local(trainer.gradients(x, y)[1])
+            trainer.apply_local(trainer.gradients(x, y)[1], trainer.learning_rate_at(done))  # the schedule's, if any
             done += 1
             if done == updates:
                 break

@@ -26,7 +26,7 @@ IdArray = npt.NDArray[np.int64]
 INITIALIZERS = ("uniform", "normal", "zeros")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 MAX_DIM = 4096
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 # A table's parts in a tensor stream (TensorMeta.name beside TensorMeta.table in the .proto): a
@@ -123,13 +123,16 @@ def shard_of(ids: IdArray, num_shards: int) -> npt.NDArray[np.int64]:
     return np.mod(ids, num_shards)
 
 
+MIX_1, MIX_2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's multipliers (shifts 30, 27, 31)
+
+
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """SplitMix64's finaliser: a bijection of uint64 whose outputs look independent."""
     with np.errstate(over="ignore"):
         x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x * np.uint64(MIX_1)
         x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
+        x = x * np.uint64(MIX_2)
         return x ^ (x >> np.uint64(31))
 
 
@@ -137,7 +140,12 @@ def mix_ids(key: np.uint64, values: npt.NDArray[np.int64]) -> IdArray:
     """Ids of ``values`` under ``key`` (a feature field, say): a 64-bit mix of both, so the ids of
     two keys do not collide in practice and spread evenly over any number of shards."""
     with np.errstate(over="ignore"):
-        return _mix(_mix(values.astype(np.uint64) ^ key) + _GOLDEN).view(np.int64)
+        return _mix(_mix(values.astype(np.uint64) ^ key) + GOLDEN).view(np.int64)
+
+
+def table_seed(spec: TableSpec) -> int:
+    """The key the first values of a table's rows are drawn under (its name's hash and its seed)."""
+    return int(_table_key(spec))
 
 
 def _table_key(spec: TableSpec) -> np.uint64:
@@ -146,11 +154,12 @@ def _table_key(spec: TableSpec) -> np.uint64:
 
 
 def _uniform01(ids: IdArray, dim: int, key: np.uint64, stream: int) -> npt.NDArray[np.float64]:
-    """(len(ids), dim) values in [0, 1), a function of (key, id, column, stream) only."""
+    """(len(ids), dim) values in [0, 1), a function of (key, id, column, stream) only: SplitMix64
+    (the finaliser of a counter stepped by the golden ratio) from a seed mixed of key and id."""
     with np.errstate(over="ignore"):
-        base = _mix(ids.astype(np.uint64) ^ key) + np.uint64(stream) * _GOLDEN
-        counters = base[:, None] + (np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-    bits = _mix(_mix(counters))
+        base = _mix(ids.astype(np.uint64) ^ key) + np.uint64(stream) * GOLDEN
+        counters = base[:, None] + (np.arange(1, dim + 1, dtype=np.uint64) * GOLDEN)[None, :]
+    bits = _mix(counters)
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 

@@ -35,6 +35,7 @@ TORCH_PROGRAM_FILE = "model.pt2"
 MODEL_FILES = {Framework.KERAS: KERAS_FILE, Framework.TORCH: TORCH_PROGRAM_FILE}
 JOB_FILE = "job.json"
 METRICS_FILE = "metrics.json"
+LOADING_FILE = "loading.json"  # a Keras export: how model.keras loads in a fresh process, or why it is left out
 VERSIONS_DIR = "versions"
 PREDICTIONS_DIR = "predictions"
 PART_DIGITS = 10  # record numbers in prediction file names are zero-padded to this many digits (at least)

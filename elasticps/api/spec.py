@@ -15,6 +15,7 @@ from typing import Any
 from elasticps.api.fields import spec_field
 from elasticps.api.graph import KINDS as GRAPH_KINDS
 from elasticps.api.graph import Graph, build
+from elasticps.api.row_policy import row_policy_problem
 from elasticps.api.slowdown import slowdown_problem
 
 # Sanity bounds (see fields.FieldInfo.maximum): far above any real job, far below what breaks a process.
@@ -413,6 +414,13 @@ class TrainingSpec:
     checkpoint_steps: int = spec_field(0, minimum=0, help="checkpoint the PS every this many versions (0: never)")
     checkpoint_dir: str = spec_field("", help="where PS checkpoints are written (empty: the runner chooses)")
     keep_checkpoint_max: int = spec_field(3, minimum=1, help="checkpoints kept per PS shard")
+    checkpoint_full_every: int = spec_field(
+        0,
+        minimum=0,
+        help="incremental checkpoints: one whole checkpoint in this many; the ones between hold the dense "
+        "tensors whole and, of each embedding table, only the rows used since the last whole one (and the "
+        "ids evicted since), and a restore puts the two together (0 or 1: every checkpoint whole)",
+    )
     task_timeout_seconds: float = spec_field(
         60.0,
         minimum=0.0,
@@ -451,6 +459,17 @@ class TrainingSpec:
         "a worker sleeps factor - 1 times its compute time after each minibatch (decentralized: its "
         "whole iteration's work, averaging included) (empty: none)",
         check=slowdown_problem,
+    )
+    embedding_policy: str = spec_field(
+        "",
+        help="which rows each embedding table keeps on each PS shard: ';'-separated clauses "
+        "'[<table>:]<key>=<value>,...' (no table: every table's default) of admitAfter=<k> (an id gets a row "
+        "once asked for k times; until then it reads its first values and its gradient is dropped), "
+        "ttl=<n> (a row not used in the table's last n updates goes), maxRows=<c> (at most c rows a "
+        "shard: beyond, the least recently used (evict=lru) or least often updated (evict=lfu) go) and "
+        "filterWidth=<w> (the admission filter's counters per hash); e.g. 'admitAfter=2,ttl=100000' "
+        "(empty: every row kept)",
+        check=row_policy_problem,
     )
     split_bytes: int = spec_field(
         DEFAULT_SPLIT_BYTES,

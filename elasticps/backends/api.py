@@ -28,8 +28,12 @@ from elasticps.api.embedding import IdArray, RowGrads, TableSpec
 from elasticps.api.optimizer import OptimizerConfig
 from elasticps.model_contract import Metadata
 
-# The rows of distinct ids, per table, in the order asked (the PS client's pull).
-RowSource = Callable[[Mapping[str, IdArray]], Mapping[str, np.ndarray]]
+class RowSource(Protocol):
+    """The rows of distinct ids, per table, in the order asked (the PS client's pull); ``training``
+    false (evaluation, prediction): no row is made for them."""
+
+    def __call__(self, ids: Mapping[str, IdArray], training: bool = True) -> Mapping[str, np.ndarray]: ...
+
 # Every row held of the named tables: per table its ids (sorted) and their rows (for an export).
 HeldRows = Callable[[list[str]], Mapping[str, tuple[IdArray, np.ndarray]]]
 
@@ -74,16 +78,19 @@ class Trainer(Protocol):
     def state(self) -> dict[str, np.ndarray]: ...
     def assign_state(self, tensors: Mapping[str, np.ndarray]) -> None: ...
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig: ...
+    def learning_rate_at(self, version: int) -> float:
+        """The model module's learning-rate schedule at model ``version``; 0 when it has none."""
     def batches(self, features: np.ndarray, labels: np.ndarray | None, mode: str) -> Iterator[tuple[Any, Any]]: ...
     def warm_up(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         """Prepares the gradient step (TensorFlow: traces it) on one minibatch of these records,
         changing neither the weights nor the state."""
     def gradients(self, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]: ...
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """LocalSGD's local step: the model's own optimizer (its momentum kept across periods)."""
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
+    def apply_local(self, gradients: Mapping[str, np.ndarray], learning_rate: float = 0.0) -> None:
+        """LocalSGD's local step: the model's own optimizer (its momentum kept across periods), at
+        ``learning_rate`` when > 0 (the schedule's)."""
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
         """SSP's local step: each weight less its gradient times the learning rate (the job's,
-        else the model optimizer's), plain SGD: the PS applies the optimizer itself."""
+        else the model optimizer's) times ``scale``, plain SGD: the PS applies the optimizer itself."""
     def row_gradients(self) -> Mapping[str, RowGrads]:
         """Each served embedding table's row gradients from the last :meth:`gradients` (none: ``{}``)."""
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]: ...
@@ -102,6 +109,9 @@ class BackendTrainer(Trainer, Protocol):
     def serve_rows(self, source: RowSource, held: HeldRows) -> None: ...
     def load_exported(self, folder: str) -> None:
         """Replaces the model by the one exported into ``folder`` (a job that only predicts)."""
+    def process_predictions(self, outputs: Any, worker_id: int) -> None:
+        """Hands one prediction task's outputs to the model module's processor, if it has one
+        (ElasticDL's ``PredictionOutputsProcessor``), after the task's file is written."""
 
 
 @dataclass(frozen=True)

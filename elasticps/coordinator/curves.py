@@ -12,7 +12,9 @@ The file is written without TensorFlow or TensorBoard (PS 0 imports neither): ea
 there after every evaluation and when the job stops.
 
 Tags: ``train/loss`` (mean loss of the latest training tasks), ``train/records`` (records trained),
-``train/epoch``, ``train/local_steps`` (LocalSGD: the workers' current period K), ``eval/<metric>`` for every metric of the model (``eval/loss``, ``eval/accuracy``
+``train/epoch``, ``train/local_steps`` (LocalSGD: the workers' current period K),
+``train/learning_rate`` (the rate of the latest push PS 0's shard accepted: a module's schedule by
+model version, ``elasticps.callbacks``), ``eval/<metric>`` for every metric of the model (``eval/loss``, ``eval/accuracy``
 ...), and the histogram ``train/staleness`` (versions between the model a gradient was computed on
 and the shard's, counted over the pushes since the previous point).
 """
@@ -111,12 +113,14 @@ class TrainingCurves:
         output: str,
         staleness: Callable[[], StalenessCounts] | None = None,
         clock: Callable[[], float] = time.time,
+        learning_rate: Callable[[], float] | None = None,
     ) -> None:
         self._output = output.rstrip("/")
         self._remote = storage.is_remote(output)
         self._local = Path(tempfile.mkdtemp(prefix="elasticps-curves-")) if self._remote else Path(output) / "tensorboard"
         self._file = EventFile(self._local, clock)
         self._staleness = staleness
+        self._learning_rate = learning_rate
         self._seen: StalenessCounts = staleness() if staleness else ()
         self._lock = threading.Lock()
         self._closed = False
@@ -134,6 +138,9 @@ class TrainingCurves:
             points = {"train/loss": loss, "train/records": float(records), "train/epoch": float(epoch)}
             if local_steps > 0:
                 points["train/local_steps"] = float(local_steps)
+            rate = self._learning_rate() if self._learning_rate is not None else 0.0
+            if rate > 0:
+                points["train/learning_rate"] = rate
             self._file.scalars(version, points)
             if self._staleness is not None:
                 now = self._staleness()
@@ -167,11 +174,15 @@ class TrainingCurves:
             self._publish()
 
 
-def open_curves(output: str, staleness: Callable[[], StalenessCounts] | None = None) -> TrainingCurves | None:
+def open_curves(
+    output: str,
+    staleness: Callable[[], StalenessCounts] | None = None,
+    learning_rate: Callable[[], float] | None = None,
+) -> TrainingCurves | None:
     """The job's training curves under ``output``, or None (logged) when the folder cannot be made:
     a job never fails for its curves."""
     try:
-        return TrainingCurves(output, staleness)
+        return TrainingCurves(output, staleness, learning_rate=learning_rate)
     except OSError as err:
         log.warning("no training curves: %s", err)
         return None

@@ -84,6 +84,7 @@ class JobView:
     shard_versions: list[int]  # -1: the shard did not answer
     shard_bytes_received: list[int]
     shard_bytes_sent: list[int]
+    shard_rows: list[tuple[int, int, int]]  # per shard: embedding rows held, made, evicted ((-1,)*3: no answer)
     local_steps: int
     staleness: StalenessCounts
     live_workers: int
@@ -354,6 +355,8 @@ class Coordinator:
             shard_versions=shard_versions,
             shard_bytes_received=[-1 if v is None else v.bytes_received for v in views],
             shard_bytes_sent=[-1 if v is None else v.bytes_sent for v in views],
+            shard_rows=[(-1, -1, -1) if v is None else (v.embedding_rows, v.embedding_rows_made, v.embedding_rows_evicted)
+                        for v in views],  # fmt: skip
             local_steps=self._local_steps(),
             staleness=self._staleness() if self._staleness is not None else (),
             live_workers=live,

@@ -64,6 +64,9 @@ class ShardView:
     bytes_sent: int = 0
     unreadable: tuple[str, ...] = ()  # checkpoint files that do not read back: "<file>: <why>"
     checkpoint_failure: str = ""  # why its latest checkpoint write failed ("": it did not)
+    embedding_rows: int = 0  # held now, all tables
+    embedding_rows_made: int = 0  # since the shard's process started
+    embedding_rows_evicted: int = 0
 
     @staticmethod
     def of(state: pb.ShardState) -> ShardView:
@@ -77,6 +80,9 @@ class ShardView:
             state.tensor_bytes_sent,
             tuple(state.unreadable),
             state.checkpoint_failure,
+            state.embedding_rows,
+            state.embedding_rows_made,
+            state.embedding_rows_evicted,
         )
 
 

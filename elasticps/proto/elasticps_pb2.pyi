@@ -698,7 +698,12 @@ class EmbeddingRequest(_message.Message):
 
     WORKER_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
+    read_only: _builtins.bool
+    """Evaluation and prediction: no row is made (an id without one reads its first values) and the
+    admission filter counts nothing. Training (false) makes the rows the table's policy admits.
+    """
     @_builtins.property
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbeddingIds]:
         """a table at most once"""
@@ -708,10 +713,11 @@ class EmbeddingRequest(_message.Message):
         *,
         worker: _builtins.str = ...,
         tables: _abc.Iterable[Global___EmbeddingIds] | None = ...,
+        read_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tables", b"tables", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_only", b"read_only", "tables", b"tables", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -735,6 +741,10 @@ class ShardState(_message.Message):
     EMBEDDING_BYTES_FIELD_NUMBER: _builtins.int
     UNREADABLE_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FAILURE_FIELD_NUMBER: _builtins.int
+    EMBEDDING_ROWS_MADE_FIELD_NUMBER: _builtins.int
+    EMBEDDING_ROWS_EVICTED_FIELD_NUMBER: _builtins.int
+    EMBEDDING_ROWLESS_READS_FIELD_NUMBER: _builtins.int
+    EMBEDDING_DROPPED_GRADIENTS_FIELD_NUMBER: _builtins.int
     initialized: _builtins.bool
     version: _builtins.int
     boot: _builtins.int
@@ -753,6 +763,16 @@ class ShardState(_message.Message):
     """their memory: arrays (with room to grow) and id indexes"""
     checkpoint_failure: _builtins.str
     """why its latest checkpoint write failed ("": it did not)"""
+    embedding_rows_made: _builtins.int
+    """Embedding rows since the process started, all tables (spec.training.embeddingPolicy):
+    rows made (ids admitted)
+    """
+    embedding_rows_evicted: _builtins.int
+    """rows evicted (past their TTL, over the cap)"""
+    embedding_rowless_reads: _builtins.int
+    """ids pulled that got no row (not admitted yet, past the cap)"""
+    embedding_dropped_gradients: _builtins.int
+    """gradient rows of such ids, dropped"""
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the versions it has checkpoints of that read back whole (verified)"""
@@ -776,10 +796,14 @@ class ShardState(_message.Message):
         embedding_bytes: _builtins.int = ...,
         unreadable: _abc.Iterable[_builtins.str] | None = ...,
         checkpoint_failure: _builtins.str = ...,
+        embedding_rows_made: _builtins.int = ...,
+        embedding_rows_evicted: _builtins.int = ...,
+        embedding_rowless_reads: _builtins.int = ...,
+        embedding_dropped_gradients: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoint_failure", b"checkpoint_failure", "checkpoints", b"checkpoints", "embedding_bytes", b"embedding_bytes", "embedding_rows", b"embedding_rows", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "unreadable", b"unreadable", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["boot", b"boot", "bulk_port", b"bulk_port", "checkpoint_failure", b"checkpoint_failure", "checkpoints", b"checkpoints", "embedding_bytes", b"embedding_bytes", "embedding_dropped_gradients", b"embedding_dropped_gradients", "embedding_rowless_reads", b"embedding_rowless_reads", "embedding_rows", b"embedding_rows", "embedding_rows_evicted", b"embedding_rows_evicted", "embedding_rows_made", b"embedding_rows_made", "incarnation", b"incarnation", "initialized", b"initialized", "tensor_bytes_received", b"tensor_bytes_received", "tensor_bytes_sent", b"tensor_bytes_sent", "unreadable", b"unreadable", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1176,6 +1200,9 @@ class JobStatus(_message.Message):
     LAST_ROLLBACK_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FAILURE_FIELD_NUMBER: _builtins.int
     UNRECOVERABLE_FIELD_NUMBER: _builtins.int
+    SHARD_EMBEDDING_ROWS_FIELD_NUMBER: _builtins.int
+    SHARD_EMBEDDING_ROWS_MADE_FIELD_NUMBER: _builtins.int
+    SHARD_EMBEDDING_ROWS_EVICTED_FIELD_NUMBER: _builtins.int
     finished: _builtins.bool
     epoch: _builtins.int
     num_epochs: _builtins.int
@@ -1261,6 +1288,14 @@ class JobStatus(_message.Message):
 
     @_builtins.property
     def staleness_pushes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def shard_embedding_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Every shard's embedding rows (-1: no answer): held now, and made and evicted since its process started."""
+
+    @_builtins.property
+    def shard_embedding_rows_made(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def shard_embedding_rows_evicted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1300,10 +1335,13 @@ class JobStatus(_message.Message):
         last_rollback: _builtins.str = ...,
         checkpoint_failure: _builtins.str = ...,
         unrecoverable: _builtins.str = ...,
+        shard_embedding_rows: _abc.Iterable[_builtins.int] | None = ...,
+        shard_embedding_rows_made: _abc.Iterable[_builtins.int] | None = ...,
+        shard_embedding_rows_evicted: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_failure", b"checkpoint_failure", "epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "health", b"health", "health_message", b"health_message", "last_rollback", b"last_rollback", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "rollbacks", b"rollbacks", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued", "unrecoverable", b"unrecoverable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_failure", b"checkpoint_failure", "epoch", b"epoch", "epoch_records", b"epoch_records", "export_error", b"export_error", "export_final", b"export_final", "export_path", b"export_path", "export_version", b"export_version", "finished", b"finished", "gradients_rejected", b"gradients_rejected", "grads_to_wait", b"grads_to_wait", "health", b"health", "health_message", b"health_message", "last_rollback", b"last_rollback", "live_workers", b"live_workers", "local_steps", b"local_steps", "loss", b"loss", "max_iteration", b"max_iteration", "metrics", b"metrics", "metrics_version", b"metrics_version", "min_iteration", b"min_iteration", "model_version", b"model_version", "num_epochs", b"num_epochs", "prediction_records", b"prediction_records", "predictions_path", b"predictions_path", "records_done", b"records_done", "records_predicted", b"records_predicted", "records_total", b"records_total", "rollbacks", b"rollbacks", "shard_bytes_received", b"shard_bytes_received", "shard_bytes_sent", b"shard_bytes_sent", "shard_embedding_rows", b"shard_embedding_rows", "shard_embedding_rows_evicted", b"shard_embedding_rows_evicted", "shard_embedding_rows_made", b"shard_embedding_rows_made", "shard_problem", b"shard_problem", "shard_versions", b"shard_versions", "staleness_bounds", b"staleness_bounds", "staleness_pushes", b"staleness_pushes", "tasks_requeued", b"tasks_requeued", "unrecoverable", b"unrecoverable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

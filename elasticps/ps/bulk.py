@@ -1,4 +1,5 @@
-"""A PS shard's bulk server: ``PushGradients`` and ``PullDense`` over plain TCP (``rpc/bulk.py``).
+"""A PS shard's bulk server: ``PushGradients``, ``PullDense`` and ``PullEmbeddings`` over plain TCP
+(``rpc/bulk.py``).
 
 Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is told to clients by
 ``DescribeShard``), on the same store, with the same rules as the servicer (``ps/servicer.py``):
@@ -22,6 +23,9 @@ Started by ``ps/main.py`` beside the gRPC server (``--bulk_port``; its port is t
   version is still the shard's (a commit that ran meanwhile changed the arrays under the send:
   the client pulls again, ``rpc.bulk.Torn``); ``wait_ms`` long-polls in the connection's thread,
   at most ``servicer.MAX_WAIT_MS``;
+* ``PullEmbeddings`` (issue 38): the rows of the ids asked, per table, as the gRPC call answers
+  them (``ParameterStore.pull_embeddings``: the request checked by ``embedding_wire.ids_of``, rows
+  made for ids not held yet), their bytes sent from the copies read, no encoding;
 * ``JoinRound`` (PS 0 of a sync job, which hosts the coordinator: ``joiner``): the worker writes
   it behind its push here, so it is taken once that push is staged, and waits for the round in the
   connection's thread; a pull written behind it is answered as soon as the round is committed. The
@@ -53,8 +57,10 @@ from elasticps.proto import elasticps_pb2 as pb
 from elasticps.ps import intake
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.servicer import MAX_WAIT_MS
+from elasticps.api.embedding import EmbeddingError
 from elasticps.ps.store import GradientError, ParameterStore, PushOutcome, UninitializedError
 from elasticps.rpc import bulk, frames
+from elasticps.rpc.embedding_wire import ids_of
 from elasticps.rpc.limits import ServerLimits
 from elasticps.rpc.receiving import Refused
 
@@ -166,6 +172,8 @@ class BulkServer:
                         self._push(conn, deadline, buffer, member)
                     elif method == bulk.JOIN_ROUND:
                         self._join(conn, deadline, member)
+                    elif method == bulk.PULL_ROWS:
+                        self._pull_rows(conn, deadline)
                     else:
                         self._pull(conn, deadline)
                 except bulk.DeadlineExceeded as err:
@@ -267,9 +275,7 @@ class BulkServer:
 
     def _reply(self, conn: socket.socket, deadline: bulk.Deadline, outcome: PushOutcome, started: float) -> None:
         self._metrics.push_seconds.observe(time.perf_counter() - started)
-        self._metrics.pushed("accepted" if outcome.accepted else "rejected")
-        self._metrics.staleness.observe(outcome.staleness)
-        self._metrics.model_version.set(outcome.version)
+        self._metrics.answered(outcome)
         reply = pb.PushReply(accepted=outcome.accepted, version=outcome.version).SerializeToString()
         bulk.send(conn, bulk.reply_parts(grpc.StatusCode.OK, reply), deadline)
 
@@ -323,18 +329,33 @@ class BulkServer:
             bulk.send(conn, [bulk.INTACT.pack(intact)], deadline)
         self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
 
+    def _pull_rows(self, conn: socket.socket, deadline: bulk.Deadline) -> None:
+        request = _message(conn, deadline, pb.EmbeddingRequest(), "PullEmbeddings", bulk.MAX_ROWS_REQUEST_BYTES)
+        try:
+            incarnation, version, parts = self._store.pull_embeddings(ids_of(request), make=not request.read_only)
+        except UninitializedError as err:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        except (GradientError, EmbeddingError) as err:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"PullEmbeddings: {err}") from None
+        head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
+        first, views = frames.describe(head, {}, {}, parts)
+        head_bytes = first.SerializeToString()
+        bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head_bytes), *views, bulk.INTACT.pack(True)], deadline)
+        self._metrics.bytes_sent.inc(len(head_bytes) + sum(len(v) for v in views))
+
     def _send_head(self, conn: socket.socket, head: pb.Frame, deadline: bulk.Deadline) -> None:
         """A pull's reply without tensors (no model, or nothing newer)."""
         bulk.send(conn, [*bulk.reply_parts(grpc.StatusCode.OK, head.SerializeToString()), bulk.INTACT.pack(True)], deadline)
 
 
-M = TypeVar("M", pb.PullRequest, pb.JoinRequest)
+M = TypeVar("M", pb.PullRequest, pb.JoinRequest, pb.EmbeddingRequest)
 
 
-def _message(conn: socket.socket, deadline: bulk.Deadline, into: M, what: str) -> M:
-    """A request's message: its length checked before it is read, then parsed into ``into``."""
+def _message(conn: socket.socket, deadline: bulk.Deadline, into: M, what: str, limit: int = bulk.MAX_MESSAGE_BYTES) -> M:
+    """A request's message: its length checked against ``limit`` before it is read, then parsed
+    into ``into``."""
     length = bulk.recv_length(conn, deadline)
-    if length > bulk.MAX_MESSAGE_BYTES:
+    if length > limit:
         raise frames.FrameError(f"a request of {length} bytes")
     body = bulk.recv_declared(conn, length, deadline)
     try:

@@ -40,7 +40,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -165,13 +165,14 @@ def _write_array(f: BinaryIO, hasher: Any, arr: npt.NDArray[Any]) -> None:
         f.write(chunk)
 
 
-def save(directory: Path, checkpoint: Checkpoint, keep: int = 3, protect: int = 0) -> Path:
+def save(directory: Path, checkpoint: Checkpoint, keep: int = 3, protect: int | Collection[int] = 0) -> Path:
     """Write ``checkpoint`` atomically to ``directory/ckpt-{version:012d}.eps``; return its path.
 
     Creates ``directory`` if needed. Writes a temp file in the same directory, flushes, fsyncs,
     ``os.replace``-s it onto the final name and fsyncs the directory. Then deletes checkpoints
-    beyond the ``keep`` newest (never the one just written, nor version ``protect``: the newest the
-    whole job can restore, 0 for none) and stale temp files; failures of
+    beyond the ``keep`` newest (never the one just written, nor the versions ``protect`` names:
+    the newest the whole job can restore, 0 for none, and the whole checkpoints that kept deltas
+    are of) and stale temp files; failures of
     that clean-up are logged, not raised. Invalid content (negative version, non-numeric dtype,
     meta not JSON-serialisable) raises :class:`CheckpointError`; I/O errors propagate as
     ``OSError``. The arrays are read as given: pass a snapshot, not arrays being updated.
@@ -249,13 +250,14 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 3, protect: int = 
         with _in_flight_lock:
             _in_flight.discard(tmp_name)
 
-    _cleanup(directory, keep, final, _checkpoint_path(directory, protect).name if protect > 0 else "")
+    protected = {protect} if isinstance(protect, int) else set(protect)
+    _cleanup(directory, keep, final, {_checkpoint_path(directory, v).name for v in protected if v > 0})
     return final
 
 
-def _cleanup(directory: Path, keep: int, just_written: Path, protected: str = "") -> None:
+def _cleanup(directory: Path, keep: int, just_written: Path, protected: Collection[str] = ()) -> None:
     for old in list_checkpoints(directory)[keep:]:
-        if old.name in (just_written.name, protected):
+        if old.name == just_written.name or old.name in protected:
             continue
         try:
             old.unlink(missing_ok=True)
@@ -360,13 +362,13 @@ def load(path: Path) -> Checkpoint:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from e
 
 
-def verify(path: Path) -> None:
+def verify(path: Path) -> Mapping[str, Any]:
     """Reads ``path`` through and checks it as :func:`load` does, without keeping its arrays (at
-    most ``_CHUNK`` bytes held at a time); :class:`CheckpointError` names what is wrong."""
+    most ``_CHUNK`` bytes held at a time); its meta, or :class:`CheckpointError` naming what is wrong."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            _load(f, path, keep=False)
+            return _load(f, path, keep=False).meta
     except OSError as e:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from e
 

@@ -26,8 +26,10 @@ import numpy as np
 import numpy.typing as npt
 
 from elasticps.api.embedding import TableSpec
+from elasticps.api.row_policy import RowPolicy
 from elasticps.api.table_kinds import TableKind
-from elasticps.ps.embeddings import EmbeddingTable, table_key
+from elasticps.ps.checkpoint_deltas import table_key
+from elasticps.ps.embeddings import EmbeddingTable
 from elasticps.ps.optimizers import Optimizer
 from elasticps.ps.state_table import STATE, StateTable
 from elasticps.ps.tables import DENSE, DenseTable, Table
@@ -50,6 +52,7 @@ class Making:
     spec: TableSpec | None = None
     tensors: Mapping[str, Array] = field(default_factory=lambda: _NO_ARRAYS)
     received: bool = False
+    policy: RowPolicy = RowPolicy()  # a table of rows: which it keeps (api/row_policy.py)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Restoring:
     arrays: Mapping[str, Array]
     meta: Mapping[str, Any]
     spec: TableSpec | None = None
+    policy: RowPolicy = RowPolicy()
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,12 @@ def _declared(spec: TableSpec | None) -> TableSpec:
 
 
 def _embedding(making: Making) -> EmbeddingTable:
-    return EmbeddingTable(_declared(making.spec), making.optimizer, np.float32, making.shard, making.shards)
+    return EmbeddingTable(_declared(making.spec), making.optimizer, np.float32, making.shard, making.shards, making.policy)
 
 
 def _restored_embedding(saved: Restoring) -> EmbeddingTable:
-    return EmbeddingTable.restored(_declared(saved.spec), saved.optimizer, saved.arrays, saved.shard, saved.shards)
+    return EmbeddingTable.restored(_declared(saved.spec), saved.optimizer, saved.arrays, saved.shard, saved.shards,
+                                   saved.policy)
 
 
 KINDS: Mapping[TableKind, Kind] = {

@@ -22,6 +22,7 @@ from types import FrameType
 from prometheus_client import REGISTRY, start_http_server
 
 from elasticps import allocator, identity
+from elasticps.api.row_policy import RowPolicies
 from elasticps.api.context import RoleContext, add_job_flags, context_from_args
 from elasticps.api.modes import UpdateRule
 from elasticps.api.replicas import Role
@@ -42,7 +43,7 @@ from elasticps.ps.bulk import BulkServer
 from elasticps.ps.checkpoint import CheckpointError
 from elasticps.ps.metrics import PSMetrics
 from elasticps.ps.applied import TaskProgress
-from elasticps.ps.servicer import ParameterServerServicer, ledger_message
+from elasticps.ps.servicer import ParameterServerServicer, ledger_message, shard_state
 from elasticps.ps.servicer import add_to_server as add_ps_to_server
 from elasticps.ps.store import ParameterStore, RoundError, StoreSettings, UninitializedError
 from elasticps.rpc.channels import bind
@@ -184,7 +185,9 @@ def store_settings(config: PSConfig) -> StoreSettings:
         checkpoint_dir=Path(t.checkpoint_dir) if t.checkpoint_dir else None,
         checkpoint_steps=t.checkpoint_steps,
         keep_checkpoint_max=t.keep_checkpoint_max,
+        checkpoint_full_every=t.checkpoint_full_every,
         round_log=_round_log(config.job.index),
+        row_policies=RowPolicies.parse(t.embedding_policy),
     )
 
 
@@ -213,19 +216,7 @@ class LocalShard:
         return LedgerView.of(ledger_message(self._store.applied.copy()))
 
     def describe(self) -> ShardView:
-        store = self._store
-        received, sent = (0, 0) if self._metrics is None else self._metrics.traffic()
-        return ShardView(
-            store.initialized,
-            store.version,
-            store.boot,
-            store.incarnation,
-            tuple(store.checkpoint_versions()),
-            received,
-            sent,
-            tuple(store.unreadable_checkpoints()),
-            store.checkpoint_failure,
-        )
+        return ShardView.of(shard_state(self._store, self._metrics))
 
     def roll_back(self, version: int, incarnation: int) -> ShardView:
         try:
@@ -264,6 +255,7 @@ def run(config: PSConfig) -> int:
     server = AsyncServer(config.rpc_threads, verifier)
     metrics = PSMetrics(REGISTRY, config.job.index)
     metrics.model_version.set(store.version)
+    metrics.watch_rows(store.row_stats)
     servicer = ParameterServerServicer(store, config.chunk_bytes, metrics, config.limits)
     add_ps_to_server(servicer, server)
     stopped = threading.Event()  # set by SIGTERM/SIGINT: retries of dead shards give up at once
@@ -290,7 +282,11 @@ def run(config: PSConfig) -> int:
             checkpoint_steps=t.checkpoint_steps,
             checkpoint_dir=t.checkpoint_dir,
             output=config.job.output,
-            curves=open_curves(config.job.output, metrics.staleness_counts) if config.job.output and settings.trains else None,
+            curves=(
+                open_curves(config.job.output, metrics.staleness_counts, lambda: metrics.last_learning_rate)
+                if config.job.output and settings.trains
+                else None
+            ),
             staleness=metrics.staleness_counts,
         )
         add_coordinator(CoordinatorServicer(coordinator, config.limits), server)

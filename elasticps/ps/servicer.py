@@ -54,6 +54,7 @@ from elasticps.ps.checkpoint import CheckpointError
 from elasticps.rpc.embedding_wire import ids_of, spec_of
 from elasticps.ps.applied import LedgerCopy, TaskProgress
 from elasticps.ps.store import GradientError, ModelMismatch, ParameterStore, RoundError, UninitializedError
+from elasticps.ps.tables import RowStats
 from elasticps.ps.versions import version_problem
 from elasticps.rpc import edges, frames, guard, receiving
 from elasticps.rpc.limits import ServerLimits, Slots
@@ -242,9 +243,7 @@ class ParameterServerServicer:
                 self._metrics.pushed("invalid")
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         self._metrics.push_seconds.observe(time.perf_counter() - started)
-        self._metrics.pushed("accepted" if outcome.accepted else "rejected")
-        self._metrics.staleness.observe(outcome.staleness)
-        self._metrics.model_version.set(outcome.version)
+        self._metrics.answered(outcome)
         return pb.PushReply(accepted=outcome.accepted, version=outcome.version)
 
     def _admit_push(self, head: frames.Head) -> None:
@@ -270,7 +269,7 @@ class ParameterServerServicer:
             yield message
 
     def _embedding_frames(self, request: pb.EmbeddingRequest) -> list[bytes]:
-        incarnation, version, parts = self._store.pull_embeddings(ids_of(request))
+        incarnation, version, parts = self._store.pull_embeddings(ids_of(request), make=not request.read_only)
         head = pb.Frame(model=pb.ModelHead(initialized=True, version=version, incarnation=incarnation))
         return list(frames.encode(head, {}, self._chunk_bytes, embeddings=parts))
 
@@ -294,22 +293,7 @@ class ParameterServerServicer:
         return ledger_message(self._store.applied.copy())
 
     def DescribeShard(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.ShardState:
-        store = self._store
-        received, sent = self._metrics.traffic()
-        return pb.ShardState(
-            initialized=store.initialized,
-            version=store.version,
-            boot=store.boot,
-            incarnation=store.incarnation,
-            checkpoints=store.checkpoint_versions(),
-            bulk_port=self.bulk_port,
-            tensor_bytes_received=received,
-            tensor_bytes_sent=sent,
-            embedding_rows=sum(store.rows_held().values()),
-            embedding_bytes=store.embedding_bytes(),
-            unreadable=store.unreadable_checkpoints(),
-            checkpoint_failure=store.checkpoint_failure,
-        )
+        return shard_state(self._store, self._metrics, self.bulk_port)
 
     def RestoreShard(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.ShardState:
         problem = version_problem("version", request.version) or version_problem("incarnation", request.incarnation)
@@ -327,6 +311,30 @@ def _finite_piece(spec: frames.TensorSpec, start: int, values: np.ndarray) -> No
     """A pushed model's piece, checked as ``ParameterStore.initialize`` checks the values."""
     if values.dtype.kind == "f" and not finite(values):
         raise receiving.Refused(grpc.StatusCode.INVALID_ARGUMENT, f"PushModel: {spec.name!r} holds NaN or infinity")
+
+
+def shard_state(store: ParameterStore, metrics: PSMetrics | None, bulk_port: int = 0) -> pb.ShardState:
+    """What the shard says of itself (DescribeShard; PS 0's coordinator reads its own shard so too)."""
+    received, sent = (0, 0) if metrics is None else metrics.traffic()
+    rows = sum(store.row_stats().values(), RowStats())
+    return pb.ShardState(
+        initialized=store.initialized,
+        version=store.version,
+        boot=store.boot,
+        incarnation=store.incarnation,
+        checkpoints=store.checkpoint_versions(),
+        bulk_port=bulk_port,
+        tensor_bytes_received=received,
+        tensor_bytes_sent=sent,
+        embedding_rows=rows.rows,
+        embedding_bytes=rows.bytes,
+        embedding_rows_made=rows.made,
+        embedding_rows_evicted=rows.evicted,
+        embedding_rowless_reads=rows.rowless_reads,
+        embedding_dropped_gradients=rows.dropped_gradients,
+        unreadable=store.unreadable_checkpoints(),
+        checkpoint_failure=store.checkpoint_failure,
+    )
 
 
 def add_to_server(servicer: ParameterServerServicer, server: AsyncServer) -> None:

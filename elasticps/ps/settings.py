@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticps.api.modes import TrainingMode
+from elasticps.api.row_policy import RowPolicies
 
 
 @dataclass(frozen=True)
@@ -22,4 +23,6 @@ class StoreSettings:
     checkpoint_dir: Path | None = None  # this shard writes under <checkpoint_dir>/ps-<shard>
     checkpoint_steps: int = 0  # a checkpoint every this many versions (0: never)
     keep_checkpoint_max: int = 3
+    checkpoint_full_every: int = 0  # > 1: one whole checkpoint in this many, the others deltas of it
     round_log: Path | None = None  # sync: every commit's minibatches appended here (JSON lines; audits)
+    row_policies: RowPolicies = field(default_factory=RowPolicies)  # which rows each embedding table keeps

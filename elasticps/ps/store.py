@@ -41,9 +41,11 @@ from elasticps.api.optimizer import MAX_LEARNING_RATE, OptimizerConfig
 from elasticps.ps import checkpoint
 from elasticps.ps.applied import AppliedTasks, TaskProgress
 from elasticps.ps.arrivals import PushHead, Stream
-from elasticps.ps.checkpointing import Checkpointing, capture
+from elasticps.ps.checkpointing import Base, Checkpointing, capture
 from elasticps.api.table_kinds import TableKind
-from elasticps.ps.embeddings import RowGradient, table_key
+from elasticps.ps.checkpoint_deltas import table_key
+from elasticps.ps.embeddings import RowGradient
+from elasticps.ps.tables import RowStats
 from elasticps.ps.errors import GradientError, ModelMismatch, UninitializedError
 from elasticps.ps.layout import Described, Layout
 from elasticps.ps.kinds import KINDS, Making
@@ -138,6 +140,7 @@ class ParameterStore:
         self._installing = threading.Lock()  # one model installed, once (initialise or restore)
         self._model: Model | None = None
         self._checkpoints = Checkpointing.for_shard(settings)
+        self._checkpoints.on_full = self._forget_evictions
         self._version = ModelVersion(on_advance=self._advanced)
         self._round_log_lock = threading.Lock()
         self.applied = AppliedTasks()  # sync: the task ledger's copy (``applied.py``)
@@ -207,7 +210,8 @@ class ParameterStore:
             made[KINDS[kind].key(None)] = KINDS[kind].create(Making(shard, shards, built, tensors=part, received=received))
         try:
             for spec in tables:
-                made[KINDS[spec.kind].key(spec)] = KINDS[spec.kind].create(Making(shard, shards, built, spec=spec))
+                making = Making(shard, shards, built, spec=spec, policy=self.settings.row_policies.of(spec.name))
+                made[KINDS[spec.kind].key(spec)] = KINDS[spec.kind].create(making)
         except EmbeddingError as err:
             raise GradientError(str(err)) from None
         with self._installing:
@@ -300,10 +304,11 @@ class ParameterStore:
                 yield Reading(self.incarnation, self._version.value, model.dense.variables, model.state.values)
 
     def pull_embeddings(
-        self, ids: Mapping[str, np.ndarray | None]
+        self, ids: Mapping[str, np.ndarray | None], make: bool = True
     ) -> tuple[int, int, dict[str, dict[str, np.ndarray]]]:
         """The incarnation, version and, per table, the rows of ``ids`` (``{"rows": ...}``; rows
-        not held yet are made) or, for ids None, every row held (``{"ids": ..., "rows": ...}``),
+        not held yet are made as the table's policy admits them, unless ``make`` is false:
+        evaluation and prediction) or, for ids None, every row held (``{"ids": ..., "rows": ...}``),
         read under the rule's guard (sync: the rows of that version). GradientError names a
         table this shard does not hold or ids it cannot serve."""
         model = self._require_model()
@@ -318,7 +323,7 @@ class ParameterStore:
                     rows[name] = {PART_IDS: held_ids, PART_ROWS: held_rows}
                     continue
                 try:
-                    rows[name] = {PART_ROWS: table.pull(wanted)}
+                    rows[name] = {PART_ROWS: table.pull(wanted, make)}
                 except EmbeddingError as err:
                     raise GradientError(str(err)) from None
             return self.incarnation, self._version.value, rows
@@ -327,6 +332,11 @@ class ParameterStore:
         """Each embedding table's rows on this shard now (none without a model)."""
         model = self._model
         return {} if model is None else {name: table.rows_held for name, table in model.embeddings.items()}
+
+    def row_stats(self) -> dict[str, RowStats]:
+        """Each embedding table's rows on this shard and what its policy did (none without a model)."""
+        model = self._model
+        return {} if model is None else {name: table.stats() for name, table in model.embeddings.items()}
 
     def embedding_bytes(self) -> int:
         """The memory of this shard's embedding tables (their arrays' capacity and indexes)."""
@@ -433,8 +443,17 @@ class ParameterStore:
     def _advanced(self, version: int) -> None:
         self._checkpoints.after_update(version, self.snapshot)
 
-    def snapshot(self) -> checkpoint.Checkpoint:
-        return capture(self._require_model(), self._version.value, self.settings.shard)
+    def snapshot(self, base: Base | None = None) -> checkpoint.Checkpoint:
+        """The shard's model now, whole, or with its tables of rows as deltas since ``base``."""
+        deltas = self._checkpoints.full_every > 1
+        return capture(self._require_model(), self._version.value, self.settings.shard, base, deltas)
+
+    def _forget_evictions(self, clocks: Mapping[str, int]) -> None:
+        """A whole checkpoint was written at these tables' clocks: their evictions before are no delta's."""
+        model = self._model
+        for name, table in ({} if model is None else model.embeddings).items():
+            if name in clocks:
+                table.forget_evictions(clocks[name])
 
     def flush_checkpoints(self) -> None:
         """Waits for the checkpoints already submitted (tests; shutdown)."""

@@ -38,6 +38,7 @@ import math
 import threading
 import weakref
 from collections.abc import Mapping
+from dataclasses import astuple, dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -114,6 +115,23 @@ class Table(Protocol[G]):
         ...
 
 
+@dataclass(frozen=True)
+class RowStats:
+    """One table's rows on its shard: held now and their memory; made, evicted, and the ids that
+    got no row (not admitted yet, or past the cap: pulls answered with first values, gradient rows
+    dropped), counted since the process started."""
+
+    rows: int = 0
+    bytes: int = 0
+    made: int = 0
+    evicted: int = 0
+    rowless_reads: int = 0
+    dropped_gradients: int = 0
+
+    def __add__(self, other: RowStats) -> RowStats:
+        return RowStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
 @runtime_checkable
 class RowTable(Protocol):
     """A declared table (``TableSpec``) whose rows are keyed by id, split over the job's shards:
@@ -128,8 +146,30 @@ class RowTable(Protocol):
 
     def nbytes(self) -> int: ...
 
-    def pull(self, ids: Any) -> Array:
-        """The rows of ``ids``, in their order; rows not held yet are made."""
+    def stats(self) -> RowStats:
+        """Its rows now and what its policy did with them (``api/row_policy.py``)."""
+        ...
+
+    @property
+    def clock(self) -> int:
+        """Updates applied to it on this shard (what a checkpoint's delta is counted from)."""
+        ...
+
+    def delta(self, since: int) -> dict[str, Array]:
+        """Its rows used since clock ``since``, and the ids evicted since, keyed as its snapshot."""
+        ...
+
+    def log_evictions(self) -> None:
+        """Keep the ids evicted from now on, for deltas (incremental checkpoints)."""
+        ...
+
+    def forget_evictions(self, through: int) -> None:
+        """A whole checkpoint at clock ``through`` is written: evictions before it are no delta's."""
+        ...
+
+    def pull(self, ids: Any, make: bool = True) -> Array:
+        """The rows of ``ids``, in their order; rows not held yet are made (``make``: as the
+        table's policy admits them; else their first values are read)."""
         ...
 
     def held(self) -> tuple[IdArray, Array]:

@@ -35,6 +35,7 @@ are the same either way.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -150,6 +151,11 @@ class PushRequest:
     state: Mapping[str, np.ndarray] | None = None  # the worker's state tensors, each to its shard
     embeddings: Mapping[str, RowGrads] | None = None  # row gradients per table, each shard its ids' rows
     pull_behind: PullBehind | None = None
+    # Rows to pull right behind the push (distinct ids per table: the next minibatch's), answered in
+    # Pushed.rows: on each shard reached over its bulk channel, in the same write, once the push is
+    # done there (async: the rows include it; sync: the push is only staged, the round's update is
+    # not in them); elsewhere pulled after the push.
+    rows_behind: Mapping[str, IdArray] | None = None
     # Where the push runs: False, in the caller's thread (its handle is done on return); True, on
     # the client's push thread, one push at a time in order, so the caller computes meanwhile;
     # a pull behind it is then read there too, and Pushed.behind has its answer.
@@ -165,6 +171,7 @@ class Pushed:
     accepted: list[bool]  # per shard
     versions: list[int]  # per shard, after the push
     behind: Behind | None = None  # the pull sent right behind the push, when one was asked for
+    rows: PulledRows | None = None  # the rows asked for behind the push (PushRequest.rows_behind)
 
     @property
     def all_accepted(self) -> bool:
@@ -302,6 +309,56 @@ def _unmoved(answer: frames.Decoded, request: pb.PullRequest) -> bool:
     """Whether a pull's answer is the model the request already had (nothing newer came)."""
     head = answer.first.model
     return head.initialized and (head.incarnation, head.version) == (request.incarnation, request.version)
+
+
+_ShardRows = tuple[int, int, dict[str, np.ndarray]]  # a shard's version, incarnation, rows per table
+PHASED_BYTES = 1 << 20  # a push of at most this many bytes per shard is written to every shard from one thread
+
+
+def _payload_bytes(*groups: Mapping[str, np.ndarray | Mapping[str, np.ndarray]]) -> int:
+    """The bytes of a push's arrays (tensors, state, and each table's parts)."""
+    total = 0
+    for group in groups:
+        for value in group.values():
+            total += value.nbytes if isinstance(value, np.ndarray) else sum(a.nbytes for a in value.values())
+    return total
+
+
+def _gathered(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Every call's result in order; after all ran, the first error raised, or the shards whose
+    call raised ShardsUninitialized as one."""
+    results: list[T] = []
+    uninitialized: list[int] = []
+    error: BaseException | None = None
+    for shard, call in enumerate(calls):
+        try:
+            results.append(call())
+        except ShardsUninitialized:
+            uninitialized.append(shard)
+        except BaseException as err:  # re-raised below, after every shard answered
+            error = error or err
+    if error is not None:
+        raise error
+    if uninitialized:
+        raise ShardsUninitialized(uninitialized)
+    return results
+
+
+@dataclass(frozen=True)
+class _RowsAsked:
+    """A pull of rows cut over the shards: the ids per table, each shard's part and its request
+    (None: nothing of it there)."""
+
+    ids: dict[str, IdArray]
+    splitters: dict[str, RowSplitter]
+    mine: list[dict[str, IdArray]]
+    requests: list[pb.EmbeddingRequest | None]
+    shards: int
+
+    def joined(self, answers: Sequence[_ShardRows]) -> PulledRows:
+        rows = {table: self.splitters[table].join(values, self.shards, [a[2].get(table) for a in answers])
+                for table, values in self.ids.items()}  # fmt: skip
+        return PulledRows(rows, [a[0] for a in answers], [a[1] for a in answers])
 
 
 class PSClient:
@@ -537,6 +594,7 @@ class PSClient:
         parts = self._dense.split(gradients, placement)
         state_parts = self._state.split(state or {}, placement)
         row_parts = self._split_rows(request.embeddings or {})
+        rows_asked = None if request.rows_behind is None else self._ask_rows(request.rows_behind)
         held = list(request.incarnations) if request.incarnations is not None else [0] * self.num_shards
         waiting: list[bulk.BulkConnection | None] = [None] * self.num_shards
         pulls = [
@@ -546,28 +604,40 @@ class PSClient:
             for shard in range(self.num_shards)
         ]  # fmt: skip
 
+        def head_of(shard: int) -> pb.Frame:
+            return pb.Frame(push=pb.PushHead(worker=self.worker, version=versions[shard], learning_rate=learning_rate,
+                                             minibatch=minibatch, incarnation=held[shard]))  # fmt: skip
+
+        def behind_of(shard: int) -> pb.PullRequest | None:
+            return None if join_behind and shard == 0 else pulls[shard]  # shard 0's goes behind the join
+
+        def rows_of(shard: int) -> pb.EmbeddingRequest | None:
+            return None if rows_asked is None else rows_asked.requests[shard]
+
+        def follows(shard: int) -> bool:
+            """Whether a dense pull or a join follows the push (and its rows) on its connection."""
+            return behind_of(shard) is not None or (join_behind and shard == 0)
+
+        def kept(shard: int) -> bool:
+            """Whether the connection stays the push's after its reply: answers follow on it."""
+            return follows(shard) or rows_of(shard) is not None
+
+        def write(shard: int, connection: bulk.BulkConnection) -> None:
+            connection.send_push(head_of(shard), parts[shard], state_parts[shard], row_parts[shard], behind_of(shard),
+                                 rows_of(shard))  # fmt: skip
+
         def push(shard: int) -> pb.PushReply:
-            head = pb.Frame(
-                push=pb.PushHead(
-                    worker=self.worker,
-                    version=versions[shard],
-                    learning_rate=learning_rate,
-                    minibatch=minibatch,
-                    incarnation=held[shard],
-                )
-            )
+            head = head_of(shard)
+
             def stream() -> Iterator[bytes]:  # made anew for each attempt of the call
                 return frames.encode(head, parts[shard], self._chunk_bytes, state_parts[shard], row_parts[shard])
 
-            joining = join_behind and shard == 0
-            behind = None if joining else pulls[shard]  # shard 0's goes behind the join
-
             def attempt() -> pb.PushReply:
                 def over(connection: bulk.BulkConnection) -> pb.PushReply:
-                    return connection.push(head, parts[shard], state_parts[shard], row_parts[shard], behind)
+                    write(shard, connection)
+                    return connection.read_push()
 
-                keep = waiting if behind is not None or joining else None
-                reply = self._over_bulk(shard, over, keep=keep)
+                reply = self._over_bulk(shard, over, keep=waiting if kept(shard) else None)
                 if reply is not None:
                     return reply
                 return self._stubs[shard].PushGradients(stream(), timeout=self._timeout_s)
@@ -575,15 +645,48 @@ class PSClient:
             reply: pb.PushReply = self._call(attempt, "PushGradients")
             return reply
 
+        def rows_behind(shard: int) -> _ShardRows:
+            # The rows' answer is on the connection when the push went over it; else (or when it
+            # did not come) they are pulled now. Never the push again: it was applied.
+            assert rows_asked is not None
+            decoded = self._read_rows(shard, waiting, keep=follows(shard)) if rows_of(shard) is not None else None
+            return self._rows_answer(shard, rows_asked, decoded)
+
+        small = all(_payload_bytes(parts[shard], state_parts[shard], row_parts[shard]) <= PHASED_BYTES
+                    for shard in range(self.num_shards))  # fmt: skip
         try:
-            replies = self._fan_out(push)
+            if small and self.num_shards > 1:
+                replies = self._phased(write, lambda shard, connection: connection.read_push(), push,
+                                       [True] * self.num_shards, waiting, kept)  # fmt: skip
+            else:
+                replies = self._fan_out(push)
+            pulled = None if rows_asked is None else rows_asked.joined(self._fan_out(rows_behind, threads=False))
         except BaseException:
             Behind(self, versions, held, 0, waiting).cancel()
             raise
         behind = None
         if behind_spec is not None:
             behind = Behind(self, versions, held, behind_spec.wait_ms, waiting, pulls[0] if join_behind else None)
-        return Pushed([r.accepted for r in replies], [r.version for r in replies], behind)
+        return Pushed([r.accepted for r in replies], [r.version for r in replies], behind, pulled)
+
+    def _read_rows(self, shard: int, waiting: list[bulk.BulkConnection | None], keep: bool) -> frames.Decoded | None:
+        """The answer of the rows pulled behind a push on ``waiting[shard]``'s connection; None when
+        the push went another way or the answer did not come (the caller pulls them again).
+        ``keep``: a dense pull or a join follows on the connection, which stays in ``waiting``;
+        otherwise it goes back to the pool."""
+        connection = waiting[shard]
+        if connection is None:
+            return None
+        try:
+            return connection.read_pull()
+        except (OSError, grpc.RpcError, bulk.DeadlineExceeded, frames.FrameError):
+            return None  # a broken connection is closed by give_back (and the dense pull read after it fails)
+        finally:
+            route = self._routes[shard]
+            if not keep:
+                waiting[shard] = None
+                if route is not None:
+                    route.give_back(connection)
 
     def _rows_of(self, table: str) -> RowSplitter:
         """The splitter of a declared table's rows, by its kind (``psclient/kinds.py``); a table
@@ -601,36 +704,61 @@ class PSClient:
                     out[shard][table] = piece
         return out
 
-    def pull_embeddings(self, ids: Mapping[str, IdArray]) -> PulledRows:
+    def pull_embeddings(self, ids: Mapping[str, IdArray], read_only: bool = False) -> PulledRows:
         """The rows of ``ids`` per table, in their order: each shard is asked for the ids it holds
-        (embedding: ``id mod N``; the caller passes distinct ids), all shards at once."""
+        (embedding: ``id mod N``; the caller passes distinct ids), all shards at once, over their
+        bulk channels where they connect. ``read_only`` (evaluation, prediction): the shards make
+        no row (an id without one reads its first values)."""
+        asked = self._ask_rows(ids, read_only)
+        wanted = [request is not None for request in asked.requests]
+
+        def write(shard: int, connection: bulk.BulkConnection) -> None:
+            request = asked.requests[shard]
+            assert request is not None
+            connection.send_rows(request)
+
+        def read(shard: int, connection: bulk.BulkConnection) -> _ShardRows:
+            return self._rows_answer(shard, asked, connection.read_pull())
+
+        def slow(shard: int) -> _ShardRows:
+            return self._rows_answer(shard, asked, None)
+
+        return asked.joined(self._phased(write, read, slow, wanted))
+
+    def _ask_rows(self, ids: Mapping[str, IdArray], read_only: bool = False) -> _RowsAsked:
+        """Each shard's part of a pull of rows (by each table's kind), and what puts the answers together."""
         splitters = {table: self._rows_of(table) for table in ids}
-        asked = {table: splitters[table].ask(values, self.num_shards) for table, values in ids.items()}
+        cut = {table: splitters[table].ask(values, self.num_shards) for table, values in ids.items()}
+        mine = [{table: per_shard[shard] for table, per_shard in cut.items() if per_shard[shard].size}
+                for shard in range(self.num_shards)]  # fmt: skip
+        requests = [ids_request(self.worker, part, read_only) if part else None for part in mine]
+        return _RowsAsked(dict(ids), splitters, mine, requests, self.num_shards)
 
-        def pull(shard: int) -> tuple[int, int, dict[str, np.ndarray]]:
-            mine = {table: per_shard[shard] for table, per_shard in asked.items() if per_shard[shard].size}
-            if not mine:
-                return -1, -1, {}
-            request = ids_request(self.worker, mine)
-            decoded: frames.Decoded = self._call(
-                lambda: frames.decode(self._stubs[shard].PullEmbeddings(request, timeout=self._timeout_s)),
-                "PullEmbeddings",
-            )
-            head = decoded.first.model
-            if not head.initialized:
-                raise ShardsUninitialized([shard])
-            rows = {table: parts[PART_ROWS] for table, parts in decoded.embeddings.items() if PART_ROWS in parts}
-            for table, values in mine.items():
-                found = rows.get(table)
-                if found is None or found.shape[0] != values.size:
-                    raise ModelMismatch(f"PS shard {shard} answered {None if found is None else found.shape[0]} rows "
-                                        f"of table {table!r} for {values.size} ids")
-            return head.version, head.incarnation, rows
+    def _rows_answer(self, shard: int, asked: _RowsAsked, decoded: frames.Decoded | None) -> _ShardRows:
+        """One shard's rows: ``decoded`` when its answer came already (behind a push), else asked
+        now (over the bulk channel, else gRPC frames, with the client's retries)."""
+        request = asked.requests[shard]
+        if request is None:
+            return -1, -1, {}
+        if decoded is None:
 
-        results = self._fan_out(pull)
-        out = {table: splitters[table].join(values, self.num_shards, [r[2].get(table) for r in results])
-               for table, values in ids.items()}
-        return PulledRows(out, [r[0] for r in results], [r[1] for r in results])
+            def attempt() -> frames.Decoded:
+                over = self._over_bulk(shard, lambda connection: connection.pull_rows(request))
+                if over is not None:
+                    return over
+                return frames.decode(self._stubs[shard].PullEmbeddings(request, timeout=self._timeout_s))
+
+            decoded = self._call(attempt, "PullEmbeddings")
+        head = decoded.first.model
+        if not head.initialized:
+            raise ShardsUninitialized([shard])
+        rows = {table: parts[PART_ROWS] for table, parts in decoded.embeddings.items() if PART_ROWS in parts}
+        for table, values in asked.mine[shard].items():
+            found = rows.get(table)
+            if found is None or found.shape[0] != values.size:
+                raise ModelMismatch(f"PS shard {shard} answered {None if found is None else found.shape[0]} rows "
+                                    f"of table {table!r} for {values.size} ids")
+        return head.version, head.incarnation, rows
 
     def held_rows(self, tables: Sequence[str]) -> dict[str, tuple[IdArray, np.ndarray]]:
         """Every row the shards hold of ``tables``: per table its ids (sorted) and their rows."""
@@ -720,25 +848,67 @@ class PSClient:
     def _call(self, call: Callable[[], T], what: str) -> T:
         return retrying(call, what=what, deadline_s=self._deadline_s)
 
-    def _fan_out(self, call: Callable[[int], T]) -> list[T]:
-        if self.num_shards == 1:
-            return [self._guard(call, 0)]
-        futures = [self._pool.submit(self._guard, call, shard) for shard in range(self.num_shards)]
-        results: list[T] = []
-        uninitialized: list[int] = []
-        error: BaseException | None = None
-        for shard, future in enumerate(futures):
+    def _fan_out(self, call: Callable[[int], T], threads: bool = True) -> list[T]:
+        """``call`` for every shard, each in a thread of the client's pool (``threads``, more than
+        one shard) or one after another in the caller's; the first error raised once every shard
+        answered, shards without a model gathered into one :class:`ShardsUninitialized`."""
+        if threads and self.num_shards > 1:
+            futures = [self._pool.submit(self._guard, call, shard) for shard in range(self.num_shards)]
+            return _gathered([future.result for future in futures])
+        return _gathered([functools.partial(self._guard, call, shard) for shard in range(self.num_shards)])
+
+    def _phased(
+        self,
+        write: Callable[[int, bulk.BulkConnection], None],
+        read: Callable[[int, bulk.BulkConnection], T],
+        slow: Callable[[int], T],
+        wanted: Sequence[bool],
+        keep: list[bulk.BulkConnection | None] | None = None,
+        kept: Callable[[int], bool] = lambda shard: False,
+    ) -> list[T]:
+        """A small call to every shard in the caller's thread, no thread per shard: written on
+        each wanted shard's bulk connection first, then each answer read, so the shards work at
+        once (a thread pool's hand-offs cost more than such a call). A shard without a bulk
+        connection, or whose write or read failed short of an answer, gets ``slow`` (the call with
+        its retries, over bulk or gRPC frames); one not wanted gets ``slow`` too (which answers
+        at once). ``keep``/``kept``: a shard whose connection holds more answers (pulls behind a
+        push) keeps it in ``keep[shard]``."""
+        written: list[bulk.BulkConnection | None] = [None] * self.num_shards
+        for shard in range(self.num_shards):
+            route = self._routes[shard]
+            connection = route.take() if wanted[shard] and route is not None else None
+            if route is None or connection is None:
+                continue
             try:
-                results.append(future.result())
-            except ShardsUninitialized:
-                uninitialized.append(shard)
-            except BaseException as err:  # re-raised below, after every shard answered
-                error = error or err
-        if error is not None:
-            raise error
-        if uninitialized:
-            raise ShardsUninitialized(uninitialized)
-        return results
+                write(shard, connection)
+                written[shard] = connection
+            except (OSError, bulk.DeadlineExceeded):
+                route.lost()
+                route.give_back(connection)  # broken: closed
+
+        def answer(shard: int) -> T:
+            connection, route = written[shard], self._routes[shard]
+            if connection is None or route is None:
+                return slow(shard)
+            holding = False
+            try:
+                result = read(shard, connection)
+                if keep is not None and kept(shard) and not connection.broken:
+                    keep[shard], holding = connection, True
+                return result
+            except bulk.BulkError as err:
+                if err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    route.full()  # turned away before anything was read
+                elif classify(err.code()) is not Failure.TRANSIENT:
+                    raise
+            except (OSError, bulk.DeadlineExceeded, frames.FrameError):
+                route.lost()  # as _over_bulk: the call goes again, its own way
+            finally:
+                if not holding:
+                    route.give_back(connection)
+            return slow(shard)
+
+        return self._fan_out(answer, threads=False)
 
     @staticmethod
     def _guard(call: Callable[[int], T], shard: int) -> T:

@@ -11,14 +11,17 @@ whenever the channel cannot be used, stays on gRPC. The bytes are those of the g
   member's token changed (rotated keys). A server with the job's key checks the last hello's token
   at every call (the keys it accepts may have changed since): a call whose token names no member
   is answered UNAUTHENTICATED and the connection closed;
-* request: ``EPB2``, the method (1 push, 2 pull), then frames, each ``u64 length`` + the serialized
-  ``Frame`` bytes: a push is its head frame (head and tensor metadata) and payload frames, ended by
-  a zero length; a pull is one serialized ``PullRequest``;
+* request: ``EPB2``, the method (1 push, 2 pull, 3 join, 4 rows), then frames, each ``u64 length`` +
+  the serialized ``Frame`` bytes: a push is its head frame (head and tensor metadata) and payload
+  frames, ended by a zero length; a pull is one serialized ``PullRequest``; a pull of rows
+  (``PullEmbeddings``, issue 38) one serialized ``EmbeddingRequest``, its ids raw little-endian
+  int64s (at most :data:`MAX_ROWS_REQUEST_BYTES`);
 * reply: the status (a ``grpc.StatusCode`` value, 0 OK) and ``u64 length`` + bytes: the reply
-  message (``PushReply``), an error's message, or a pull's head frame (its tensors' metadata), then
-  (pull, OK) the tensors' bytes, as many as the head declares, and one byte: 1 when the model did
-  not change while its bytes were sent, 0 when it did (a sync shard sends its variables as they
-  are, and a commit may have run meanwhile: :class:`Torn`, the client pulls again).
+  message (``PushReply``), an error's message, or a pull's head frame (its tensors' metadata: a
+  pull of rows has one ``rows`` tensor per table), then (pull, OK) the tensors' bytes, as many as
+  the head declares, and one byte: 1 when the model did not change while its bytes were sent, 0
+  when it did (a sync shard sends its variables as they are, and a commit may have run meanwhile:
+  :class:`Torn`, the client pulls again; rows are copies, always 1).
 
 A receiver reads the head frame whole (at most :data:`MAX_HEAD_BYTES`, held only as its bytes arrive:
 :func:`recv_declared`), has it admitted (sizes and
@@ -29,9 +32,10 @@ the tensors piece by piece instead (``frames.Chunked``) gets the same checks. Ev
 a :class:`Deadline` (an idle limit per read and the whole call's). A sender writes the arrays' own
 memory (``frames.describe``), no copy.
 
-A connection's requests are answered one after another, in order, so a client may write a pull
-right behind a push in one go (``BulkConnection.push`` with ``pull``): the pull is answered once the
-push is done, its model includes the push, and the two cost one round trip instead of two.
+A connection's requests are answered one after another, in order, so a client may write pulls
+right behind a push in one go (``BulkConnection.push`` with ``rows`` and ``pull``, in that order):
+each is answered once the push is done, includes it (async; sync, the push is only staged), and
+they cost one round trip instead of several.
 """
 
 from __future__ import annotations
@@ -50,13 +54,15 @@ import numpy as np
 from elasticps import identity
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.rpc import frames
+from elasticps.rpc.embedding_wire import MAX_PULL_IDS
 
 MAGIC = b"EPB2"  # 2: a pull's reply ends with the intact byte
 HELLO = 0  # the connection's token, first; no reply
 PUSH_GRADIENTS = 1
 PULL_DENSE = 2
 JOIN_ROUND = 3  # sync: the coordinator's JoinRound, on PS 0 only, behind the worker's push there
-METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense", JOIN_ROUND: "JoinRound"}
+PULL_ROWS = 4  # embedding rows by id (PullEmbeddings)
+METHODS = {PUSH_GRADIENTS: "PushGradients", PULL_DENSE: "PullDense", JOIN_ROUND: "JoinRound", PULL_ROWS: "PullEmbeddings"}
 
 REQUEST = struct.Struct("<4sB")  # magic, method
 LENGTH = struct.Struct("<Q")
@@ -64,6 +70,7 @@ REPLY = struct.Struct("<BQ")  # status code value, message bytes
 INTACT = struct.Struct("<?")  # after a pull's tensors: whether the model stayed as it was while sent
 MAX_HEAD_BYTES = 16 << 20  # a stream's head frame (metadata, and whatever payload it carries)
 MAX_MESSAGE_BYTES = 1 << 20  # a PullRequest, a reply message, an error's message
+MAX_ROWS_REQUEST_BYTES = 8 * MAX_PULL_IDS + MAX_MESSAGE_BYTES  # an EmbeddingRequest: one table's most ids, and room
 _MAX_PREFIX = 11  # a payload frame's tag and varint
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -268,7 +275,7 @@ def receive_payload(sock: socket.socket, deadline: Deadline, head: frames.Head, 
 
 
 # ---- the client's side -------------------------------------------------------------------------------
-def _message(method: int, request: pb.PullRequest | pb.JoinRequest) -> list[bytes | memoryview]:
+def _message(method: int, request: pb.PullRequest | pb.JoinRequest | pb.EmbeddingRequest) -> list[bytes | memoryview]:
     body = request.SerializeToString()
     return [REQUEST.pack(MAGIC, method), LENGTH.pack(len(body)), body]
 
@@ -305,13 +312,24 @@ class BulkConnection:
 
     def push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray],
              embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-             pull: pb.PullRequest | None = None) -> pb.PushReply:
+             pull: pb.PullRequest | None = None, rows: pb.EmbeddingRequest | None = None) -> pb.PushReply:
         """Sends one push stream; its reply, or BulkError with the status the server answered.
 
         ``pull``: a pull request sent right behind the push, in the same write: the server takes it
-        once the push is done, so its answer includes the push. Its answer is left on the
-        connection for :meth:`read_pull`: until then the connection carries nothing else (a
-        refused push gets no answer to it: the server closes the connection)."""
+        once the push is done, so its answer includes the push. ``rows``: a pull of rows sent the
+        same way, ahead of ``pull``. Their answers are left on the connection for :meth:`read_pull`,
+        in that order: until then the connection carries nothing else (a refused push gets no
+        answer to them: the server closes the connection)."""
+        deadline = self._deadline("PushGradients")
+        self.send_push(head, tensors, state, embeddings, pull, rows, deadline)
+        return self.read_push(deadline)
+
+    def send_push(self, head: pb.Frame, tensors: dict[str, np.ndarray], state: dict[str, np.ndarray],
+                  embeddings: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+                  pull: pb.PullRequest | None = None, rows: pb.EmbeddingRequest | None = None,
+                  deadline: Deadline | None = None) -> None:
+        """:meth:`push`'s write alone; :meth:`read_push` reads its reply (a client writes to every
+        shard first, then reads every reply)."""
         first, views = frames.describe(head, tensors, state, embeddings)
         head_bytes = first.SerializeToString()
         total = sum(len(v) for v in views)
@@ -320,10 +338,15 @@ class BulkConnection:
             header = frames.payload_frame_header(total)
             parts += [LENGTH.pack(len(header) + total), header, *views]
         parts.append(LENGTH.pack(0))
+        if rows is not None:
+            parts += _message(PULL_ROWS, rows)
         if pull is not None:
             parts += _message(PULL_DENSE, pull)
-        deadline = self._deadline("PushGradients")
-        code, message = self._exchange(parts, deadline)
+        self._write(parts, deadline or self._deadline("PushGradients"))
+
+    def read_push(self, deadline: Deadline | None = None) -> pb.PushReply:
+        """The reply of the push :meth:`send_push` wrote, or BulkError with the status the server answered."""
+        code, message = self._reply(deadline or self._deadline("PushGradients"))
         if code is not grpc.StatusCode.OK:
             raise BulkError(code, message.decode(errors="replace"))
         return pb.PushReply.FromString(message)
@@ -332,6 +355,15 @@ class BulkConnection:
         deadline = self._deadline("PullDense")
         code, message = self._exchange(_message(PULL_DENSE, request), deadline)
         return self._pulled(code, message, deadline)
+
+    def pull_rows(self, request: pb.EmbeddingRequest) -> frames.Decoded:
+        """The rows of the request's ids, per table (``Decoded.embeddings``: ``{"rows": ...}``)."""
+        self.send_rows(request)
+        return self.read_pull()
+
+    def send_rows(self, request: pb.EmbeddingRequest) -> None:
+        """:meth:`pull_rows`'s write alone; :meth:`read_pull` reads its answer."""
+        self._write(_message(PULL_ROWS, request), self._deadline("PullEmbeddings"))
 
     def join(self, request: pb.JoinRequest, pull: pb.PullRequest | None = None) -> pb.JoinReply:
         """Sync, on PS 0: joins the round with the gradient pushed on this connection (the server
@@ -360,7 +392,8 @@ class BulkConnection:
             self.broken = True
 
     def read_pull(self) -> frames.Decoded:
-        """The answer to the pull sent behind the last push or join (``pull``), or by :meth:`send_pull`."""
+        """The answer to the next pull left on the connection: sent behind the last push (``rows``,
+        then ``pull``) or join, or by :meth:`send_pull`."""
         if self.broken:
             raise BulkClosed("the connection broke before the pull's answer")
         deadline = self._deadline("PullDense")
@@ -387,12 +420,15 @@ class BulkConnection:
         return decoded
 
     def _exchange(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
+        self._write(parts, deadline)
+        return self._reply(deadline)
+
+    def _write(self, parts: Sequence[bytes | memoryview], deadline: Deadline) -> None:
         try:
             self._send(parts, deadline)
         except BaseException:
             self.broken = True
             raise
-        return self._reply(deadline)
 
     def _reply(self, deadline: Deadline) -> tuple[grpc.StatusCode, bytes]:
         try:

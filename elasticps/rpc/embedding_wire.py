@@ -82,10 +82,10 @@ def all_request(worker: str, tables: list[str]) -> pb.EmbeddingRequest:
     return pb.EmbeddingRequest(worker=worker, tables=[pb.EmbeddingIds(table=name, all=True) for name in tables])
 
 
-def ids_request(worker: str, ids: Mapping[str, IdArray]) -> pb.EmbeddingRequest:
+def ids_request(worker: str, ids: Mapping[str, IdArray], read_only: bool = False) -> pb.EmbeddingRequest:
     tables = [pb.EmbeddingIds(table=name, ids=np.ascontiguousarray(values, "<i8").tobytes())
               for name, values in ids.items()]
-    return pb.EmbeddingRequest(worker=worker, tables=tables)
+    return pb.EmbeddingRequest(worker=worker, tables=tables, read_only=read_only)
 
 
 def ids_of(request: pb.EmbeddingRequest) -> dict[str, IdArray | None]:

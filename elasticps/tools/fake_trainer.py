@@ -156,12 +156,16 @@ class NumpyTrainer:
     def row_gradients(self) -> dict[str, RowGrads]:
         return {}  # no embedding tables
 
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+    def learning_rate_at(self, version: int) -> float:
+        return 0.0  # no schedule
+
+    def apply_local(self, gradients: Mapping[str, np.ndarray], learning_rate: float = 0.0) -> None:
         for name, value in gradients.items():
             self._weights[name] = self._weights[name] - value
 
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
-        self.apply_local(gradients)
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        for name, value in gradients.items():  # the counters count minibatches, whatever the scale
+            self._weights[name] = self._weights[name] - (value if name in self._counters else scale * value)
 
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
         return {"mean_feature": float(np.mean(features)) * len(features)}

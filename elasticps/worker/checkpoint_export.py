@@ -35,6 +35,7 @@ from elasticps.api.output import exported_job
 from elasticps.api.spec import TrainingJob
 from elasticps.backends.api import ModelError, Variable
 from elasticps.ps import checkpoint
+from elasticps.ps.checkpoint_deltas import load_whole
 from elasticps.psclient.sharding import parse_slice
 from elasticps.worker.exporting import Exporter, metrics_document
 
@@ -78,7 +79,7 @@ def newest_common(folders: Sequence[Path], wanted: int | None = None) -> tuple[i
     problems: list[str] = []
     for version in common:
         try:
-            return version, [checkpoint.load(checkpoint.path_of(f, version)) for f in folders]
+            return version, [load_whole(f, version) for f in folders]  # a delta with its base (checkpointFullEvery)
         except checkpoint.CheckpointError as err:
             problems.append(str(err))
             print(f"elasticps export: skipping version {version}: {err}", file=sys.stderr)

@@ -115,6 +115,11 @@ class LocalModel:
         """The PS shards' versions the local copy was pulled at (a copy)."""
         return list(self._versions)
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """The (incarnation, version) of the oldest shard the local copy was pulled from."""
+        return min(zip(self._incarnations, self._versions))
+
     # ---- pulls -------------------------------------------------------------------------------
     def initialise(self) -> None:
         """The first pull. The first worker to find the PS empty initialises it; the others adopt its model."""
@@ -279,16 +284,20 @@ class LocalModel:
         return paced_gradients(self._trainer, x, y, self._pace, self.counters, self.metrics)
 
     def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """LocalSGD: a step of the worker's own optimizer on the local copy; the PS does not see it."""
-        self._trainer.apply_local(gradients)
+        """LocalSGD: a step of the worker's own optimizer on the local copy, at the module's
+        scheduled rate for the copy's version if it has a schedule; the PS does not see it."""
+        self._trainer.apply_local(gradients, self._trainer.learning_rate_at(self.held[1]))
 
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """SSP: a local step between pulls, ``gradients`` times the learning rate taken off the
-        local copy. No momentum: the PS applies the same gradients with the optimizer's, and the
-        next pull replaces the copy. A push after it is still tagged with the pulled versions: the
-        PS moved by its own (momentum) updates of this worker's gradients, not by these steps, so
-        they count in the push's staleness."""
-        self._trainer.sgd_step(gradients)
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        """SSP: a local step between pulls, ``gradients`` times the learning rate times ``scale``
+        taken off the local copy (``scale``: how far the PS's momentum carries the same gradient
+        before this worker's next push lands, ``steps.local_step_scale``); no momentum of its own:
+        the PS applies the same gradients with the optimizer's, and the next pull replaces the
+        copy. A push after it is still tagged with the pulled versions: the PS moved by its own
+        (momentum) updates of this worker's gradients, not by these steps, so they count in the
+        push's staleness. Under a learning-rate schedule the step is at the schedule's rate."""
+        scheduled = self._trainer.learning_rate_at(self.held[1])
+        self._trainer.sgd_step(gradients, scale * scheduled / self.learning_rate if scheduled > 0 else scale)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The local copy's trainable weights now (LocalSGD: where a period starts and ends)."""
@@ -299,7 +308,20 @@ class LocalModel:
         """The learning rate of the worker's own optimizer (its local steps)."""
         return self._trainer.optimizer_config(self._learning_rate).params["learning_rate"]
 
+    @property
+    def momentum(self) -> float:
+        """The heavy-ball momentum the PS applies this model's gradients with (SGD's; 0 for the
+        optimizers without one)."""
+        config = self._trainer.optimizer_config(self._learning_rate)
+        return config.params.get("momentum", 0.0) if config.name == "sgd" else 0.0
+
     # ---- pushes ------------------------------------------------------------------------------
+    def _rate(self) -> float:
+        """The learning rate a gradient of the local copy is pushed with: the module's schedule's
+        at the copy's version (``elasticps.callbacks``), else the job's (0: the PS's own)."""
+        scheduled = self._trainer.learning_rate_at(self.held[1])
+        return scheduled if scheduled > 0 else self._learning_rate
+
     def push(self, gradients: Mapping[str, np.ndarray], minibatch: str = "",
              pull_behind: PullBehind | None = None) -> Pushed:  # fmt: skip
         """Pushes in the caller's thread and waits for every shard's answer, tagged with the local
@@ -318,7 +340,7 @@ class LocalModel:
                 request = PushRequest(
                     gradients,
                     self._versions,
-                    self._learning_rate,
+                    self._rate(),
                     minibatch,
                     self._incarnations,
                     state=self._trainer.state(),
@@ -362,11 +384,12 @@ class LocalModel:
         takes its answer.
         """
         versions, incarnations = list(self._versions), list(self._incarnations)
+        rate = self._rate()
         state = self._trainer.state()  # now: settling may pull, replacing it with the PS's
         rows = self._trainer.row_gradients()
         self.settle()
         request = PushRequest(
-            gradients, versions, self._learning_rate, incarnations=incarnations, state=state, embeddings=rows,
+            gradients, versions, rate, incarnations=incarnations, state=state, embeddings=rows,
             pull_behind=PullBehind() if pull_behind else None, background=True,
         )  # fmt: skip
         self._in_flight = self._ps.push(request)

@@ -320,7 +320,8 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     if ps is not None and trainer.tables():
         ps.declare_tables(trainer.tables())
         client = ps
-        trainer.serve_rows(lambda ids: client.pull_embeddings(ids).rows, client.held_rows)
+        trainer.serve_rows(lambda ids, training=True: client.pull_embeddings(ids, read_only=not training).rows,
+                           client.held_rows)
     coordinator = CoordinatorClient(config.coordinator_addr, worker=name,
                                     iteration_fn=None if peer is None else (lambda: peer.state.iteration))
     if config.metrics_port:
@@ -329,7 +330,12 @@ def _run(config: WorkerConfig, stopping: threading.Event) -> int:
     prediction = (
         None
         if to_predict is None
-        else Prediction(to_predict, PredictionWriter(config.job.output), standalone=spec.standalone)
+        else Prediction(
+            to_predict,
+            PredictionWriter(config.job.output),
+            standalone=spec.standalone,
+            processor=lambda outputs: trainer.process_predictions(outputs, config.job.index),
+        )
     )
     worker = Worker(
         config.job.training,

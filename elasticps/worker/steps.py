@@ -15,9 +15,10 @@ Each step uses the :class:`LocalModel` for the model traffic and only decides wh
   workers' updates.
 * :class:`SSPStep` (async with ``pull_every`` k > 1): pull every k minibatches; in between take a
   plain SGD step with own gradients on the local copy while also pushing them, each push travelling
-  during the next minibatch. A local step has no momentum (the PS applies the optimizer, momentum
-  included, to the same gradients: the worker's would count it twice). A push's staleness counts
-  every update since the pull, the worker's own included.
+  during the next minibatch. A local step has no momentum of its own (the PS applies the optimizer,
+  momentum included, to the same gradients: the worker's would count it twice); it is as long as
+  the PS's momentum carries the gradient before the worker's next push (:func:`local_step_scale`).
+  A push's staleness counts every update since the pull, the worker's own included.
 
 * :class:`LocalSGDStep` (``UpdateRule.LOCAL_SGD``): a period of K steps on the local copy with the
   worker's own optimizer, from a pull; then the model delta (pulled minus trained weights) is staged
@@ -267,8 +268,30 @@ class AsyncStep:
         self._model.settle()
 
 
+def local_step_scale(momentum: float, versions_per_push: float) -> float:
+    """How many learning rates' worth of a gradient the PS's momentum has moved the model by when
+    the worker's next push lands, ``versions_per_push`` updates later: ``1 + m + ... + m^(n-1)``,
+    ``(1 - m^n) / (1 - m)`` (1 without momentum or for one version; ``1 / (1 - m)`` at most). Pure.
+
+    SSP's local step takes this many steps of plain SGD, so the copy the next gradients are
+    computed on is where the PS has carried this worker's own gradient by then (momentum 0.9, 4
+    workers: 3.4), not a tenth of the way there; the other workers' updates it cannot know."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    n = max(1.0, versions_per_push)
+    return (1.0 - momentum**n) / (1.0 - momentum) if momentum > 0 else 1.0
+
+
+# The weight of the latest pull in SSPStep's mean of versions per push.
+PACE_WEIGHT = 0.25
+
+
 class SSPStep:
-    """``overlap``: as :class:`AsyncStep`'s, for the pull every ``pull_every`` minibatches."""
+    """``overlap``: as :class:`AsyncStep`'s, for the pull every ``pull_every`` minibatches.
+
+    Its local steps are scaled by :func:`local_step_scale`, from the model's momentum and the PS
+    versions per push of this worker seen between its pulls (a running mean; 1 until two pulls
+    a task apart are known)."""
 
     def __init__(self, model: LocalModel, pull_every: int, overlap: bool = False) -> None:
         if pull_every < 1:
@@ -277,9 +300,13 @@ class SSPStep:
         self._pull_every = pull_every
         self._overlap = overlap
         self._since_pull = 0  # minibatches trained since the last pull, within this task
+        self._pulled_at: tuple[int, int] | None = None  # the (incarnation, version) of this task's last pull
+        self.versions_per_push = 1.0
+        self._momentum: float | None = None  # the model's, read once (its optimizer does not change)
 
     def start_task(self, task_id: int = 0, epoch: int = 0) -> None:
         self._since_pull = 0  # every task starts from a fresh pull
+        self._pulled_at = None  # the pace counts pushes between pulls within a task
 
     def train(self, x: Any, y: Any, records: int = 0) -> float:
         if self._since_pull == 0:
@@ -287,16 +314,29 @@ class SSPStep:
                 self._model.pull(take_ahead=True)  # the pull started with the last push, if any
             else:
                 self._model.refresh()  # as in AsyncStep: the pull includes our own last push
+            self._paced(self._model.held)
         loss, gradients = self._model.gradients(x, y)
         self._model.push_async(gradients)
         self._since_pull += 1
         if self._since_pull < self._pull_every:
-            self._model.sgd_step(gradients)  # the next pull replaces this local step's effect
+            # The next pull replaces this local step's effect.
+            if self._momentum is None:
+                self._momentum = self._model.momentum
+            self._model.sgd_step(gradients, local_step_scale(self._momentum, self.versions_per_push))
         else:
             self._since_pull = 0
             if self._overlap:
                 self._model.pull_ahead()
         return loss
+
+    def _paced(self, held: tuple[int, int]) -> None:
+        """Takes the versions the PS moved by since this task's previous pull, ``pull_every``
+        pushes of this worker ago, into the mean; not across a rollback (a new incarnation) or a
+        shard restored to an older version."""
+        before, self._pulled_at = self._pulled_at, held
+        if before is not None and held[0] == before[0] and held[1] >= before[1]:
+            seen = (held[1] - before[1]) / self._pull_every
+            self.versions_per_push += PACE_WEIGHT * (seen - self.versions_per_push)
 
     def end_task(self) -> None:
         self._model.settle()

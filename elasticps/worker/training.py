@@ -35,7 +35,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ class Prediction:
     data: Reader
     writer: PredictionWriter
     standalone: bool = False
+    processor: Callable[[Any], None] | None = None  # the model module's, given each task's outputs once written
 
 
 class Stopped(Exception):
@@ -308,4 +309,6 @@ class Worker:
         outputs = self._trainer.predict(features, labels)
         written = prediction.writer.write(task.start, task.end, outputs, labels)
         log.info("predicted records %d-%d into %s", task.start, task.end, written)
+        if prediction.processor is not None:
+            prediction.processor(outputs)
         result.records = task.end - task.start

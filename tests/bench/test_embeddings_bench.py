@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.embeddings import IDS, minibatches, run_ceiling, run_ps
+from bench.embeddings import IDS, minibatches, run_ceiling, run_ps, run_tables
 
 
 def test_minibatches_are_distinct_sorted_ids_with_a_hot_head() -> None:
@@ -22,9 +22,16 @@ def test_minibatches_are_distinct_sorted_ids_with_a_hot_head() -> None:
 
 
 @pytest.mark.slow
-def test_two_ps_processes_hold_exactly_the_rows_pulled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("behind", [True, False])
+def test_two_ps_processes_hold_exactly_the_rows_pulled(tmp_path: Path, behind: bool) -> None:
     batches = minibatches(3)
-    result = run_ps(4, batches, tmp_path)
+    result = run_ps(4, batches, tmp_path, behind=behind)  # the next minibatch's rows behind each push, or apart
     assert result["rows_held"] == np.unique(np.concatenate(batches)).size
     assert result["rows_per_s"] > 0 and result["table_bytes"] > 0
     assert run_ceiling(4, batches)["rows_per_s"] > 0
+
+
+def test_the_tables_alone_hold_exactly_the_rows_pulled() -> None:
+    batches = minibatches(3)
+    result = run_tables(4, batches)
+    assert result["rows_held"] == np.unique(np.concatenate(batches)).size and result["rows_per_s"] > 0

@@ -73,3 +73,13 @@ def test_a_reading_from_a_restarted_shard_never_gives_negative_counts() -> None:
     after = [(0.0, 1.0), (INF, 1.0)]  # the shard's process restarted: its counts began again
     histo = staleness_histogram(before, after)
     assert histo is None or all(count >= 0 for count in histo.bucket)
+
+
+def test_the_learning_rate_the_ps_applied_is_a_curve_when_known(tmp_path: Path) -> None:
+    rates = iter([0.1, 0.1, 0.01, 0.0])  # 0: no push accepted yet (no point)
+    curves = TrainingCurves(str(tmp_path), clock=iter(range(1000, 2000)).__next__, learning_rate=rates.__next__)
+    for version in (10, 20, 30, 40):
+        curves.trained(version, loss=0.5, records=640, epoch=0)
+    curves.close()
+    points = [(e.step, v.tag, v.simple_value) for e in _events(tmp_path / "tensorboard")[1:] for v in e.summary.value]
+    assert [(s, round(x, 6)) for s, t, x in points if t == "train/learning_rate"] == [(10, 0.1), (20, 0.1), (30, 0.01)]

@@ -1,8 +1,9 @@
 """Embedding tables on real PS processes (issue 17): DeepFM through `elasticps run` with 2 PS and
 2 workers on a small Criteo-format file the test writes, and the same job with a PS killed (-9).
 
-Counted: the rows each shard holds at the end (every distinct id of the data, each on the shard
-``id mod 2``, none twice, none else: rows are made only for the ids the job pulled), the rows a
+Counted: the rows each shard holds at the end (every distinct id of the training data, each on
+the shard ``id mod 2``, none twice, none else: rows are made only for the ids training pulled;
+evaluation makes none), the rows a
 restarted shard took back from its checkpoint (exactly the checkpoint's), the AUC the job reports."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -68,8 +70,9 @@ def job(tmp_path: Path, name: str, output: str = "", **training: object) -> Path
 
 
 def distinct_ids(tmp_path: Path) -> np.ndarray:
+    """The distinct ids of the training records (evaluation pulls make no row)."""
     reader = CriteoReader(str(tmp_path / "criteo.txt"))
-    ids, _ = reader.read(0, reader.num_records)
+    ids, _ = reader.read(0, TRAIN)
     return np.unique(ids)
 
 
@@ -182,3 +185,130 @@ def test_tables_keep_every_row_once_while_a_worker_joins_and_another_is_killed(t
         assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
     assert result["metrics"]["auc"] > 0.7, result["metrics"]  # learned (chance: 0.5; 40 epochs of 2,400 records overfit)
     assert_rows_are_the_datas_ids(tmp_path, run_dir, name)
+
+
+CAP = 2500  # rows of a table a shard may hold: more than a round asks of it (~1,600), fewer than the data's ids
+
+
+def test_capped_tables_hold_at_most_their_cap_learn_and_export_the_rows_held_at_the_end(tmp_path: Path) -> None:
+    """Issue 38: ``embeddingPolicy: maxRows=...`` on every table. Each shard ends holding at most
+    the cap of each table (rows evicted on the way, counted in the result), the job still learns,
+    and the export holds exactly the rows the shards held at the end (an id without one looks up its
+    first values, as on the PS) and predicts about as the job's last evaluation did."""
+    name = "ctr-capped"
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, name, output=str(tmp_path / "model"),
+                                                      embeddingPolicy=f"maxRows={CAP}"))  # fmt: skip
+    _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN, TRAIN]
+    held = [rows_at_stop((run_dir / f"{name}-ps-{shard}.log").read_text()) for shard in (0, 1)]
+    ids = distinct_ids(tmp_path)
+    for shard in (0, 1):
+        mine = int(np.sum(np.mod(ids, 2) == shard))
+        assert mine > CAP  # the data has more ids than the cap
+        assert held[shard] == {table: min(mine, held[shard][table]) for table in TABLES}
+        assert all(count <= CAP for count in held[shard].values()), held
+    assert result["shard_embedding_rows"] == [sum(h.values()) for h in held]
+    made, evicted = result["shard_embedding_rows_made"], result["shard_embedding_rows_evicted"]
+    assert all(e > 0 for e in evicted) and [m - e for m, e in zip(made, evicted)] == result["shard_embedding_rows"]
+    assert result["metrics"]["auc"] > 0.75, result["metrics"]  # learned: the click follows the hot field C1
+    import keras
+
+    from elasticps.backends.keras.layers import Embedding
+    from elasticps.backends.keras.zoo import deepfm
+
+    model = keras.models.load_model(tmp_path / "model" / "model.keras")
+    exported = {layer.spec.name: layer.held for layer in model.layers if isinstance(layer, Embedding)}
+    assert exported == {table: held[0][table] + held[1][table] for table in TABLES}
+    reader = CriteoReader(str(tmp_path / "criteo.txt"))
+    x, y = reader.read(TRAIN, RECORDS)
+    auc = deepfm.auc(y, model.predict(x, verbose=0))
+    # As uncapped: ids evicted at the end read their first values in the export as on the PS (the
+    # export's first values were once other in a graph, model.predict's: 0.0003-0.0035 apart).
+    assert abs(auc - result["metrics"]["auc"]) < 1e-4, (auc, result["metrics"])
+
+
+def test_a_ps_killed_mid_job_under_a_row_policy_resumes_its_rows_with_their_last_use_and_keeps_the_cap(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: with ``embeddingPolicy`` (a cap and a TTL) a shard killed -9 comes back with
+    exactly its checkpoint's rows, each with its last use and the table's clock (saved beside the
+    rows), and goes on evicting under the cap to the end."""
+    name = "ctr-policy-kill"
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, name, checkpointSteps=10, keepCheckpointMax=100,
+                                                      embeddingPolicy=f"maxRows={CAP},ttl=30"))  # fmt: skip
+    client = coordinator(run_dir)
+    wait_for(lambda: client.status().model_version >= 25, 300, "a few checkpoints")
+    os.kill(int((run_dir / f"{name}-ps-1.pid").read_text()), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert f"{name}-ps-1 exited with code -9: replacing it" in stderr
+    log = (run_dir / f"{name}-ps-1.log").read_text()
+    resumed = re.search(r"resumes at version (\d+), embedding rows held: (\{.*?\})", log)
+    assert resumed, log[-3000:]
+    version, held = int(resumed[1]), ast.literal_eval(resumed[2])
+    saved = checkpoint.load(checkpoint.path_of(run_dir / "checkpoints" / "ps-1", version)).arrays
+    for table in TABLES:
+        ids, updated, clock = saved[f"emb/{table}/ids"], saved[f"emb/{table}/updated"], saved[f"emb/{table}/clock"]
+        assert held[table] == len(ids) > 0 and (updated <= clock[0]).all() and clock[0] > 0
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN, TRAIN]
+    assert len(set(result["shard_versions"])) == 1, result["shard_versions"]
+    final = rows_at_stop(log)
+    assert all(count <= CAP for count in final.values()), final
+    assert result["metrics"]["auc"] > 0.7, result["metrics"]
+
+
+def test_a_ps_killed_at_three_random_moments_under_incremental_checkpoints_resumes_every_row_of_its_version(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: ``checkpointFullEvery: 3`` (a whole checkpoint, then two deltas of it) with a capped,
+    TTL'd table; PS 1 is killed -9 three times at random versions. Each time it comes back at a
+    version with exactly the rows that version's checkpoint holds once made whole (base + delta),
+    the job ends Succeeded at one version on both shards with every record trained once per epoch."""
+    name = "ctr-incremental"
+    rng = np.random.default_rng()
+    moments = sorted(int(v) for v in rng.choice(np.arange(12, 60), size=3, replace=False))
+    print(f"\nkills of PS 1 at versions >= {moments}")
+    process, run_dir, result_file = run(tmp_path, job(tmp_path, name, checkpointSteps=4, keepCheckpointMax=100,
+                                                      checkpointFullEvery=3, numEpochs=4,
+                                                      embeddingPolicy=f"maxRows={CAP},ttl=30"))  # fmt: skip
+    client = coordinator(run_dir)
+
+    def version() -> int:
+        try:
+            return int(client.status().model_version)
+        except grpc.RpcError:  # PS 0 busy rolling every shard back: asked again
+            return -1
+
+    try:
+        for at in moments:
+            wait_for(lambda: version() >= at or process.poll() is not None, 300, f"version {at}")  # type: ignore[attr-defined]
+            assert process.poll() is None, "the job ended before the kills"  # type: ignore[attr-defined]
+            os.kill(int((run_dir / f"{name}-ps-1.pid").read_text()), signal.SIGKILL)
+            wait_for(lambda: "resumes at version" in (run_dir / f"{name}-ps-1.log").read_text().rsplit("--- start", 1)[-1],
+                     120, "PS 1 to resume")  # fmt: skip
+        _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]
+    finally:
+        if process.poll() is None:  # type: ignore[attr-defined]
+            process.terminate()  # type: ignore[attr-defined]
+            process.communicate(timeout=30)  # type: ignore[attr-defined]
+    assert process.returncode == 0, stderr  # type: ignore[attr-defined]
+    assert stderr.count(f"{name}-ps-1 exited with code -9: replacing it") == 3
+    from elasticps.ps.checkpointing import Checkpointing, base_of
+
+    folder = run_dir / "checkpoints" / "ps-1"
+    deltas = [v for v in (checkpoint.version_of(p) for p in checkpoint.list_checkpoints(folder))
+              if v is not None and base_of(checkpoint.load(checkpoint.path_of(folder, v)).meta) is not None]  # fmt: skip
+    assert deltas, "no delta was written"
+    log = (run_dir / f"{name}-ps-1.log").read_text()
+    resumed = re.findall(r"resumes at version (\d+), embedding rows held: (\{.*?\})", log)
+    assert len(resumed) == 3, log[-3000:]
+    shard = Checkpointing(folder, shard=1)
+    for version, held in resumed:
+        model = shard.load(int(version))  # the version's checkpoint made whole
+        assert ast.literal_eval(held) == {t: model.embeddings[t].rows_held for t in TABLES}, (version, held)
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [TRAIN] * 4
+    assert len(set(result["shard_versions"])) == 1, result["shard_versions"]

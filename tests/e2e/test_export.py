@@ -112,7 +112,7 @@ def test_the_exported_model_reloads_with_the_reported_accuracy(
     version = result["model_version"]
     assert (result["export_path"], result["export_version"]) == (str(out), version)
     assert stdout.strip().splitlines()[-1] == f"  model version {version} exported to {out}"
-    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "loading.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model_version"] == version and metrics["final"] is True
     assert metrics["metrics"] == result["metrics"] and metrics["metrics_version"] == result["metrics_version"]
@@ -143,7 +143,7 @@ def test_the_exported_model_reloads_with_the_reported_accuracy(
     cli_out, cli_err = export.communicate(timeout=120)
     assert export.returncode == 0, cli_err
     assert f"exported model version {version} of job e2e to {rebuilt}" in cli_out
-    assert sorted(p.name for p in rebuilt.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model"]
+    assert sorted(p.name for p in rebuilt.iterdir()) == ["job.json", "loading.json", "metrics.json", "model.keras", "saved_model"]
     again = reload(rebuilt, data[1])
     assert again["weights"] == reloaded["weights"]
     assert again["accuracy"] == reloaded["accuracy"]
@@ -175,7 +175,7 @@ def test_a_worker_killed_while_exporting_leaves_the_export_to_another(
     result = json.loads(result_file.read_text())
     assert result["tasks_requeued"] >= 1  # the killed worker's export went back to the queue
     assert result["export_path"] == str(out)
-    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "loading.json", "metrics.json", "model.keras", "saved_model", "tensorboard"]
     assert json.loads((out / "metrics.json").read_text())["model_version"] == result["model_version"]
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("slow-worker-*.log"))
     assert logs.count("exported model version") == 1, logs  # one worker finished it: not the one killed

@@ -108,7 +108,7 @@ def test_a_stranger_is_refused_by_every_process_of_a_run_and_aborts_no_round(tmp
             for name, token in STRANGERS.items():
                 for method in malformed.BULK_METHODS:
                     codes[f"ps-{shard} bulk {method} ({name})"] = bulk_call(bulk_port, token, method)
-        assert len(codes) == len(STRANGERS) * (2 * 8 + 5 + 2 * 3)  # 8 PS methods, 5 coordinator, 3 bulk
+        assert len(codes) == len(STRANGERS) * (2 * 8 + 5 + 2 * 4)  # 8 PS methods, 5 coordinator, 4 bulk
         assert {name: code for name, code in codes.items() if code is not grpc.StatusCode.UNAUTHENTICATED} == {}
         _, stderr = process.communicate(timeout=300)
     finally:

@@ -4,6 +4,11 @@ bulk port) while the job trains: every call is refused UNAUTHENTICATED, and the 
 Succeeded. The job's pods read their tokens from the Secret the operator made for it, mounted; the
 operator rotates the job's key while it trains, the kubelet rewrites the mounted files, and the
 job's processes follow without one refused call; a token of the old key is refused after.
+
+The jobs here have more epochs than the tests wait for: how fast a job trains varies too much on
+these machines for any count to outlast the test and still end soon after it (8 epochs once ended in
+15 s, before the stranger dialed; 150 once ended before the rotation's last step). Each test shows
+the job trains on after the strangers' calls, without a restart, and then deletes it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,8 +55,9 @@ for service in ("ParameterServer", "Coordinator"):
             codes[f"{service}.{method.name}"] = "OK"
         except grpc.RpcError as err:
             codes[f"{service}.{method.name}"] = err.code().name
-for method, number in (("PullDense", bulk.PULL_DENSE), ("JoinRound", bulk.JOIN_ROUND)):
-    body = pb.PullRequest(worker="worker-0").SerializeToString()
+for method, number, body in (("PullDense", bulk.PULL_DENSE, pb.PullRequest(worker="worker-0").SerializeToString()),
+                             ("JoinRound", bulk.JOIN_ROUND, pb.JoinRequest(worker="worker-0").SerializeToString()),
+                             ("PullEmbeddings", bulk.PULL_ROWS, pb.EmbeddingRequest(worker="worker-0").SerializeToString())):
     with socket.create_connection((host, 2224), timeout=10) as sock:
         deadline = bulk.Deadline.within(10, 10, method)
         bulk.send(sock, [*bulk.hello(token), bulk.REQUEST.pack(bulk.MAGIC, number), bulk.LENGTH.pack(len(body)), body], deadline)
@@ -85,22 +92,38 @@ def stranger_calls(kubectl: Kubectl, ns: str, host: str, token: str = "", name: 
     return codes
 
 
+EPOCHS = 100_000  # more than any test waits for (tasks are made an epoch at a time)
+
+
+def version(kubectl: Kubectl, ns: str, name: str) -> int:
+    return int(kubectl.job(ns, name).get("status", {}).get("modelVersion") or 0)
+
+
+def trains_on(kubectl: Kubectl, ns: str, name: str, past: int) -> dict[str, Any]:
+    """The job's status once it has trained 20 versions past ``past``, still running without a
+    restart; the job is then deleted, its pods with it."""
+    wait_for(lambda: version(kubectl, ns, name) >= past + 20, 600, f"{name} to train 20 versions past {past}",
+             interval=2)  # fmt: skip
+    status: dict[str, Any] = kubectl.job(ns, name)["status"]
+    kubectl("delete", "trainingjob", name, "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for(lambda: not kubectl.pods(ns, name), 120, f"{name}'s pods to go", interval=2)
+    return status
+
+
 @pytest.mark.timeout(1200)
-def test_a_pod_outside_the_job_is_refused_by_its_ps_and_the_job_succeeds(kubectl: Kubectl, ns: str, data: Path) -> None:
+def test_a_pod_outside_the_job_is_refused_by_its_ps_and_the_job_trains_on(kubectl: Kubectl, ns: str, data: Path) -> None:
     name = "members"
-    # Long enough that the job still runs while the stranger's pod starts and dials (with 2 epochs
-    # the job once ended first, and the stranger found no PS to dial).
-    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=8))
-    wait_for(lambda: int(kubectl.job(ns, name).get("status", {}).get("modelVersion") or 0) >= 20, 600,
-             f"{name} to train 20 versions", interval=2)  # fmt: skip
+    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=EPOCHS))
+    wait_for(lambda: version(kubectl, ns, name) >= 20, 600, f"{name} to train 20 versions", interval=2)
     codes = stranger_calls(kubectl, ns, f"{name}-ps-0.{ns}.svc")
+    after = version(kubectl, ns, name)
     print(f"\nthe stranger's {len(codes)} calls: {sorted(set(codes.values()))}")
-    assert len(codes) == 8 + 5 + 2  # every PS and coordinator method, the 2 bulk calls
+    assert len(codes) == 8 + 5 + 3  # every PS and coordinator method, the 3 bulk calls
     assert {call: code for call, code in codes.items() if code != "UNAUTHENTICATED"} == {}
-    status = wait_for(lambda: (s := kubectl.job(ns, name)["status"]).get("phase") in ("Succeeded", "Failed") and s,
-                      900, f"{name} to finish", interval=3)  # fmt: skip
-    report(f"a stranger's {len(codes)} calls to a running job's PS: all UNAUTHENTICATED", kubectl.show(ns), status)
-    assert status["phase"] == "Succeeded", status
+    shown = kubectl.show(ns)
+    status = trains_on(kubectl, ns, name, after)
+    report(f"a stranger's {len(codes)} calls to a running job's PS: all UNAUTHENTICATED", shown, status)
+    assert status["phase"] == "Running", status
     assert status["restarts"] == 0
 
 
@@ -133,12 +156,8 @@ def test_the_key_rotates_under_a_training_job_and_the_old_key_is_refused_after(
     kubectl: Kubectl, ns: str, data: Path, quick_rotation: None
 ) -> None:
     name = "rotating"
-    # 150 epochs: about 4 minutes on a quiet machine, more beside other work. It must outlast the
-    # rotation's three steps and the grace after them (about 2.5 minutes): at 70 epochs a quiet run
-    # once ended before the test read the PS's log.
-    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=150))
-    wait_for(lambda: int(kubectl.job(ns, name).get("status", {}).get("modelVersion") or 0) >= 20, 600,
-             f"{name} to train 20 versions", interval=2)  # fmt: skip
+    kubectl.apply(ns, mnist_job(name, data, use_async=True, epochs=EPOCHS))
+    wait_for(lambda: version(kubectl, ns, name) >= 20, 600, f"{name} to train 20 versions", interval=2)
     phase, old = secret_state(kubectl, ns, name)
     assert phase == "stable"
     stale = identity.token_for(old, "worker-0")  # a member's token of the old key
@@ -155,7 +174,7 @@ def test_the_key_rotates_under_a_training_job_and_the_old_key_is_refused_after(
     assert phases == ["stable", "adding", "switched", "stable"], phases
     new = secret_state(kubectl, ns, name)[1]
     assert new != old
-    versions_at_rotation = int(kubectl.job(ns, name)["status"].get("modelVersion") or 0)
+    versions_at_rotation = version(kubectl, ns, name)
     # The last step is in the Secret; the kubelet puts it in the pods within its sync period (10 s),
     # inside the grace the steps keep apart.
     time.sleep(GRACE_S)
@@ -165,12 +184,12 @@ def test_the_key_rotates_under_a_training_job_and_the_old_key_is_refused_after(
         assert "/var/run/elasticps/identity/" in log and "changed: read again" in log, (pod, log[-2000:])
     codes = stranger_calls(kubectl, ns, f"{name}-ps-0.{ns}.svc", stale, name="stale-member")
     assert {call: code for call, code in codes.items() if code != "UNAUTHENTICATED"} == {}
-    status = wait_for(lambda: (s := kubectl.job(ns, name)["status"]).get("phase") in ("Succeeded", "Failed") and s,
-                      900, f"{name} to finish", interval=3)  # fmt: skip
+    shown = kubectl.show(ns)
+    status = trains_on(kubectl, ns, name, version(kubectl, ns, name))
     events = [e["message"] for e in kubectl.json("get", "events", "-n", ns)["items"] if e["reason"] == "IdentityRotated"]
     report(f"the key rotated while {name} trained (steps {GRACE_S} s apart); the old key's worker-0 token: "
-           f"{len(codes)} calls UNAUTHENTICATED; {len(events)} IdentityRotated events", kubectl.show(ns), status)  # fmt: skip
-    assert status["phase"] == "Succeeded", status
+           f"{len(codes)} calls UNAUTHENTICATED; {len(events)} IdentityRotated events", shown, status)  # fmt: skip
+    assert status["phase"] == "Running", status
     assert status["restarts"] == 0  # no member was ever refused
     assert int(status["modelVersion"]) > versions_at_rotation
     assert len(events) == 3

@@ -28,7 +28,7 @@ def model() -> Model:
     return Model(dense, make_optimizer(ADAM))
 
 
-def snap(version: int) -> checkpoint.Checkpoint:
+def snap(version: int, base: object = None) -> checkpoint.Checkpoint:
     return checkpoint.Checkpoint(version=version, arrays={"var/w": np.full(2, float(version))}, meta={})
 
 
@@ -41,7 +41,7 @@ def test_writes_every_n_versions(tmp_path: Path, every: int, expected: list[int]
     schedule = Checkpointing(tmp_path, every=every, keep=3)
     taken: list[int] = []
 
-    def snapshot_of(version: int) -> checkpoint.Checkpoint:
+    def snapshot_of(version: int, base: object = None) -> checkpoint.Checkpoint:
         taken.append(version)
         return snap(version)
 
@@ -60,10 +60,10 @@ def test_a_stopping_shard_checkpoints_the_version_it_stops_at_once(tmp_path: Pat
     schedule.final(23, functools.partial(snap, 23))  # not due: written anyway
     schedule.flush()
     assert names(tmp_path) == [10, 20, 23]
-    schedule.final(23, lambda: pytest.fail("no second snapshot of one version"))  # type: ignore[arg-type, return-value]
-    schedule.final(20, lambda: pytest.fail("nor of an older one"))  # type: ignore[arg-type, return-value]
-    Checkpointing(None, every=10).final(7, lambda: pytest.fail("no directory: nothing"))  # type: ignore[arg-type, return-value]
-    Checkpointing(tmp_path / "off", every=0).final(7, lambda: pytest.fail("no steps: nothing"))  # type: ignore[arg-type, return-value]
+    schedule.final(23, lambda base: pytest.fail("no second snapshot of one version"))  # type: ignore[arg-type, return-value]
+    schedule.final(20, lambda base: pytest.fail("nor of an older one"))  # type: ignore[arg-type, return-value]
+    Checkpointing(None, every=10).final(7, lambda base: pytest.fail("no directory: nothing"))  # type: ignore[arg-type, return-value]
+    Checkpointing(tmp_path / "off", every=0).final(7, lambda base: pytest.fail("no steps: nothing"))  # type: ignore[arg-type, return-value]
 
 
 def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
@@ -76,7 +76,7 @@ def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
     written: list[int] = []
     guard = threading.Lock()
 
-    def snapshot_of(version: int) -> checkpoint.Checkpoint:
+    def snapshot_of(version: int, base: object = None) -> checkpoint.Checkpoint:
         nonlocal live, most
         taken = snap(version)
         with guard:
@@ -117,7 +117,7 @@ def test_a_slow_disk_holds_at_most_two_snapshots_and_writes_the_newest_last(
 def test_never_writes_without_a_directory_or_steps(tmp_path: Path, directory: str | None, every: int) -> None:
     schedule = Checkpointing(None if directory is None else tmp_path / directory, every=every)
     assert not any(schedule.due(v) for v in range(1, 10))
-    schedule.after_update(2, lambda: pytest.fail("no snapshot should be taken"))
+    schedule.after_update(2, lambda base: pytest.fail("no snapshot should be taken"))
     schedule.flush()
     assert list(tmp_path.iterdir()) == []
 

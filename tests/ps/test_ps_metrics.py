@@ -14,6 +14,7 @@ from elasticps.proto import elasticps_pb2_grpc as pb_grpc
 from elasticps.psclient.client import PSClient, PushRequest
 from elasticps.ps.metrics import PSMetrics
 from elasticps.api.optimizer import OptimizerConfig
+from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.ps.servicer import ParameterServerServicer, add_to_server
 from elasticps.ps.store import ParameterStore, StoreSettings
 from elasticps.rpc.channels import create_channel
@@ -59,3 +60,24 @@ def test_pushes_pulls_staleness_and_bytes_are_counted(grpc_servers: Callable[...
     assert value(registry, "elasticps_ps_model_version") == 1
     assert value(registry, "elasticps_ps_tensor_bytes_received_total") == 3 * 4000
     assert value(registry, "elasticps_ps_tensor_bytes_sent_total") >= 4000
+
+
+def test_the_learning_rate_of_the_latest_accepted_push_is_a_gauge(grpc_servers: Callable[..., int]) -> None:
+    registry = CollectorRegistry()
+    metrics = PSMetrics(registry, 0)
+    store = ParameterStore(StoreSettings(mode=TrainingMode(rule=UpdateRule.ASYNC)))
+    port = grpc_servers(lambda server: add_to_server(ParameterServerServicer(store, metrics=metrics), server))
+    client = PSClient([f"127.0.0.1:{port}"], worker="w", deadline_s=5)
+    gradient = {"w": np.ones(10, dtype=np.float32)}
+    try:
+        client.push_model({"w": np.zeros(10, dtype=np.float32)}, OptimizerConfig("sgd", {"learning_rate": 0.5}))
+        assert value(registry, "elasticps_ps_learning_rate") == 0  # nothing pushed yet
+        for version, rate in enumerate([0.1, 0.1, 0.01]):  # a schedule's rates, by version
+            assert client.push(PushRequest(gradient, [version], rate)).result().all_accepted
+            assert value(registry, "elasticps_ps_learning_rate") == pytest.approx(rate)
+            assert metrics.last_learning_rate == pytest.approx(rate)
+        assert client.push(PushRequest(gradient, [3])).result().all_accepted  # no rate: the PS's own
+        assert value(registry, "elasticps_ps_learning_rate") == pytest.approx(0.5)
+        np.testing.assert_allclose(client.pull([-1]).tensors["w"], -(0.1 + 0.1 + 0.01 + 0.5), rtol=1e-6)
+    finally:
+        client.close()

@@ -163,7 +163,7 @@ def test_a_rotation_under_a_member_calling_refuses_none_of_its_calls_and_then_th
         at_drop = member.calls
         eventually(lambda: member.calls >= at_drop + 5)
     assert member.refused == []
-    assert member.calls > at_drop + 5
+    assert member.calls >= at_drop + 5  # it called on after the drop (the thread may stop at exactly 5)
     # The stale token is refused everywhere, and changes nothing.
     version = shard.store.version
     with pytest.raises(bulk.BulkError) as refused:

@@ -69,7 +69,7 @@ def test_the_newest_version_every_shard_has_is_exported(tmp_path: Path, job: Pat
     code, stdout, stderr = export(capsys, str(root), "--job", str(job), "--out", str(out))
     assert code == 0, stderr
     assert stdout.strip() == f"exported model version 20 of job tiny to {out}"
-    assert sorted(p.name for p in out.iterdir()) == ["job.json", "metrics.json", "model.keras", "saved_model"]
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "loading.json", "metrics.json", "model.keras", "saved_model"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["model_version"], metrics["source"]) == (20, "checkpoints")
     assert json.loads((out / "job.json").read_text())["metadata"]["name"] == "tiny"

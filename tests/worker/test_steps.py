@@ -11,11 +11,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
+from elasticps.api.optimizer import OptimizerConfig
 from elasticps.psclient.client import Dropped, PullBehind
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.modes import LocalSGD
 from elasticps.worker.steps import (
+    PACE_WEIGHT,
+    local_step_scale,
     ALIGN_WAIT_MS,
     JOIN_WAIT_MS,
     STEPS,
@@ -36,9 +39,9 @@ def minibatches(count: int, size: int = 4) -> list[tuple[Any, Any]]:
     return list(FakeTrainer(size).batches(features, labels, "training"))
 
 
-def ready(rule: UpdateRule, tolerance: int = 0) -> tuple[FakePS, FakeTrainer, LocalModel]:
-    """A PS initialised by this worker's model, events cleared."""
-    ps, trainer = FakePS(rule, tolerance=tolerance), FakeTrainer()
+def ready(rule: UpdateRule, tolerance: int = 0, trainer: FakeTrainer | None = None) -> tuple[FakePS, FakeTrainer, LocalModel]:
+    """A PS initialised by this worker's model (``trainer``'s, a plain fake's by default), events cleared."""
+    ps, trainer = FakePS(rule, tolerance=tolerance), trainer or FakeTrainer()
     model = make_model(ps, trainer)
     model.initialise()
     ps.events.clear()
@@ -273,6 +276,125 @@ def test_ssp_starts_every_task_with_a_pull() -> None:
     step.start_task()
     step.train(*batches[2])
     assert len(pulls(ps)) == 2
+
+
+class MomentumTrainer(FakeTrainer):
+    def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
+        return OptimizerConfig("sgd", {"learning_rate": learning_rate, "momentum": 0.9})
+
+
+def test_a_local_step_is_as_long_as_the_ps_momentum_carries_a_gradient_until_the_next_push() -> None:
+    # 1 + m + ... + m^(n-1): the PS's heavy ball moves a gradient by that many learning rates in
+    # the n versions until this worker's next push lands.
+    assert local_step_scale(0.9, 4) == pytest.approx(1 + 0.9 + 0.81 + 0.729)
+    assert local_step_scale(0.9, 1) == pytest.approx(1.0)
+    assert local_step_scale(0.9, 0.3) == pytest.approx(1.0)  # never shorter than a plain step
+    assert local_step_scale(0.0, 8) == 1.0  # no momentum: a plain SGD step
+    assert local_step_scale(0.9, 10_000) == pytest.approx(10.0)  # lr / (1 - m) at most
+    assert local_step_scale(0.5, 2.5) == pytest.approx((1 - 0.5**2.5) / 0.5)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="momentum"):
+            local_step_scale(bad, 4)
+
+
+def test_ssp_scales_its_local_steps_by_the_versions_the_ps_moved_per_push_between_its_pulls() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC, trainer=MomentumTrainer())
+    step = SSPStep(model, pull_every=2)
+    step.start_task()
+    for x, y in minibatches(6):
+        step.train(x, y)
+        for _ in range(3):  # three other workers push once per minibatch of ours
+            ps.others_update()
+    step.end_task()
+    # Pulls before minibatches 1, 3 and 5: between two of them 2 pushes of ours and 6 of the
+    # others, 4 versions per push; the mean starts at 1 and takes a quarter of each new pace.
+    first = 1.0 + PACE_WEIGHT * (4 - 1.0)
+    second = first + PACE_WEIGHT * (4 - first)
+    assert step.versions_per_push == pytest.approx(second)
+    assert trainer.scales == pytest.approx([local_step_scale(0.9, v) for v in (1.0, first, second)])
+    assert ps.kinds().count("pull") == 3
+
+
+def test_ssp_without_momentum_takes_plain_sgd_local_steps_whatever_the_pace() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    step = SSPStep(model, pull_every=2)
+    step.start_task()
+    for x, y in minibatches(6):
+        step.train(x, y)
+        ps.others_update()
+    assert step.versions_per_push > 1.0
+    assert trainer.scales == [1.0, 1.0, 1.0]
+
+
+def test_ssp_pace_ignores_a_pull_that_went_back_and_restarts_with_each_task() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC, trainer=MomentumTrainer())
+    step = SSPStep(model, pull_every=2)
+    step.start_task()
+    batches = minibatches(4)
+    step.train(*batches[0])
+    step.train(*batches[1])
+    ps.roll_back(1, 1)  # the coordinator rolled the shards back: no pace across it
+    step.train(*batches[2])
+    assert step.versions_per_push == 1.0
+    step.end_task()
+    step.start_task()  # a new task: its first pull is a start, not a pace (the worker waited for it)
+    for _ in range(50):
+        ps.others_update()
+    step.train(*batches[3])
+    assert step.versions_per_push == 1.0
+
+
+# ---- a learning-rate schedule (the module's callbacks()) ------------------------------------------
+def schedule(version: int) -> float:
+    return 0.5 if version < 2 else 0.05
+
+
+def test_an_async_push_carries_the_schedules_rate_at_the_version_its_gradient_was_computed_on() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    trainer.schedule = schedule
+    step = AsyncStep(model)
+    step.start_task()
+    for x, y in minibatches(4):
+        step.train(x, y)
+    step.end_task()
+    at = [event[1][0] for event in ps.events if event[0] == "push_async"]
+    assert at == [0, 1, 2, 3]  # each push computed on the model its previous push made
+    assert ps.rates == [schedule(v) for v in at] == [0.5, 0.5, 0.05, 0.05]
+
+
+def test_sync_rounds_are_applied_at_the_schedules_rate_of_the_rounds_version() -> None:
+    ps, trainer, _ = ready(UpdateRule.SYNC)
+    trainer.schedule = schedule
+    model = make_model(ps, trainer)
+    model.initialise()
+    step, _ = sync_step(ps, model)
+    for x, y in minibatches(3):
+        step.train(x, y)
+    assert ps.rates == [0.5, 0.5, 0.05]
+    # Weights moved by 0.5 + 0.5 + 0.05 learning rates of the (unit) gradient.
+    np.testing.assert_allclose(ps.model()["out/bias"], initial_weights()["out/bias"] - 1.05)
+
+
+def test_ssp_local_steps_follow_the_schedule_too() -> None:
+    ps, trainer, model = ready(UpdateRule.ASYNC)
+    trainer.schedule = schedule
+    step = SSPStep(model, pull_every=2)
+    step.start_task()
+    for x, y in minibatches(6):
+        step.train(x, y)
+    step.end_task()
+    # The job's (fake) rate is 0.1: a local step at the schedule's 0.5, then at 0.05.
+    assert trainer.scales == pytest.approx([5.0, 0.5, 0.5])
+    assert ps.rates == [0.5, 0.5, 0.05, 0.05, 0.05, 0.05]
+
+
+def test_without_a_schedule_pushes_carry_the_jobs_rate() -> None:
+    ps, _, model = ready(UpdateRule.ASYNC)
+    step = AsyncStep(model)
+    for x, y in minibatches(2):
+        step.train(x, y)
+    step.end_task()
+    assert ps.rates == [0.1, 0.1]
 
 
 def test_ssp_refuses_a_pull_interval_below_one() -> None:
@@ -579,3 +701,12 @@ def test_local_sgd_trains_a_refused_period_again_on_the_newer_model() -> None:
     assert [shard.version for shard in ps.shards] == [3, 3]
     retrained_on = trainer.computed[3][1]  # the period began again from the model the others moved
     np.testing.assert_allclose(retrained_on["dense/bias"], initial_weights()["dense/bias"] - LOCAL_LR - 0.5)
+
+
+def test_local_sgd_steps_take_the_schedules_rate_at_the_version_of_their_period() -> None:
+    ps, trainer, step, rounds = local_sgd_step(period=2)
+    trainer.schedule = schedule
+    for x, y in minibatches(5):
+        step.train(x, y)
+    # One step, then periods of 2 from the versions the rounds committed: 0, then 1, then 2.
+    assert trainer.local_rates == [0.5, 0.5, 0.5, 0.05, 0.05]

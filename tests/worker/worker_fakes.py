@@ -142,6 +142,7 @@ class FakePS:
         self.on_wait: Callable[[], None] | None = None  # runs once when a pull waits (wait_ms > 0)
         self.minibatches: list[str] = []  # sync: the minibatch name of every push, in order
         self.pushed_states: list[dict[str, np.ndarray]] = []  # the state every push carried, as it landed
+        self.rates: list[float] = []  # the learning rate every push carried, as it landed
         self.waiting_pulls_left = 50  # a worker that waits for a shard more often waits forever: fail
 
         self.placed: list[list[str]] = []  # the tensors each place() call named (variables, then state)
@@ -318,6 +319,7 @@ class FakePS:
     ) -> Pushed:
         held = list(incarnations) if incarnations is not None else [0] * self.num_shards
         self.pushed_states.append(dict(state or {}))
+        self.rates.append(lr)
         hook, self.before_push = self.before_push, None
         if hook is not None:
             hook()
@@ -457,6 +459,9 @@ class FakeTrainer:
         self.built = False
         self.computed: list[tuple[int, dict[str, np.ndarray]]] = []  # (first record id, weights then)
         self.applied_locally = 0
+        self.scales: list[float] = []  # each sgd_step's scale
+        self.schedule: Callable[[int], float] | None = None  # the module's learning rate by version
+        self.local_rates: list[float] = []  # the learning_rate of each local step
         self.warmed_up: list[int] = []  # records of each warm_up
         self.evaluated: list[dict[str, np.ndarray]] = []
         self.fail_on_record: int | None = None
@@ -513,15 +518,21 @@ class FakeTrainer:
     def row_gradients(self) -> dict[str, Any]:
         return {}  # no embedding tables
 
-    def apply_local(self, gradients: Mapping[str, np.ndarray], event: str = "apply_local") -> None:
+    def learning_rate_at(self, version: int) -> float:
+        return 0.0 if self.schedule is None else self.schedule(version)
+
+    def apply_local(self, gradients: Mapping[str, np.ndarray], learning_rate: float = 0.0, event: str = "apply_local",
+                    scale: float = 1.0) -> None:  # fmt: skip
+        self.local_rates.append(learning_rate)
         self.applied_locally += 1
         if self.events is not None:
             self.events.append((event,))
         for name, gradient in gradients.items():
-            self.variables[name] = self.variables[name] - 0.01 * gradient
+            self.variables[name] = self.variables[name] - 0.01 * scale * gradient
 
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
-        self.apply_local(gradients, "sgd_step")
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        self.scales.append(scale)
+        self.apply_local(gradients, 0.0, "sgd_step", scale)
 
     def export(self, directory: Path) -> None:
         """The "model file": the weights as they are, as JSON (a test reads which were exported)."""

@@ -10,10 +10,15 @@ evaluation task's labels and model outputs and returns one number, which the job
 over the tasks by their records: exact when the validation data is one task) and at most one
 data function:
 
-* ``dataset_fn(dataset, mode, metadata) -> tf.data.Dataset``, ElasticDL's: ``mode`` is a
+* ``dataset_fn(dataset, mode, metadata) -> tf.data.Dataset``, or ``feed(dataset, mode, metadata)``,
+  the name ElasticDL's zoo gives it since 2020: ``mode`` is a
   :class:`~elasticps.model_contract.Mode`, ``metadata`` a :class:`~elasticps.model_contract.Metadata`;
-* ``feed(dataset, mode) -> tf.data.Dataset``, elasticps's older name for the same, without metadata
+* ``feed(dataset, mode) -> tf.data.Dataset``, elasticps's older form, without metadata
   (``mode`` the same ``Mode``, equal to the strings ``"training"`` and ``"evaluation"``).
+
+A ``modelDef`` may name the module, or, as ElasticDL's ``--model_def`` does, a function or class in
+it (``pkg.mnist_subclass.CustomModel``): that one then makes the model, called with the job's
+``spec.model.params``, and the module's ``custom_model`` is not needed.
 
 The dataset holds one element per record: ``(features, label)`` when the reader gives labels,
 the record alone when it does not (a scalar string for a serialized ``tf.train.Example``). The
@@ -35,6 +40,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from elasticps.backends.api import ModelError, blame_model_code
+from elasticps.callbacks import LearningRateScheduler
 from elasticps.model_contract import Metadata, Mode
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,11 @@ class ModelModule:
     eval_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], Any]]] | None
     dataset_fn: Callable[[Any, Mode, Metadata], Any] | None = None
     eval_set_metrics_fn: Callable[[], dict[str, Callable[[Any, Any], float]]] | None = None
+    # The learning rate by model version: callbacks()'s LearningRateScheduler, or ElasticDL's older
+    # learning_rate_scheduler(model_version); None: the optimizer's (or the job's) constant rate.
+    schedule: LearningRateScheduler | None = None
+    # ElasticDL's PredictionOutputsProcessor: a class whose instance gets each prediction task's outputs.
+    prediction_processor: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.feed is not None and self.dataset_fn is not None:
@@ -73,15 +84,36 @@ class ModelModule:
 
 
 def load_model_module(name: str) -> ModelModule:
+    """The module ``name`` names; or, as ElasticDL's ``--model_def`` (``mnist.mnist_subclass.CustomModel``),
+    the module before its last dot, whose function or class of that name makes the model in place
+    of ``custom_model``."""
     if name.startswith(_ZOO_BEFORE):
         moved = _ZOO + name.removeprefix(_ZOO_BEFORE)
         log.warning("model module %s is %s now: load it by that name", name, moved)
         name = moved
+    module_name, model_name = name, ""
     try:
         module = importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if "." not in name or err.name != name:
+            raise ModelError(f"model module {name!r} cannot be imported: {_where(name, err)}") from None
+        module_name, model_name = name.rsplit(".", 1)
+        module = _imported(module_name)
+        if not callable(getattr(module, model_name, None)):
+            raise ModelError(f"model module {name!r} cannot be imported: {err}, and module {module_name!r} has "
+                             f"no function or class {model_name}") from None
     except Exception as err:  # noqa: BLE001 - whatever the module's own code raises: said in one line
         raise ModelError(f"model module {name!r} cannot be imported: {_where(name, err)}") from None
-    return _check(name, module)
+    return _check(module_name, module, model_name)
+
+
+def _imported(module_name: str) -> ModuleType:
+    """The module of a ``modelDef`` naming a function or class in it (its parent package was
+    found: the import of the whole name got that far)."""
+    try:
+        return importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - whatever the module's own code raises: said in one line
+        raise ModelError(f"model module {module_name!r} cannot be imported: {_where(module_name, err)}") from None
 
 
 def _where(name: str, err: Exception) -> str:
@@ -105,11 +137,14 @@ def _takes(function: Callable[..., Any], arguments: int) -> bool:
     return True
 
 
-def _check(name: str, module: ModuleType) -> ModelModule:
+def _check(name: str, module: ModuleType, model_name: str = "") -> ModelModule:
+    """``model_name``: the function or class that makes the model (``custom_model`` when empty)."""
+
     def required(attribute: str) -> Callable[..., Any]:
         found = getattr(module, attribute, None)
         if not callable(found):
-            raise ModelError(f"model module {name!r} has no function {attribute}()")
+            what = "function or class" if attribute == model_name else "function"
+            raise ModelError(f"model module {name!r} has no {what} {attribute}()")
         return cast(Callable[..., Any], found)
 
     def optional(attribute: str, usage: str = "", arguments: int = 0) -> Callable[..., Any] | None:
@@ -123,13 +158,66 @@ def _check(name: str, module: ModuleType) -> ModelModule:
     loss = required("loss")
     if len(inspect.signature(loss).parameters) != 2:
         raise ModelError(f"model module {name!r}: loss(labels, predictions) takes two arguments")
+    feed, dataset_fn = _data_functions(name, optional("feed"), optional("dataset_fn"))
+    schedule = _schedule(name, optional("callbacks"), optional("learning_rate_scheduler", "learning_rate_scheduler(model_version)", 1))
     return ModelModule(
         name=name,
-        custom_model=required("custom_model"),
+        custom_model=required(model_name or "custom_model"),
         loss=loss,
         optimizer=required("optimizer"),
-        feed=optional("feed", "feed(dataset, mode)", 2),
+        feed=feed,
         eval_metrics_fn=optional("eval_metrics_fn"),
-        dataset_fn=optional("dataset_fn", "dataset_fn(dataset, mode, metadata)", 3),
+        dataset_fn=dataset_fn,
         eval_set_metrics_fn=optional("eval_set_metrics_fn"),
+        schedule=schedule,
+        prediction_processor=optional("PredictionOutputsProcessor"),
     )
+
+
+def _schedule(
+    name: str, callbacks: Callable[[], Any] | None, scheduler: Callable[[int], float] | None
+) -> LearningRateScheduler | None:
+    """The module's learning-rate schedule: ``callbacks()``'s :class:`LearningRateScheduler` (the
+    one callback with a meaning on a PS; any other is refused naming it), or ElasticDL's older
+    ``learning_rate_scheduler(model_version)``; at most one."""
+    found: list[LearningRateScheduler] = [] if scheduler is None else [LearningRateScheduler(scheduler)]
+    given = [] if callbacks is None else callbacks()
+    if given is None:
+        given = []
+    if not isinstance(given, (list, tuple)):
+        raise ModelError(f"model module {name!r}: callbacks() returns a list, got {type(given).__name__}")
+    for callback in given:
+        if isinstance(callback, LearningRateScheduler):
+            found.append(callback)
+            continue
+        kind = f"{type(callback).__module__}.{type(callback).__qualname__}"
+        if type(callback).__name__ == "LearningRateScheduler":
+            raise ModelError(f"model module {name!r}: callbacks() gives {kind}, which schedules by epoch; use "
+                             "elasticps.callbacks.LearningRateScheduler(schedule(model_version))")
+        raise ModelError(f"model module {name!r}: callbacks() gives {kind}, which has no meaning on a parameter "
+                         "server (only elasticps.callbacks.LearningRateScheduler is applied)")
+    if len(found) > 1:
+        raise ModelError(f"model module {name!r} gives {len(found)} learning-rate schedules (callbacks() and "
+                         "learning_rate_scheduler): keep one")
+    return found[0] if found else None
+
+
+def _data_functions(
+    name: str, feed: Callable[..., Any] | None, dataset_fn: Callable[..., Any] | None
+) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """The module's ``(feed, dataset_fn)``: a ``feed`` taking three arguments is ElasticDL's
+    ``feed(dataset, mode, metadata)`` (its zoo's name since 2020), so it is the ``dataset_fn``;
+    one taking two is elasticps's older ``feed(dataset, mode)``."""
+    if dataset_fn is not None and not _takes(dataset_fn, 3):
+        raise ModelError(f"model module {name!r}: dataset_fn(dataset, mode, metadata) takes 3 arguments")
+    if feed is None:
+        return None, dataset_fn
+    if _takes(feed, 3):
+        if dataset_fn is not None:
+            raise ModelError(f"model module {name!r} has both feed(dataset, mode, metadata) and "
+                             "dataset_fn(dataset, mode, metadata): keep one")
+        return None, feed
+    if not _takes(feed, 2):
+        raise ModelError(f"model module {name!r}: feed takes 3 arguments, (dataset, mode, metadata), "
+                         "or 2, (dataset, mode)")
+    return feed, dataset_fn

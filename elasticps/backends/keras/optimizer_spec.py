@@ -50,12 +50,16 @@ _UNSUPPORTED_OPTIONS = (
 _IGNORED = frozenset({"name", "learning_rate", "ema_momentum", "ema_overwrite_frequency"})
 
 
-def optimizer_config(optimizer: keras.optimizers.Optimizer, learning_rate: float | None = None) -> OptimizerConfig:
+def optimizer_config(
+    optimizer: keras.optimizers.Optimizer, learning_rate: float | None = None, scheduled: bool = False
+) -> OptimizerConfig:
     """The PS configuration reproducing ``optimizer``, all hyper-parameters filled in.
 
     ``learning_rate``, when given, replaces the optimizer's own (constant)
-    learning rate.  Raises :class:`OptimizerError` for an optimizer the PS
-    cannot reproduce exactly.
+    learning rate.  ``scheduled``: the caller applies the optimizer's
+    learning-rate schedule itself (the worker, by model version), so a
+    schedule is accepted with ``learning_rate`` as its base.  Raises
+    :class:`OptimizerError` for an optimizer the PS cannot reproduce exactly.
     """
     cls = type(optimizer)
     supported = _SUPPORTED.get(cls)
@@ -78,11 +82,12 @@ def optimizer_config(optimizer: keras.optimizers.Optimizer, learning_rate: float
     # base rate (which it scales per push for staleness).  Checked even when
     # an override is given, so a schedule is never dropped silently.
     raw_lr = _number(config.get("learning_rate"))
-    if raw_lr is None:
+    if raw_lr is None and not (scheduled and learning_rate is not None):
         raise OptimizerError(
             f"{cls.__name__} has a learning-rate schedule or callable; the parameter server needs a constant learning rate"
         )
     if learning_rate is None:
+        assert raw_lr is not None
         # Keras keeps the rate in a float32 variable, so get_config() returns
         # e.g. 0.10000000149011612 for 0.1; the shortest float32 repr gives
         # the user's number back and is the same float32 on the PS.

@@ -81,9 +81,10 @@ class ServedTables:
         found = found if isinstance(found, (list, tuple)) else [found]
         return [np.unique(np.asarray(ids).astype(np.int64).reshape(-1)) for ids in found]
 
-    def load(self, x: Any, *, initial: bool = False) -> None:
+    def load(self, x: Any, *, initial: bool = False, training: bool = True) -> None:
         """The rows of the minibatch ``x``'s ids into the layers' buffers; ``initial``: their first
-        values, computed here (warming the step up before the PS holds the model)."""
+        values, computed here (warming the step up before the PS holds the model); ``training``
+        false (evaluation, prediction): the PS makes no row for them."""
         per_layer = self._ids(x)
         wanted: dict[str, IdArray] = {}
         for layer, ids in zip(self.layers, per_layer):
@@ -92,7 +93,7 @@ class ServedTables:
         if initial or self._source is None:
             rows: Mapping[str, np.ndarray] = {name: initial_rows(self.specs[name], ids) for name, ids in wanted.items()}
         else:
-            rows = self._source(wanted)
+            rows = self._source(wanted, training)
         for layer, ids in zip(self.layers, per_layer):
             table_ids, table_rows = wanted[layer.spec.name], rows[layer.spec.name]
             layer.load(ids, table_rows if table_ids.size == ids.size else table_rows[np.searchsorted(table_ids, ids)])

@@ -26,6 +26,8 @@ every minibatch.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,12 +42,18 @@ import tensorflow as tf  # noqa: E402
 from elasticps.api.embedding import TableSpec  # noqa: E402
 from elasticps.api.optimizer import OptimizerConfig  # noqa: E402
 from elasticps.api.embedding import RowGrads  # noqa: E402
-from elasticps.api.output import KERAS_FILE, SAVED_MODEL_DIR  # noqa: E402
+from elasticps.api.output import KERAS_FILE, LOADING_FILE, SAVED_MODEL_DIR  # noqa: E402
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.backends.api import HeldRows, ModelError, RowSource, tables_served  # noqa: E402
+from elasticps.backends.keras.eval_metrics import eval_metrics  # noqa: E402
+from elasticps.backends.keras.export_proof import prove  # noqa: E402
 from elasticps.backends.keras.model_loading import ModelModule  # noqa: E402
 from elasticps.backends.keras.optimizer_spec import optimizer_config  # noqa: E402
 from elasticps.backends.keras.served_tables import ServedTables  # noqa: E402
+from elasticps.callbacks import LearningRateScheduler, ScheduleError  # noqa: E402
+
+
+log = logging.getLogger(__name__)
 
 
 def configure_threads(num_threads: int) -> None:
@@ -182,6 +190,19 @@ def _rows_gradient(gradient: Any, buffer: tf.Variable) -> Any:
     return gradient
 
 
+def _schedule_of(module: ModelModule, optimizer: Any) -> tuple[LearningRateScheduler | None, bool]:
+    """The module's learning-rate schedule by model version, and whether it is its optimizer's
+    (a ``keras.optimizers.schedules.LearningRateSchedule`` as the optimizer's learning rate, called
+    with the model version for the step); at most one of the two."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    if not isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        return module.schedule, False
+    if module.schedule is not None:
+        raise ModelError(f"{module.name}: the optimizer's learning rate is a schedule and callbacks() schedules "
+                         "it too: keep one")
+    return LearningRateScheduler(lambda version: float(rate(version))), True
+
+
 class KerasTrainer:
     """One worker's Keras model. ``learning_rate`` is the job's (``spec.training.learningRate``): when
     > 0 it replaces the model optimizer's own rate for SSP's local steps, as the PS replaces it for
@@ -212,17 +233,23 @@ class KerasTrainer:
             raise ModelError(f"{module.name}.custom_model(**{dict(params)}): {err}") from None
         self._tables = ServedTables(self.model, module.name)
         self._local_optimizer = module.optimizer()
+        self._schedule, self._optimizer_scheduled = _schedule_of(module, self._local_optimizer)
+        if self._schedule is not None and learning_rate > 0:
+            raise ModelError(f"{module.name}: spec.training.learningRate {learning_rate} and the module's "
+                             "learning-rate schedule both set the rate: keep one")
         if learning_rate > 0:
             # Refuses (OptimizerError) what the PS cannot run, a schedule above all, before the
             # override would hide it; then the local copy steps at the job's rate.
             optimizer_config(self._local_optimizer, learning_rate)
             self._local_optimizer.learning_rate = learning_rate
-        self._metric_fns = module.eval_metrics_fn() if module.eval_metrics_fn else {}
+        self._metrics = eval_metrics(module.name, module.eval_metrics_fn() if module.eval_metrics_fn else {})
         self._set_metric_fns = module.eval_set_metrics_fn() if module.eval_set_metrics_fn else {}
         self._built = False
         self._variables: dict[str, tf.Variable] = {}
         self._state: dict[str, tf.Variable] = {}
         self._predict: Any = None  # the inference step, traced on first use
+        self._processor: Any = None  # the module's PredictionOutputsProcessor, made on first use
+        self._sample: Any = None  # model inputs of a few records (the latest evaluation's first minibatch)
         self._pipelines: dict[tuple[Any, ...], TaskPipeline] = {}  # by mode and the records' dtypes and shapes
 
     # ---- variables ---------------------------------------------------------------------------
@@ -232,7 +259,10 @@ class KerasTrainer:
         sample, _, _ = self._pairs(features[:1], None if labels is None else labels[:1], Mode.TRAINING)
         if self._tables:
             self._tables.load(sample, initial=True)
-        self.model(sample, training=False)
+        outputs = self.model(sample, training=False)
+        self._sample = tf.nest.map_structure(np.asarray, sample)  # what an export is proven on, until an evaluation
+        for metric in self._metrics:  # one reading an output the model lacks: said now, not inside a trace
+            metric.predictions(outputs, self._module.name)
         variables: dict[str, tf.Variable] = {}
         for variable in self.model.trainable_variables:
             name = variable.path
@@ -316,7 +346,18 @@ class KerasTrainer:
             variable.assign(value)
 
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
+        if self._optimizer_scheduled and self._schedule is not None:  # its base: the schedule's first rate
+            return optimizer_config(self._local_optimizer, learning_rate or self.learning_rate_at(0), scheduled=True)
         return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
+
+    def learning_rate_at(self, version: int) -> float:
+        """The module's learning-rate schedule at model ``version`` (0: it has none)."""
+        if self._schedule is None:
+            return 0.0
+        try:
+            return self._schedule.learning_rate(version)
+        except ScheduleError as err:
+            raise ModelError(f"{self._module.name}: {err}") from None
 
     # ---- data --------------------------------------------------------------------------------
     def _pairs(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> tuple[Any, Any, int]:
@@ -410,16 +451,20 @@ class KerasTrainer:
             return float(loss), dict(zip(self._names, split_flat(gradients.numpy(), self._shapes, self._sizes)))
         return float(loss), {name: g.numpy() for name, g in zip(self._names, gradients)}
 
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """SSP: applies own gradients to the local copy between pulls (at the job's rate when set)."""
+    def apply_local(self, gradients: Mapping[str, np.ndarray], learning_rate: float = 0.0) -> None:
+        """LocalSGD: applies own gradients to the local copy with the model's optimizer (at the job's
+        rate when set; at ``learning_rate`` when > 0, the schedule's, unless the optimizer has a
+        Keras schedule of its own, which then runs by its own steps)."""
+        if learning_rate > 0 and not self._optimizer_scheduled:
+            self._local_optimizer.learning_rate = learning_rate
         self._local_optimizer.apply_gradients(
             [(tf.convert_to_tensor(gradients[name]), v) for name, v in self._variables.items()]
         )
 
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """SSP: a plain SGD step on the local copy between pulls, at the job's rate when set (the
-        model optimizer's momentum would count again what the PS's momentum counts)."""
-        rate = self.optimizer_config(0.0).params["learning_rate"]
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        """SSP: a plain SGD step on the local copy between pulls, at the job's rate when set, times
+        ``scale`` (the model optimizer's momentum would count again what the PS's momentum counts)."""
+        rate = self.optimizer_config(0.0).params["learning_rate"] * scale
         for name, variable in self._variables.items():
             gradient = gradients[name]
             variable.assign_sub(tf.convert_to_tensor(gradient * np.asarray(rate, gradient.dtype)))
@@ -427,25 +472,35 @@ class KerasTrainer:
     def _eval_step(self, x: Any, y: Any) -> tuple[dict[str, Any], Any]:
         predictions = self.model(x, training=False)
         results = {"loss": tf.reduce_mean(self._module.loss(y, predictions))}
-        for name, fn in self._metric_fns.items():
-            results[name] = tf.reduce_mean(tf.cast(fn(y, predictions), tf.float32))
+        for metric in self._metrics:
+            if metric.function is not None:
+                values = metric.function(y, metric.predictions(predictions, self._module.name))
+                results[metric.name] = tf.reduce_mean(tf.cast(values, tf.float32))
         return results, predictions
 
     def evaluate(self, features: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
         """Sums of each metric x minibatch size over the records (the coordinator divides); each
-        set metric (``eval_set_metrics_fn``) once over all the records, x their count."""
+        set metric (``eval_set_metrics_fn``) and Keras metric object (``eval_metrics.py``) once over
+        all the records, x their count."""
         sums: dict[str, float] = {}
         seen: list[tuple[Any, Any]] = []
         total = 0
+        objects = [m for m in self._metrics if m.metric is not None]
+        for metric in objects:
+            metric.metric.reset_state()
         for x, y in self.batches(features, labels, Mode.EVALUATION):
             count = int(tf.shape(tf.nest.flatten(y)[0])[0])
+            if total == 0:
+                self._sample = tf.nest.map_structure(np.asarray, x)
             if self._tables:
-                self._tables.load(x)
+                self._tables.load(x, training=False)
             if self._eval is None:
                 self._eval = compiled(self._eval_step, (x, y))
             results, predictions = self._eval(x, y)
             for name, value in results.items():
                 sums[name] = sums.get(name, 0.0) + float(value) * count
+            for metric in objects:
+                metric.metric.update_state(y, metric.predictions(predictions, self._module.name))
             if self._set_metric_fns:
                 seen.append((tf.nest.map_structure(np.asarray, y), tf.nest.map_structure(np.asarray, predictions)))
             total += count
@@ -457,6 +512,11 @@ class KerasTrainer:
                 if not np.isfinite(value):
                     raise ModelError(f"{self._module.name}: eval_set_metrics_fn's {name!r} gave {value}")
                 sums[name] = value * total
+        for metric in objects:
+            value = float(metric.metric.result())
+            if not np.isfinite(value):
+                raise ModelError(f"{self._module.name}: eval_metrics_fn's {metric.name!r} gave {value}")
+            sums[metric.name] = value * total
         return sums
 
     # ---- prediction --------------------------------------------------------------------------
@@ -485,10 +545,21 @@ class KerasTrainer:
             index = tf.range(start, min(count, start + self._minibatch_size))
             inputs = tf.nest.map_structure(lambda t: tf.gather(t, index), x)
             if self._tables:
-                self._tables.load(inputs)
+                self._tables.load(inputs, training=False)
             parts.append(self._predict(inputs))
         joined = tf.nest.map_structure(lambda *ts: tf.concat(ts, axis=0), *parts)
         return tf.nest.map_structure(lambda t: np.asarray(t.numpy()), joined)
+
+    def process_predictions(self, outputs: Any, worker_id: int) -> None:
+        """ElasticDL's ``PredictionOutputsProcessor().process(predictions, worker_id)``, the outputs
+        as tensors as ElasticDL's worker hands them; made on the first prediction task."""
+        if self._module.prediction_processor is None:
+            return
+        if self._processor is None:
+            self._processor = self._module.prediction_processor()
+            if not callable(getattr(self._processor, "process", None)):
+                raise ModelError(f"{self._module.name}: PredictionOutputsProcessor has no process(predictions, worker_id)")
+        self._processor.process(tf.nest.map_structure(tf.convert_to_tensor, outputs), worker_id)
 
     def load_exported(self, folder: str) -> None:
         """Replaces the model by an exported one: ``<folder>/model.keras`` (a local folder or an
@@ -522,3 +593,15 @@ class KerasTrainer:
         model = self._tables.exported() if self._tables else self.model  # served tables: the PS's rows in it
         model.save(directory / KERAS_FILE)
         model.export(str(directory / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+        if self._sample is None:
+            return
+        # Proven (export_proof.py): model.keras loads in a fresh process and computes what this one does.
+        expected = [np.asarray(o) for o in tf.nest.flatten(model(self._sample, training=False))]
+        proof = prove(directory / KERAS_FILE, self._sample, expected, self._module.name)
+        if not proof.loaded:
+            (directory / KERAS_FILE).unlink()
+            log.warning("%s: the export leaves model.keras out, it does not load in a fresh process (%s); "
+                        "saved_model/ holds the model", self._module.name, proof.reason)
+        elif proof.unproven:
+            log.warning("%s: model.keras exported unproven: %s", self._module.name, proof.unproven)
+        (directory / LOADING_FILE).write_text(json.dumps(proof.document(), indent=1) + "\n")

@@ -20,8 +20,9 @@ worker takes (:meth:`Embedding.taken`) and pushes. Only the rows a minibatch tou
 are never among the module's parameters, so never among the dense variables the PS holds.
 
 Exported from a PS job, each served module is swapped for one holding the rows the PS held
-(``held`` of them: the ids, sorted, as a buffer and their rows as a parameter); an id the job
-never saw looks up zeros. The exported program needs no PS and no elasticps.
+(``held`` of them: the ids, sorted, as a buffer and their rows as a parameter); an id it does not
+hold looks up its first values (:func:`first_rows`), as the PS answers it. The exported program
+needs no PS and no elasticps.
 """
 
 from __future__ import annotations
@@ -32,14 +33,57 @@ import numpy as np
 import torch
 from torch import nn
 
-from elasticps.api.embedding import IdArray, TableSpec, initial_rows
+from elasticps.api.embedding import GOLDEN, MIX_1, MIX_2, IdArray, TableSpec, initial_rows, table_seed
 from elasticps.backends.api import tables_are_served, tables_served
 
 LOCAL_ROWS = 1 << 18
 served = tables_served  # as the worker makes its model: layers made inside take their rows from it
 
+
+def _signed(word: int) -> int:
+    """A uint64 as the int64 of the same bits (torch has no uint64 arithmetic)."""
+    word %= 2**64
+    return word - 2**64 if word >= 2**63 else word
+
+
+def _shifted(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 ``x`` seen as uint64: torch's is arithmetic, so the bits it
+    copies in from the sign are masked off."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """``api/embedding._mix`` on int64 tensors (products and sums wrap modulo 2**64, as uint64's)."""
+    x = (x ^ _shifted(x, 30)) * _signed(MIX_1)
+    x = (x ^ _shifted(x, 27)) * _signed(MIX_2)
+    return x ^ _shifted(x, 31)
+
+
+def _uniform01(ids: torch.Tensor, dim: int, key: int, stream: int) -> torch.Tensor:
+    golden = int(GOLDEN)
+    base = _mix(ids ^ _signed(key)) + _signed(stream * golden)
+    steps = torch.tensor([_signed(k * golden) for k in range(1, dim + 1)], dtype=torch.int64, device=ids.device)
+    bits = _mix(base[:, None] + steps[None, :])
+    return _shifted(bits, 11).to(torch.float64) * (1.0 / 2**53)
+
+
+def first_rows(spec: TableSpec, ids: torch.Tensor) -> torch.Tensor:
+    """The first values of the rows of ``ids`` (int64 [n]) as ``api/embedding.initial_rows`` makes
+    them, in torch's ops (float32 [n, dim]): what an exported table answers for an id it does not
+    hold, as the PS does."""
+    if spec.initializer == "zeros":
+        return torch.zeros(ids.shape[0], spec.dim, dtype=torch.float32, device=ids.device)
+    key = table_seed(spec)
+    u = _uniform01(ids, spec.dim, key, 0)
+    if spec.initializer == "uniform":
+        return ((2.0 * u - 1.0) * spec.scale).to(torch.float32)
+    v = _uniform01(ids, spec.dim, key, 1)
+    normal = torch.sqrt(-2.0 * torch.log1p(-u)) * torch.cos(2.0 * np.pi * v)
+    return (normal * spec.scale).to(torch.float32)
+
+
 # The rows of a table's distinct ids (sorted), (len(ids), dim): the worker's pull.
-Rows = Callable[[IdArray], np.ndarray]
+Rows = Callable[[IdArray, bool], np.ndarray]  # the rows of distinct ids; whether a training step asks
 
 
 class Embedding(nn.Module):
@@ -89,9 +133,10 @@ class Embedding(nn.Module):
         if self.served:
             distinct, where = torch.unique(flat, sorted=True, return_inverse=True)
             wanted = distinct.cpu().numpy()
-            found = initial_rows(self.spec, wanted) if self._rows is None else self._rows(wanted)
+            training = torch.is_grad_enabled()  # evaluation and prediction run without: the PS makes no row
+            found = initial_rows(self.spec, wanted) if self._rows is None else self._rows(wanted, training)
             rows = torch.from_numpy(np.array(found, dtype=np.float32)).to(ids.device)
-            if torch.is_grad_enabled():
+            if training:
                 rows.requires_grad_(True)
                 self._taken.append((wanted, rows))
             return rows[where].reshape(*ids.shape, dim)
@@ -99,7 +144,7 @@ class Embedding(nn.Module):
             held_ids = self.get_buffer("ids")
             positions = torch.clamp(torch.searchsorted(held_ids, flat), max=self.held - 1)
             hit = held_ids[positions] == flat
-            looked_up = torch.where(hit[:, None], self.rows[positions], torch.zeros_like(self.rows[:1]))
+            looked_up = torch.where(hit[:, None], self.rows[positions], first_rows(self.spec, flat).to(self.rows.dtype))
             return looked_up.reshape(*ids.shape, dim)
         return self.rows[torch.remainder(ids, self.local_rows)]
 

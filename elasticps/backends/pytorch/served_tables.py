@@ -25,7 +25,7 @@ from elasticps.backends.pytorch.layers import Embedding, Rows
 
 
 def _rows_of(source: RowSource, table: str) -> Rows:
-    return lambda ids: source({table: ids})[table]
+    return lambda ids, training: source({table: ids}, training)[table]
 
 
 class ServedTables:

@@ -138,6 +138,9 @@ class TorchTrainer:
     def optimizer_config(self, learning_rate: float) -> OptimizerConfig:
         return optimizer_config(self._local_optimizer, learning_rate if learning_rate > 0 else None)
 
+    def learning_rate_at(self, version: int) -> float:
+        return 0.0  # a torch module's rate is its optimizer's (or the job's): no schedule yet
+
     # ---- embedding tables served by the PS ---------------------------------------------------
     def tables(self) -> list[TableSpec]:
         """The embedding tables the PS serves to this model (none without ``serve_tables``)."""
@@ -200,15 +203,19 @@ class TorchTrainer:
         }
         return float(loss.detach()), gradients
 
-    def apply_local(self, gradients: Mapping[str, np.ndarray]) -> None:
+    def apply_local(self, gradients: Mapping[str, np.ndarray], learning_rate: float = 0.0) -> None:
         """LocalSGD's local step: the module's own optimizer (its momentum kept across periods)."""
+        if learning_rate > 0:
+            for group in self._local_optimizer.param_groups:
+                group["lr"] = learning_rate
         for name, parameter in self._parameters.items():
             parameter.grad = torch.as_tensor(np.array(gradients[name]), device=self._device)
         self._local_optimizer.step()
 
-    def sgd_step(self, gradients: Mapping[str, np.ndarray]) -> None:
-        """SSP's local step: plain SGD at the job's rate (the PS applies the optimizer itself)."""
-        rate = self.optimizer_config(0.0).params["learning_rate"]
+    def sgd_step(self, gradients: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        """SSP's local step: plain SGD at the job's rate times ``scale`` (the PS applies the
+        optimizer itself)."""
+        rate = self.optimizer_config(0.0).params["learning_rate"] * scale
         with torch.no_grad():
             for name, parameter in self._parameters.items():
                 parameter.sub_(torch.as_tensor(np.array(gradients[name]), device=self._device), alpha=rate)
@@ -258,6 +265,9 @@ class TorchTrainer:
             for start in range(0, len(features), self._minibatch_size):
                 parts.append(_numpy(self.model(_index(x, slice(start, start + self._minibatch_size)))))
         return np.concatenate(parts) if parts else np.zeros((0,), np.float32)
+
+    def process_predictions(self, outputs: Any, worker_id: int) -> None:
+        """A torch module has no prediction processor: its outputs are the task's file only."""
 
     def load_exported(self, folder: str) -> None:
         """Replaces the model by an exported program (``<folder>/model.pt2``), for a job that only predicts."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elasticps.api.optimizer import OptimizerError
 from elasticps.backends.keras.trainer import KerasTrainer, fused_assign, minibatch_sizes, split_flat
 from elasticps.backends.keras.model_loading import ModelError, ModelModule
+from elasticps.callbacks import LearningRateScheduler
 
 
 def module(optimizer: Any) -> ModelModule:
@@ -42,10 +43,50 @@ def test_a_local_step_uses_the_jobs_learning_rate_when_set(job_lr: float, moved:
     assert trainer.optimizer_config(job_lr).params["learning_rate"] == moved  # the PS's rate, the same
 
 
-def test_a_schedule_is_refused_rather_than_overridden() -> None:
+def test_a_schedule_is_never_overridden_by_the_jobs_rate() -> None:
     schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=10, decay_rate=0.9)
-    with pytest.raises(OptimizerError, match="schedule"):
+    with pytest.raises(ModelError, match="learningRate 0.1 and the module's learning-rate schedule.*keep one"):
         KerasTrainer(module(lambda: keras.optimizers.SGD(schedule)), {}, minibatch_size=4, learning_rate=0.1)
+    with_callback = dataclasses.replace(module(lambda: keras.optimizers.SGD(0.5)),
+                                        schedule=LearningRateScheduler(lambda version: 0.1))
+    with pytest.raises(ModelError, match="keep one"):
+        KerasTrainer(with_callback, {}, minibatch_size=4, learning_rate=0.1)
+    both = dataclasses.replace(module(lambda: keras.optimizers.SGD(schedule)), schedule=LearningRateScheduler(lambda v: 0.1))
+    with pytest.raises(ModelError, match="the optimizer's learning rate is a schedule and callbacks"):
+        KerasTrainer(both, {}, minibatch_size=4)
+
+
+def test_a_keras_schedule_is_taken_by_model_version_and_the_ps_gets_its_first_rate() -> None:
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([100, 200], [0.1, 0.01, 0.001])
+    trainer = KerasTrainer(module(lambda: keras.optimizers.SGD(schedule, momentum=0.9)), {}, minibatch_size=4)
+    assert [trainer.learning_rate_at(v) for v in (0, 100, 101, 200, 201, 10**6)] == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
+    )
+    config = trainer.optimizer_config(0.0)
+    assert config.params["learning_rate"] == pytest.approx(0.1) and config.params["momentum"] == pytest.approx(0.9)
+
+
+def test_a_callbacks_schedule_sets_the_local_optimizers_rate_for_localsgd_steps() -> None:
+    scheduled = dataclasses.replace(module(lambda: keras.optimizers.SGD(0.5)),
+                                    schedule=LearningRateScheduler(lambda version: 0.5 if version < 10 else 0.125))
+    trainer = KerasTrainer(scheduled, {}, minibatch_size=4)
+    assert trainer.learning_rate_at(3) == 0.5 and trainer.learning_rate_at(10) == 0.125
+    trainer.build(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.float32))
+    before = trainer.weights()
+    trainer.apply_local({name: np.ones_like(value) for name, value in before.items()}, trainer.learning_rate_at(10))
+    for name, value in trainer.weights().items():
+        np.testing.assert_allclose(before[name] - value, 0.125, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), float("inf"), "fast", None])
+def test_a_schedule_giving_no_learning_rate_is_a_model_error_naming_the_version(bad: Any) -> None:
+    scheduled = dataclasses.replace(module(lambda: keras.optimizers.SGD(0.5)),
+                                    schedule=LearningRateScheduler(lambda version: 0.1 if version < 5 else bad))
+    trainer = KerasTrainer(scheduled, {}, minibatch_size=4)
+    assert trainer.learning_rate_at(4) == 0.1
+    with pytest.raises(ModelError, match=r"tiny: the learning-rate schedule gave .* at model version 7: a learning "
+                                         r"rate is a finite number > 0"):
+        trainer.learning_rate_at(7)
 
 
 

@@ -5,6 +5,8 @@ the layers sharing its table."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from elasticps.api.embedding import initial_rows  # noqa: E402
 from elasticps.backends.keras.trainer import KerasTrainer  # noqa: E402
 from elasticps.backends.keras.model_loading import ModelError, ModelModule  # noqa: E402
 from elasticps.backends.keras.layers import Embedding  # noqa: E402
@@ -42,9 +45,11 @@ class Source:
     def __init__(self, dims: Mapping[str, int]) -> None:
         self.dims = dims
         self.asked: list[dict[str, np.ndarray]] = []
+        self.training: list[bool] = []  # each pull's: false for evaluation and prediction
 
-    def __call__(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, ids: Mapping[str, np.ndarray], training: bool = True) -> dict[str, np.ndarray]:
         self.asked.append({t: v.copy() for t, v in ids.items()})
+        self.training.append(training)
         return {t: self.rows(t, v) for t, v in ids.items()}
 
     def rows(self, table: str, ids: np.ndarray) -> np.ndarray:
@@ -112,21 +117,31 @@ def test_a_subclassed_model_with_a_served_table_is_refused_with_the_reason() -> 
 
 
 def test_the_export_holds_the_rows_the_ps_holds_and_loads_and_predicts_without_a_ps(tmp_path: Any) -> None:
-    trainer = KerasTrainer(module(lambda: deepfm.custom_model(dim=2, hidden=4, fields=3)), {},
-                           minibatch_size=4, serve_tables=True)
+    # Named as the zoo module it is: the export's proof loads it beside the module (its own layers).
+    zoo = dataclasses.replace(module(lambda: deepfm.custom_model(dim=2, hidden=4, fields=3)), name=deepfm.__name__)
+    trainer = KerasTrainer(zoo, {}, minibatch_size=4, serve_tables=True)
     source = Source({"deepfm_factors": 2, "deepfm_linear": 1})
     trainer.serve_rows(source, source.held)
     x = np.array([[5, 7, 9], [7, 1, 3]], np.int64)
     trainer.build(x, np.zeros(2, np.int64))
     trainer.gradients(tf.constant(x), tf.zeros(2, tf.int64))  # the "PS" now holds ids 1, 3, 5, 7, 9
     served = trainer.predict(x, np.zeros(2, np.int64))
+    assert source.training[-1] is False and source.training[0] is True  # prediction asks the PS to make no row
     trainer.export(tmp_path)
+    needs = json.loads((tmp_path / "loading.json").read_text())["model.keras"]["needs"]
+    assert needs == ["import elasticps.backends.keras.layers", f"import {deepfm.__name__}"]
     loaded = keras.models.load_model(tmp_path / "model.keras")
     tables = {layer.spec.name: layer for layer in loaded.layers if isinstance(layer, Embedding)}
     assert {name: layer.held for name, layer in tables.items()} == {"deepfm_factors": 5, "deepfm_linear": 5}
     np.testing.assert_array_equal(tables["deepfm_factors"].held_ids.numpy(), [1, 3, 5, 7, 9])
     np.testing.assert_allclose(np.asarray(loaded.predict(x, verbose=0)), served, rtol=1e-6)
-    # An id no minibatch touched looks up zeros: the linear term adds nothing for it.
+    # An id it does not hold looks up its first values, as the PS answers an id with no row.
     unseen = np.array([[5, 7, 1234]], np.int64)
     assert np.isfinite(np.asarray(loaded.predict(unseen, verbose=0))).all()
-    np.testing.assert_array_equal(tables["deepfm_factors"](np.array([[1234]]))[0, 0], [0.0, 0.0])
+    for name, layer in tables.items():
+        far = np.array([1234, -2**40, 2**62], np.int64)
+        np.testing.assert_array_equal(np.asarray(layer(far[None, :]))[0], initial_rows(layer.spec, far))
+        # and so in a graph, as model.predict and a served model run it (its uint64 constants once
+        # went through float64 there: a capped job's export then scored other than its evaluation)
+        graph = tf.function(lambda ids, layer=layer: layer(ids))
+        np.testing.assert_array_equal(np.asarray(graph(tf.constant(far[None, :])))[0], initial_rows(layer.spec, far))

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from elasticps.api.embedding import EmbeddingError, TableSpec, initial_rows  # noqa: E402
 from elasticps.api.spec import Framework  # noqa: E402
 from elasticps.backends.api import ModelError, TrainerOptions  # noqa: E402
-from elasticps.backends.pytorch.layers import Embedding, served  # noqa: E402
+from elasticps.backends.pytorch.layers import Embedding, first_rows, served  # noqa: E402
 from elasticps.backends.pytorch.served_tables import ServedTables  # noqa: E402
 from elasticps.backends.registry import backend_for  # noqa: E402
 
@@ -81,7 +81,7 @@ def test_a_local_table_is_a_parameter_whose_rows_start_as_the_ps_would_make_them
 def test_a_served_table_pulls_each_calls_distinct_ids_and_its_gradient_is_summed_per_id() -> None:
     asked: list[dict[str, list[int]]] = []
 
-    def source(ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def source(ids: Mapping[str, np.ndarray], training: bool = True) -> dict[str, np.ndarray]:
         asked.append({k: v.tolist() for k, v in ids.items()})
         return {k: np.stack([np.full(2, float(i)) for i in v]).astype(np.float32) for k, v in ids.items()}
 
@@ -111,6 +111,14 @@ def test_a_served_table_pulls_each_calls_distinct_ids_and_its_gradient_is_summed
     assert len(asked) == 2  # the initial rows were computed here, not pulled
 
 
+@pytest.mark.parametrize("initializer", ["uniform", "normal", "zeros"])
+@pytest.mark.parametrize("dim", [1, 8])
+def test_first_rows_in_torch_are_the_ps_first_values(initializer: str, dim: int) -> None:
+    spec = TableSpec("t", dim, initializer=initializer, seed=5)
+    ids = np.random.default_rng(0).integers(-(2**63), 2**63 - 1, 500, dtype=np.int64)
+    np.testing.assert_array_equal(first_rows(spec, torch.from_numpy(ids)).numpy(), initial_rows(spec, ids))
+
+
 def test_two_modules_naming_one_table_differently_are_refused() -> None:
     with served():
         net = torch.nn.Sequential(Embedding("t", 2), Embedding("t", 3))
@@ -130,13 +138,15 @@ def test_the_trainer_serves_tables_pushes_their_rows_gradients_and_exports_the_h
     store = {"a": {}, "b": {}}  # type: dict[str, dict[int, np.ndarray]]
     specs = {s.name: s for s in trainer.tables()}
 
-    def pull(ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def pull(ids: Mapping[str, np.ndarray], training: bool = True) -> dict[str, np.ndarray]:
         out = {}
         for name, wanted in ids.items():
             rows = store[name]
-            for i in wanted.tolist():
-                rows.setdefault(i, initial_rows(specs[name], np.array([i]))[0])
-            out[name] = np.stack([rows[i] for i in wanted.tolist()])
+            first = {i: initial_rows(specs[name], np.array([i]))[0] for i in wanted.tolist()}
+            if training:  # as the PS: evaluation and prediction make no row
+                for i in wanted.tolist():
+                    rows.setdefault(i, first[i])
+            out[name] = np.stack([rows.get(i, first[i]) for i in wanted.tolist()])
         return out
 
     def held(names: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -174,5 +184,6 @@ def test_the_trainer_serves_tables_pushes_their_rows_gradients_and_exports_the_h
     got = np.array(eval(done.stdout.strip()))
     w, b = trainer.weights()["out.weight"].reshape(-1), trainer.weights()["out.bias"][0]
     a, bt = store["a"], store["b"]
-    expected = [(a[2] + bt[10] + 0) @ w + b, (a[2] + bt[10] + a[2]) @ w + b, (a[1] + bt[11] + a[3]) @ w + b]  # 99: never seen, zeros
+    unseen = initial_rows(trainer.model.a.spec, np.array([99]))[0]  # 99: not held, its first values as on the PS
+    expected = [(a[2] + bt[10] + unseen) @ w + b, (a[2] + bt[10] + a[2]) @ w + b, (a[1] + bt[11] + a[3]) @ w + b]
     np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -1,0 +1,228 @@
+"""ElasticDL's zoo modules as published, through ``elasticps run`` and in one process (issue 39).
+
+    python -m bench.elasticdl_zoo --elasticdl PATH [--records 10000] [--epochs 2] [--no_write]
+
+``PATH`` is a copy of ElasticDL's repository (a work tree, or a bare git directory, whose ``HEAD``
+is read). Its ``model_zoo/mnist`` and ``model_zoo/cifar10`` modules are copied into a temporary
+folder with only their ``from elasticdl.python... import`` lines rewritten to
+``from elasticps.elasticdl import ...`` (:func:`rewritten`; the count of lines changed is reported:
+nothing else moves), and trained on data written here: ``--records`` MNIST training images from
+``../shared/data/mnist`` (and 2,000 test images) in ElasticDL's TFRecord layout, and generated
+32x32x3 images of 10 classes for cifar10 (a class's colour pattern under heavy noise; a
+third as many records).
+
+Each module: ``elasticps run`` with 2 PS and 2 workers, asynchronous (every worker's gradient is
+one update, as one process's minibatch is), minibatch 64, ``--epochs`` epochs, the module on
+``PYTHONPATH`` and named as ElasticDL's ``--model_def`` names it; then ``bench.one_process`` on
+the same module and data for as many updates of 64 records as the job's model version (the
+module's learning-rate schedule by update). Reported: each side's validation accuracy (as trained,
+and with BatchNormalization's statistics recalibrated, ``bench/one_process.py``), the difference,
+and what the export holds (``loading.json``). Writes ``bench/results/elasticdl_zoo.json`` and the
+``elasticdl-zoo`` region of ``docs/model-zoo.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.doc_regions import write_region
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "elasticdl_zoo.json"
+DOC = ROOT / "docs" / "model-zoo.md"
+MNIST = ROOT.parent / "shared" / "data" / "mnist"
+PACKAGES = ("mnist", "cifar10")
+MODULES = {  # modelDef as ElasticDL names it: the data it trains on
+    "model_zoo.mnist.mnist_functional_api.custom_model": "mnist",
+    "model_zoo.mnist.mnist_subclass.CustomModel": "mnist",
+    "model_zoo.cifar10.cifar10_functional_api.custom_model": "cifar10",
+}
+VALIDATION = 2000
+# One import statement from elasticdl.python (a name list, possibly parenthesised over lines).
+IMPORT = re.compile(r"^from elasticdl\.python(?:\.\w+)* import (\([^)]*\)|[^\n]*)$", re.MULTILINE)
+
+
+def rewritten(source: str) -> tuple[str, int]:
+    """``source`` with each ``from elasticdl.python.X import names`` made ``from
+    elasticps.elasticdl import names``, and how many lines changed."""
+    changed = 0
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal changed
+        changed += match.group(0).count("\n") + 1
+        return f"from elasticps.elasticdl import {match.group(1)}"
+
+    return IMPORT.sub(one, source), changed
+
+
+def copy_zoo(elasticdl: Path, into: Path) -> int:
+    """The zoo's packages of :data:`PACKAGES`, rewritten into ``into/model_zoo``; lines changed."""
+    bare = not (elasticdl / "model_zoo").is_dir()
+    git = ["git", "--git-dir", str(elasticdl)] if bare else ["git", "-C", str(elasticdl)]
+    names = subprocess.run([*git, "ls-tree", "-r", "--name-only", "HEAD", "model_zoo/"], check=True,
+                           capture_output=True, text=True).stdout.split()  # fmt: skip
+    changed = 0
+    (into / "model_zoo").mkdir(parents=True, exist_ok=True)
+    (into / "model_zoo" / "__init__.py").write_text("")
+    for name in names:
+        parts = name.split("/")
+        if len(parts) != 3 or parts[1] not in PACKAGES or not name.endswith(".py"):
+            continue
+        text = subprocess.run([*git, "show", f"HEAD:{name}"], check=True, capture_output=True, text=True).stdout
+        text, count = rewritten(text)
+        changed += count
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        (into / name).write_text(text)
+    return changed
+
+
+def write_records(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
+    import tensorflow as tf
+
+    from elasticps.backends.keras.zoo.mnist_functional import example
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for image, label in zip(images, labels):
+            writer.write(example(image, int(label)))
+
+
+def cifar_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` 32x32x3 images (pixel values 0-255) of 10 classes: each class a smooth colour
+    pattern of its own (an 8x8 grid of colours, upsampled), shifted by up to 4 pixels, under noise."""
+    patterns = np.random.default_rng(1234).uniform(0, 1, (10, 8, 8, 3)).repeat(4, axis=1).repeat(4, axis=2)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    shifts = rng.integers(-4, 5, (count, 2))
+    images = np.stack([np.roll(patterns[c], tuple(s), axis=(0, 1)) for c, s in zip(labels, shifts)])
+    images = 0.5 * images + rng.normal(0, 0.35, images.shape)
+    return (np.clip(images, 0, 1) * 255).astype(np.float32), labels
+
+
+def write_data(work: Path, records: int) -> dict[str, tuple[Path, Path]]:
+    from elasticps.data.readers import IdxReader
+
+    train, test = IdxReader(str(MNIST / "train")), IdxReader(str(MNIST / "t10k"))
+    data = {"mnist": (work / "mnist-train.tfrecord", work / "mnist-test.tfrecord"),
+            "cifar10": (work / "cifar-train.tfrecord", work / "cifar-test.tfrecord")}  # fmt: skip
+    write_records(data["mnist"][0], *train.read(0, records))
+    write_records(data["mnist"][1], *test.read(0, VALIDATION))
+    write_records(data["cifar10"][0], *cifar_like(records // 3, seed=0))
+    write_records(data["cifar10"][1], *cifar_like(VALIDATION, seed=1))
+    return data
+
+
+def environment(zoo: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(zoo), os.environ.get("PYTHONPATH")]))}
+
+
+def job(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], epochs: int) -> dict[str, Any]:
+    name = model_def.split(".")[2].replace("_", "-")
+    spec = {"apiVersion": "elasticps.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+            "spec": {"model": {"modelDef": model_def}, "output": str(work / f"export-{name}"),
+                     "data": {"reader": "tfrecord", "training": str(data[0]), "validation": str(data[1])},
+                     "training": {"useAsync": True, "minibatchSize": 64, "numEpochs": epochs, "recordsPerTask": 1024},
+                     "ps": {"replicas": 2}, "worker": {"replicas": 2}, "runPolicy": {"backoffLimit": 3}}}  # fmt: skip
+    path, result = work / f"{name}.yaml", work / f"{name}.result.json"
+    path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "elasticps", "run", str(path), "--run_dir", str(work / f"run-{name}"),
+                           "--result_file", str(result)], cwd=work, env=environment(zoo), capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        return {"succeeded": False, "error": done.stderr[-2000:]}
+    found = json.loads(result.read_text())
+    loading = work / f"export-{name}" / "loading.json"
+    return {"succeeded": bool(found["succeeded"]), "accuracy": found["metrics"].get("accuracy"),
+            "model_version": found["model_version"], "seconds": found["elapsed_s"],
+            "export": export_summary(json.loads(loading.read_text()) if loading.exists() else {})}  # fmt: skip
+
+
+def export_summary(loading: dict[str, Any]) -> str:
+    """What ``loading.json`` says of ``model.keras`` in a few words."""
+    keras_file = loading.get("model.keras")
+    if keras_file is None:
+        return f"`model.keras` left out ({loading.get('reason', 'no loading.json')}); `saved_model/`"
+    if not keras_file.get("keras.models.load_model"):
+        return f"`model.keras` unproven ({keras_file.get('reason')})"
+    needs = keras_file.get("needs", [])
+    return "`model.keras` loads with Keras alone" if not needs else f"`model.keras` loads after `{'; '.join(needs)}`"
+
+
+def one_process(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], updates: int) -> dict[str, Any]:
+    result = work / f"one-{model_def}.json"
+    done = subprocess.run([sys.executable, "-m", "bench.one_process", "--model_def", model_def, "--updates", str(updates),
+                           "--minibatch", "64", "--training", str(data[0]), "--validation", str(data[1]),
+                           "--result_file", str(result)], cwd=ROOT, env=environment(zoo), capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{model_def} in one process: {done.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(result.read_text())
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--elasticdl", type=Path, required=True, help="ElasticDL's repository (work tree or git dir)")
+    parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--no_write", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="elasticps-edl-zoo-") as folder:
+        work = Path(folder)
+        zoo = work / "zoo"
+        changed = copy_zoo(args.elasticdl, zoo)
+        data = write_data(work, args.records)
+        for model_def, kind in MODULES.items():
+            ran = job(work, zoo, model_def, data[kind], args.epochs)
+            row: dict[str, Any] = {"model_def": model_def, "data": kind, "job": ran}
+            if ran["succeeded"]:
+                alone = one_process(work, zoo, model_def, data[kind], int(ran["model_version"]))
+                row["one_process"] = {"accuracy": alone["metrics"]["accuracy"], "updates": alone["updates"],
+                                      "recalibrated": alone.get("metrics_recalibrated", {}).get("accuracy")}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "import_lines_changed": changed, "records": args.records, "epochs": args.epochs, "rows": rows}  # fmt: skip
+    if args.no_write:
+        return
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_region(DOC, "elasticdl-zoo", report(result))
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [
+        f"Written by `python -m bench.elasticdl_zoo --records {result['records']} --epochs {result['epochs']}` on "
+        f"{result['when']} (`bench/results/elasticdl_zoo.json`): {result['import_lines_changed']} import lines "
+        "changed in the zoo's mnist and cifar10 packages, nothing else. 2 PS + 2 workers, async, minibatch 64; one "
+        "process: the same module for as many updates of 64 records as the job's model version.",
+        "",
+        "| module (`modelDef`) | data | elasticps | one process | difference (points) | export |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        ran = row["job"]
+        if not ran["succeeded"]:
+            lines.append(f"| `{row['model_def']}` | {row['data']} | failed | - | - | - |")
+            continue
+        alone = row["one_process"]
+        export = ran["export"]
+        lines.append(f"| `{row['model_def']}` | {row['data']} | {ran['accuracy']:.4f} ({ran['model_version']} updates) | "
+                     f"{alone['accuracy']:.4f} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {export} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

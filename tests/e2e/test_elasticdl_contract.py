@@ -1,0 +1,64 @@
+"""ElasticDL's model contract as its zoo writes it today, end to end: `elasticps run` (2 PS + 2
+workers, real processes) of ``edl_style_net.CustomModel``: a class named by ``modelDef``, the
+3-argument ``feed``, and ``callbacks()``'s learning-rate schedule applied by the PS by model version,
+which the job's TensorBoard curves show (``train/learning_rate``); its ``PredictionOutputsProcessor``
+gets every prediction."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from edl_style_net import BOUNDARY
+from local_jobs import elasticps, job_document, read_curves, stop_run, write_data, write_job
+
+pytestmark = pytest.mark.slow
+
+RECORDS = 4000
+
+
+@pytest.mark.parametrize("training", [{}, {"useAsync": True}], ids=["sync", "async"])
+def test_an_elasticdl_style_module_trains_with_its_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training: dict[str, object]
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
+    train, validation = write_data(tmp_path, records=RECORDS)
+    document = job_document("edl", train, validation, **training)
+    document["spec"]["model"] = {"modelDef": "edl_style_net.CustomModel"}  # type: ignore[index]
+    document["spec"]["output"] = str(tmp_path / "out")  # type: ignore[index]
+    document["spec"]["prediction"] = {"data": str(validation)}  # type: ignore[index]
+    processed = tmp_path / "processed.jsonl"
+    monkeypatch.setenv("EDL_STYLE_PREDICTIONS", str(processed))
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file),
+                        cwd=tmp_path)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=600)
+    finally:
+        stop_run(process)
+    assert process.returncode == 0, stderr
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [RECORDS, RECORDS]
+    assert result["metrics"]["accuracy"] > 0.85, result["metrics"]
+
+    rates = read_curves(tmp_path / "out" / "tensorboard")["train/learning_rate"]
+    print(f"\n--- {training or 'sync'}: the PS's learning rate by model version: {rates}")
+    early = [rate for version, rate in rates if version < BOUNDARY - 4]
+    late = [rate for version, rate in rates if version > BOUNDARY + 4]
+    assert early and late, rates
+    assert early == pytest.approx([0.1] * len(early)) and late == pytest.approx([0.01] * len(late))
+
+    # A subclassed model's model.keras does not load without its module: left out, saved_model/ kept, said why.
+    out = tmp_path / "out"
+    loading = json.loads((out / "loading.json").read_text())
+    assert loading["model.keras"] is None and loading["reason"] == "TypeError: Could not locate class 'CustomModel'."
+    assert not (out / "model.keras").exists() and (out / "saved_model" / "saved_model.pb").exists()
+
+    # The processor got each prediction task's outputs once: every validation record, 2 logits each.
+    tasks = [json.loads(line) for line in processed.read_text().splitlines()]
+    assert sum(len(task["rows"]) for task in tasks) == result["records_predicted"] == 500
+    assert {task["worker"] for task in tasks} <= {0, 1} and all(len(row) == 2 for t in tasks for row in t["rows"])
