@@ -33,6 +33,11 @@ from elasticps.worker.ports import PSClientLike
 
 log = logging.getLogger(__name__)
 
+# A starting worker that finds some shards without a model waits this long for the workers holding
+# it to repair them (their next push or pull finds them: within a round), polling every ADOPT_POLL_S.
+ADOPT_WAIT_S = 20.0
+ADOPT_POLL_S = 0.5
+
 
 class NotSettled(Exception):
     """The PS shards do not come to one version (an export needs one model)."""
@@ -121,9 +126,21 @@ class LocalModel:
         return min(zip(self._incarnations, self._versions))
 
     # ---- pulls -------------------------------------------------------------------------------
-    def initialise(self) -> None:
-        """The first pull. The first worker to find the PS empty initialises it; the others adopt its model."""
-        self._pull(initialise=True)
+    def initialise(self, adopt_wait_s: float = ADOPT_WAIT_S) -> None:
+        """The first pull. The first worker to find every shard empty initialises the model; the
+        others adopt it. Some shards empty beside others holding a model is no new job: those shards
+        restarted without a checkpoint while this worker was starting, and the workers that hold the
+        model repair them at its version. This worker, which holds no model yet, waits for that up to
+        ``adopt_wait_s``, then repairs them itself at the others' version: never at version 0, which
+        no round of the others' could follow (the job would wait for ever)."""
+        self._place()
+        deadline = time.monotonic() + adopt_wait_s
+        with self.metrics.pull_seconds.time():
+            pulled = self._ps.pull(self._versions, incarnations=self._incarnations)
+            while 0 < len(pulled.uninitialized) < self._ps.num_shards and time.monotonic() < deadline:
+                time.sleep(ADOPT_POLL_S)
+                pulled = self._ps.pull(self._versions, incarnations=self._incarnations)
+        self._take(pulled, initialise=len(pulled.uninitialized) == self._ps.num_shards)
 
     def _place(self) -> None:
         """Hands the client the model's tensors (names, shapes, dtypes) to place on the shards:

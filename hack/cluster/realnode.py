@@ -219,6 +219,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         "evictionHard": {"memory.available": "200Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "shutdownGracePeriod": "0s",
+        # The CRI calls' deadline (default 2m): creating the first container of a 5.5 GB image (the
+        # torch one) on a busy disk can take longer, and a call abandoned at 2m is asked again while
+        # containerd still works on the first ("name is reserved"), for as long as the disk is slow.
+        "runtimeRequestTimeout": "10m",
         "kubeAPIQPS": 50, "kubeAPIBurst": 100,
         "syncFrequency": "10s", "fileCheckFrequency": "10s",
     }

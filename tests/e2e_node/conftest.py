@@ -204,6 +204,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[i] = item
 
 
+def node_lines(kubectl: Kubectl, ns: str, keep: int = 30) -> str:
+    """The last lines of the real node's kubelet and containerd logs that name ``ns``: why a pod
+    stays ContainerCreating when its events do not say."""
+    logs = Path(kubectl.env.get("ELASTICPS_CLUSTER_DIR", "")) / "logs"
+    out = []
+    for name in ("kubelet", "containerd"):
+        path = logs / f"{name}.log"
+        lines = [line for line in path.read_text(errors="replace").splitlines() if ns in line] if path.exists() else []
+        out.append(f"--- {path} ({len(lines)} lines name {ns}; the last {keep}):")
+        out.extend(line[:600] for line in lines[-keep:])
+    return "\n".join(out)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -212,7 +225,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     kubectl, ns = funcargs.get("kubectl"), funcargs.get("ns")
     if report.when == "call" and report.failed and isinstance(kubectl, Kubectl):
         if ns:
-            report.sections.append(("cluster state", kubectl.show(ns)))
+            events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
+            report.sections.append(("cluster state", f"{kubectl.show(ns)}\n$ kubectl get events -n {ns}\n{events[-4000:]}"))
+            report.sections.append(("the node's kubelet and containerd on this namespace", node_lines(kubectl, ns)))
             for pod in kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout.split():
                 logs = kubectl("logs", "-n", ns, pod, "--tail=40", check=False)
                 report.sections.append((f"{pod} log (tail)", logs.stdout + logs.stderr))

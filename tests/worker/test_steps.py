@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from elasticps.api.modes import TrainingMode, UpdateRule
 from elasticps.api.optimizer import OptimizerConfig
-from elasticps.psclient.client import Dropped, PullBehind
+from elasticps.psclient.client import Dropped, PullBehind, Pulled
 from elasticps.worker.local_model import LocalModel
 from elasticps.proto import elasticps_pb2 as pb
 from elasticps.api.modes import LocalSGD
@@ -417,6 +417,51 @@ def test_the_first_worker_initialises_the_ps_and_the_next_adopts_its_model() -> 
     assert ps.kinds() == ["pull"]
     np.testing.assert_array_equal(trainer.variables["dense/kernel"], initial_weights(1.0)["dense/kernel"])
     assert first.counters.reinitialised == 0
+
+
+def test_a_worker_starting_beside_a_shard_that_lost_its_model_adopts_the_repair_of_a_worker_holding_it() -> None:
+    """Shard 0 restarted without a checkpoint while this worker was starting, the others trained on
+    to version 5: it is no new job, so the starting worker does not push its fresh model (at version
+    0, which no round could follow: the job waited for ever). It waits; the trained worker repairs."""
+    ps, _, trained = ready(UpdateRule.SYNC)
+    for _ in range(5):
+        ps.others_update()
+    trained.pull()
+    ps.lose_model(0)
+    ps.events.clear()
+    pull, pulls = ps.pull, [0]
+
+    def pull_then_repair(*args: Any, **kwargs: Any) -> Pulled:
+        pulls[0] += 1
+        if pulls[0] == 3:  # the trained worker's next pull finds shard 0 empty and repairs it
+            ps.pull = pull  # type: ignore[method-assign]
+            trained.pull()
+            ps.pull = pull_then_repair  # type: ignore[method-assign]
+        return pull(*args, **kwargs)
+
+    ps.pull = pull_then_repair  # type: ignore[method-assign]
+    trainer = FakeTrainer(fill=7.0)
+    starting = make_model(ps, trainer)
+    starting.initialise(adopt_wait_s=30)
+    pushed = [event for event in ps.events if event[0] == "push_model"]
+    assert pushed == [("push_model", [0], [5, 5])]  # the trained worker's, at the others' version
+    assert trained.counters.reinitialised == 1 and starting.counters.reinitialised == 0
+    assert starting.versions == [5, 5]
+    np.testing.assert_array_equal(trainer.variables["dense/kernel"], trained.weights()["dense/kernel"])
+
+
+def test_a_worker_starting_beside_a_shard_no_one_repairs_repairs_it_at_the_others_version_not_0() -> None:
+    ps, _, _ = ready(UpdateRule.SYNC)
+    for _ in range(5):
+        ps.others_update()
+    ps.lose_model(0)
+    ps.events.clear()
+    starting = make_model(ps, FakeTrainer(fill=7.0))
+    starting.initialise(adopt_wait_s=1.2)
+    assert ps.kinds().count("pull") >= 3  # it waited, pulling, before it repaired
+    assert [event for event in ps.events if event[0] == "push_model"] == [("push_model", [0], [5, 5])]
+    assert starting.counters.reinitialised == 1
+    assert [shard.version for shard in ps.shards] == [5, 5]
 
 
 def test_the_model_is_placed_once_before_the_first_pull() -> None:
