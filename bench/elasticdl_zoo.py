@@ -110,7 +110,7 @@ def cifar_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.clip(images, 0, 1) * 255).astype(np.float32), labels
 
 
-def write_data(work: Path, records: int) -> dict[str, tuple[Path, Path]]:
+def write_data(work: Path, records: int, cifar_records: int) -> dict[str, tuple[Path, Path]]:
     from elasticps.data.readers import IdxReader
 
     train, test = IdxReader(str(MNIST / "train")), IdxReader(str(MNIST / "t10k"))
@@ -118,7 +118,7 @@ def write_data(work: Path, records: int) -> dict[str, tuple[Path, Path]]:
             "cifar10": (work / "cifar-train.tfrecord", work / "cifar-test.tfrecord")}  # fmt: skip
     write_records(data["mnist"][0], *train.read(0, records))
     write_records(data["mnist"][1], *test.read(0, VALIDATION))
-    write_records(data["cifar10"][0], *cifar_like(records // 3, seed=0))
+    write_records(data["cifar10"][0], *cifar_like(cifar_records, seed=0))
     write_records(data["cifar10"][1], *cifar_like(VALIDATION, seed=1))
     return data
 
@@ -176,6 +176,8 @@ def main() -> None:
     parser.add_argument("--elasticdl", type=Path, required=True, help="ElasticDL's repository (work tree or git dir)")
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--cifar_records", type=int, default=0, help="cifar10's training records (default: a third of --records)")
+    parser.add_argument("--cifar_epochs", type=int, default=0, help="cifar10's epochs (default: --epochs)")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -183,10 +185,12 @@ def main() -> None:
         work = Path(folder)
         zoo = work / "zoo"
         changed = copy_zoo(args.elasticdl, zoo)
-        data = write_data(work, args.records)
+        cifar_records = args.cifar_records or args.records // 3
+        epochs = {"mnist": args.epochs, "cifar10": args.cifar_epochs or args.epochs}
+        data = write_data(work, args.records, cifar_records)
         for model_def, kind in MODULES.items():
-            ran = job(work, zoo, model_def, data[kind], args.epochs)
-            row: dict[str, Any] = {"model_def": model_def, "data": kind, "job": ran}
+            ran = job(work, zoo, model_def, data[kind], epochs[kind])
+            row: dict[str, Any] = {"model_def": model_def, "data": kind, "epochs": epochs[kind], "job": ran}
             if ran["succeeded"]:
                 alone = one_process(work, zoo, model_def, data[kind], int(ran["model_version"]))
                 row["one_process"] = {"accuracy": alone["metrics"]["accuracy"], "updates": alone["updates"],
@@ -194,7 +198,8 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "import_lines_changed": changed, "records": args.records, "epochs": args.epochs, "rows": rows}  # fmt: skip
+              "import_lines_changed": changed, "records": args.records, "epochs": args.epochs,
+              "cifar_records": cifar_records, "cifar_epochs": epochs["cifar10"], "rows": rows}  # fmt: skip
     if args.no_write:
         return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -203,24 +208,32 @@ def main() -> None:
 
 
 def report(result: dict[str, Any]) -> str:
+    cifar = (f" --cifar_records {result['cifar_records']} --cifar_epochs {result['cifar_epochs']}"
+             if "cifar_records" in result else "")
     lines = [
-        f"Written by `python -m bench.elasticdl_zoo --records {result['records']} --epochs {result['epochs']}` on "
+        f"Written by `python -m bench.elasticdl_zoo --records {result['records']} --epochs {result['epochs']}{cifar}` on "
         f"{result['when']} (`bench/results/elasticdl_zoo.json`): {result['import_lines_changed']} import lines "
         "changed in the zoo's mnist and cifar10 packages, nothing else. 2 PS + 2 workers, async, minibatch 64; one "
-        "process: the same module for as many updates of 64 records as the job's model version.",
+        "process: the same module for as many updates of 64 records as the job's model version, and the same "
+        "with BatchNormalization's moving statistics recalibrated on training data at the end.",
         "",
-        "| module (`modelDef`) | data | elasticps | one process | difference (points) | export |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| module (`modelDef`) | data, epochs | elasticps | one process | difference (points) | "
+        "one process, BatchNormalization recalibrated | difference (points) | export |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
         ran = row["job"]
+        data = f"{row['data']}, {row.get('epochs', result['epochs'])}"
         if not ran["succeeded"]:
-            lines.append(f"| `{row['model_def']}` | {row['data']} | failed | - | - | - |")
+            lines.append(f"| `{row['model_def']}` | {data} | failed | - | - | - | - | - |")
             continue
         alone = row["one_process"]
-        export = ran["export"]
-        lines.append(f"| `{row['model_def']}` | {row['data']} | {ran['accuracy']:.4f} ({ran['model_version']} updates) | "
-                     f"{alone['accuracy']:.4f} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {export} |")  # fmt: skip
+        recalibrated = alone.get("recalibrated")
+        again = (f"{recalibrated:.4f} | {100 * (ran['accuracy'] - recalibrated):+.1f}" if recalibrated is not None
+                 else "- | -")  # fmt: skip
+        lines.append(f"| `{row['model_def']}` | {data} | {ran['accuracy']:.4f} ({ran['model_version']} updates) | "
+                     f"{alone['accuracy']:.4f} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {again} | "
+                     f"{ran['export']} |")  # fmt: skip
     return "\n".join(lines)
 
 

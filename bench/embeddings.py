@@ -15,7 +15,10 @@ and pushed), MB/s of tensor bytes
 (plain SGD) into one numpy array, positions known in advance (no lookup, no wire, no optimizer
 state): what no PS can beat. Between the two, the shards' tables alone in this process (the same
 pulls and pushes on two ``EmbeddingTable`` s, no wire, no client): what the PS's own work allows.
-Memory: the rows the shards hold (DescribeShard's
+The wire's floor: the same 2 PS processes and client moving 2 rows a minibatch (one per shard),
+rows behind each push: the round trip no row count shortens. The wire's bound is what that
+allows at the real minibatch's rows (its distinct ids per round trip), against the ceiling: no
+PS on this wire, however fast its tables, moves rows faster. Memory: the rows the shards hold (DescribeShard's
 ``embedding_rows``, which must equal the distinct ids pulled: the PS makes no other row), their
 tables' bytes, and the PS processes' resident memory over their resident memory before the first
 row, per million rows. Writes ``bench/results/embeddings.json`` and the section ``embeddings`` of
@@ -119,6 +122,24 @@ def run_ps(dim: int, batches: list[np.ndarray], work: Path, behind: bool) -> dic
         processes.stop()
 
 
+def floor_minibatches(count: int) -> list[np.ndarray]:
+    """``count`` minibatches of 2 ids, one on each of 2 shards (ids go to shard ``id mod 2``)."""
+    return [np.array([2 * k, 2 * k + 1], np.int64) for k in range(count)]
+
+
+def run_floor(dim: int, count: int, work: Path) -> dict[str, Any]:
+    """The wire's floor: :func:`run_ps` with rows behind each push, 2 rows a minibatch."""
+    floor = run_ps(dim, floor_minibatches(count), work, behind=True)
+    floor["seconds_per_minibatch"] = 2 / floor["rows_per_s"]
+    return floor
+
+
+def wire_bound(floor: dict[str, Any], distinct_per_minibatch: float) -> float:
+    """Rows per second a PS whose per-row work cost nothing would move over this wire: the
+    minibatch's distinct rows, once per round trip of the floor."""
+    return distinct_per_minibatch / float(floor["seconds_per_minibatch"])
+
+
 def run_tables(dim: int, batches: list[np.ndarray]) -> dict[str, Any]:
     """The shards' tables alone, in this process: each minibatch's rows pulled from and its
     gradients pushed to two ``EmbeddingTable`` s (Adam), ids split by shard as the client splits
@@ -188,9 +209,9 @@ def write_doc(result: dict[str, Any]) -> None:
         "![rows per second](embeddings-bench.png)",
         "",
         "| dim | rows/s, 2 PS | MB/s, 2 PS | ms per minibatch (p50) | rows/s, numpy ceiling | ratio to the ceiling | "
-        "ratio, pulled apart from the push | ratio, the tables alone (no wire) | rows held | table bytes per million rows | "
-        "PS RSS growth per million rows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "ratio, pulled apart from the push | ratio, the tables alone (no wire) | round trip of 2 rows (the wire's floor) | "
+        "ratio, the wire's bound | rows held | table bytes per million rows | PS RSS growth per million rows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         ps, ceiling = r["ps"], r["ceiling"]
@@ -198,14 +219,17 @@ def write_doc(result: dict[str, Any]) -> None:
             f"| {r['dim']} | {ps['rows_per_s']:,.0f} | {ps['mb_per_s']:.1f} | {ps['ms_per_minibatch_p50']:.2f} | "
             f"{ceiling['rows_per_s']:,.0f} | {ps['rows_per_s'] / ceiling['rows_per_s']:.3f} | "
             f"{r['ps_apart']['rows_per_s'] / ceiling['rows_per_s']:.3f} | "
-            f"{r['tables']['rows_per_s'] / ceiling['rows_per_s']:.3f} | {ps['rows_held']:,} | "
+            f"{r['tables']['rows_per_s'] / ceiling['rows_per_s']:.3f} | "
+            f"{1e3 * r['floor']['seconds_per_minibatch']:.2f} ms | {r['wire_bound_rows_per_s'] / ceiling['rows_per_s']:.3f} | "
+            f"{ps['rows_held']:,} | "
             f"{ps['table_bytes_per_million_rows'] / 1e6:,.0f} MB | {ps['rss_per_million_rows'] / 1e6:,.0f} MB |"
         )
     lines += [
         "",
         f"Distinct ids per minibatch: {result['rows'][0]['ps']['distinct_ids_per_minibatch']:,.0f} of {IDS}. "
         "Rows held equal the distinct ids pulled over the run (checked): of 10 million possible ids, the shards "
-        "hold only those. Tables use Adam (two slots per row).",
+        "hold only those. Tables use Adam (two slots per row). The wire's bound: the minibatch's distinct rows "
+        "once per round trip of 2 rows; no PS on this Python wire moves rows faster, however fast its tables.",
         "",
     ]
     DOC.write_text(replace_region(DOC.read_text(), "embeddings", "\n".join(lines)))
@@ -224,14 +248,19 @@ def main() -> None:
             ps = run_ps(dim, batches, Path(work), behind=True)
         with tempfile.TemporaryDirectory(prefix="elasticps-bench-emb-") as work:
             apart = run_ps(dim, batches, Path(work), behind=False)
+        with tempfile.TemporaryDirectory(prefix="elasticps-bench-emb-") as work:
+            floor = run_floor(dim, args.minibatches, Path(work))
         tables = run_tables(dim, batches)
         ceiling = run_ceiling(dim, batches)
-        rows.append({"dim": dim, "ps": ps, "ps_apart": apart, "tables": tables, "ceiling": ceiling})
+        bound = wire_bound(floor, ps["distinct_ids_per_minibatch"])
+        rows.append({"dim": dim, "ps": ps, "ps_apart": apart, "tables": tables, "floor": floor,
+                     "wire_bound_rows_per_s": bound, "ceiling": ceiling})
         print(f"dim {dim}: 2 PS {ps['rows_per_s']:,.0f} rows/s ({ps['mb_per_s']:.1f} MB/s, p50 "
               f"{ps['ms_per_minibatch_p50']:.2f} ms; pulled apart from the push {apart['rows_per_s']:,.0f}), numpy ceiling "
               f"{ceiling['rows_per_s']:,.0f} rows/s: ratio {ps['rows_per_s'] / ceiling['rows_per_s']:.3f} "
               f"({apart['rows_per_s'] / ceiling['rows_per_s']:.3f} apart; the tables alone "
-              f"{tables['rows_per_s'] / ceiling['rows_per_s']:.3f}); rows held {ps['rows_held']:,}, "
+              f"{tables['rows_per_s'] / ceiling['rows_per_s']:.3f}; the wire's bound {bound / ceiling['rows_per_s']:.3f}, "
+              f"2 rows a round trip in {1e3 * floor['seconds_per_minibatch']:.2f} ms); rows held {ps['rows_held']:,}, "
               f"{ps['table_bytes_per_million_rows'] / 1e6:.0f} MB of tables and "
               f"{ps['rss_per_million_rows'] / 1e6:.0f} MB of PS RSS per million rows", flush=True)
     result = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.elasticdl_zoo import rewritten
+from bench.elasticdl_zoo import report, rewritten
 
 MODULE = '''import os
 
@@ -29,3 +29,15 @@ def test_only_the_elasticdl_import_lines_change_and_they_import_the_same_names()
     kept = [line for line in MODULE.splitlines() if not line.startswith(("from elasticdl", "    Base", ")"))]
     assert all(line in text.splitlines() for line in kept)  # every other line as it was
     assert "from elasticdl" not in text.replace("# from elasticdl", "").replace('"from elasticdl', "")
+
+
+def test_the_report_gives_each_module_its_epochs_and_both_one_process_differences() -> None:
+    ran = {"succeeded": True, "accuracy": 0.9, "model_version": 10, "export": "saved"}
+    result = {"when": "now", "import_lines_changed": 3, "records": 100, "epochs": 2, "cifar_records": 50, "cifar_epochs": 6,
+              "rows": [{"model_def": "a.mnist.m", "data": "mnist", "epochs": 2, "job": ran,
+                        "one_process": {"accuracy": 0.8, "updates": 10, "recalibrated": 0.95}},
+                       {"model_def": "a.cifar10.m", "data": "cifar10", "epochs": 6, "job": {"succeeded": False}}]}  # fmt: skip
+    lines = report(result).splitlines()
+    assert "--cifar_records 50 --cifar_epochs 6" in lines[0]
+    assert lines[-2] == "| `a.mnist.m` | mnist, 2 | 0.9000 (10 updates) | 0.8000 | +10.0 | 0.9500 | -5.0 | saved |"
+    assert lines[-1] == "| `a.cifar10.m` | cifar10, 6 | failed | - | - | - | - | - |"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.embeddings import IDS, minibatches, run_ceiling, run_ps, run_tables
+from bench.embeddings import IDS, floor_minibatches, minibatches, run_ceiling, run_floor, run_ps, run_tables, wire_bound
 
 
 def test_minibatches_are_distinct_sorted_ids_with_a_hot_head() -> None:
@@ -35,3 +35,12 @@ def test_the_tables_alone_hold_exactly_the_rows_pulled() -> None:
     batches = minibatches(3)
     result = run_tables(4, batches)
     assert result["rows_held"] == np.unique(np.concatenate(batches)).size and result["rows_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_wire_floor_moves_two_rows_a_minibatch_one_on_each_shard(tmp_path: Path) -> None:
+    assert [np.mod(ids, 2).tolist() for ids in floor_minibatches(3)] == [[0, 1]] * 3
+    floor = run_floor(4, 5, tmp_path)
+    assert floor["rows_held"] == 10 and floor["distinct_ids_per_minibatch"] == 2
+    # a minibatch of 2,000 rows, once per round trip: 1,000 times the floor's own rate
+    assert wire_bound(floor, 2000) == pytest.approx(1000 * floor["rows_per_s"])
