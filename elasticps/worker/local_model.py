@@ -137,9 +137,14 @@ class LocalModel:
         deadline = time.monotonic() + adopt_wait_s
         with self.metrics.pull_seconds.time():
             pulled = self._ps.pull(self._versions, incarnations=self._incarnations)
-            while 0 < len(pulled.uninitialized) < self._ps.num_shards and time.monotonic() < deadline:
+            while 0 < len(pulled.uninitialized) < self._ps.num_shards:
                 time.sleep(ADOPT_POLL_S)
-                pulled = self._ps.pull(self._versions, incarnations=self._incarnations)
+                # Only the empty shards are asked while waiting; the whole model once they hold
+                # one, or at the deadline (the repair goes at the others' version of now).
+                empty = self._ps.pull(self._versions, only=pulled.uninitialized, incarnations=self._incarnations)
+                if not empty.uninitialized or time.monotonic() >= deadline:
+                    pulled = self._ps.pull(self._versions, incarnations=self._incarnations)
+                    break
         self._take(pulled, initialise=len(pulled.uninitialized) == self._ps.num_shards)
 
     def _place(self) -> None:

@@ -458,7 +458,10 @@ def test_a_worker_starting_beside_a_shard_no_one_repairs_repairs_it_at_the_other
     ps.events.clear()
     starting = make_model(ps, FakeTrainer(fill=7.0))
     starting.initialise(adopt_wait_s=1.2)
-    assert ps.kinds().count("pull") >= 3  # it waited, pulling, before it repaired
+    pulls = [event[3] for event in ps.events if event[0] == "pull"]
+    # it waited, asking the empty shard alone (a model pulled whole once, before and after), then repaired
+    assert pulls[0] is None and pulls[-2:] == [None, None] and len(pulls) >= 4, pulls
+    assert all(only == [0] for only in pulls[1:-2]), pulls
     assert [event for event in ps.events if event[0] == "push_model"] == [("push_model", [0], [5, 5])]
     assert starting.counters.reinitialised == 1
     assert [shard.version for shard in ps.shards] == [5, 5]
