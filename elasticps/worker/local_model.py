@@ -203,7 +203,7 @@ class LocalModel:
         return self._ahead_pool
 
     def _pull(
-        self, initialise: bool = False, wait_ms: int = 0, only: list[int] | None = None, take_ahead: bool = False
+        self, wait_ms: int = 0, only: list[int] | None = None, take_ahead: bool = False
     ) -> None:
         """One pull. A pull started ahead (:meth:`pull_ahead`) is always taken first: it must not
         travel beside another. Its answer is what ``take_ahead`` callers wanted (the model for the
@@ -215,11 +215,11 @@ class LocalModel:
         if ahead is not None:
             with self.metrics.pull_seconds.time():
                 pulled = ahead.result()
-            if not self._take(pulled, initialise) or take_ahead:
+            if not self._take(pulled, initialise=False) or take_ahead:
                 return
         with self.metrics.pull_seconds.time():
             pulled = self._ps.pull(self._versions, wait_ms=wait_ms, only=only, incarnations=self._incarnations)
-        self._take(pulled, initialise)
+        self._take(pulled, initialise=False)
 
     def _take(self, pulled: Pulled, initialise: bool) -> bool:
         """Makes a pull's answer the local copy; False when it found shards without a model and
