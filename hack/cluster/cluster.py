@@ -642,6 +642,9 @@ def start_real_node(state: dict, exe: dict[str, str], ports: dict[str, int], api
     wait_for("containerd", lambda: realnode.ctr(sock, "version", check=False).returncode == 0, 30,
              procs["containerd"], logs / "containerd.log")
     realnode.ensure_pause(sock, Path(exe["pause"]), pause_version)
+    stale = realnode.remove_unnamed_images(sock)  # what earlier loads left (before they removed it)
+    if stale:
+        log(f"removed {len(stale)} image(s) no name points at from the node's containerd")
     log(f"containerd up, {realnode.pause_image(pause_version)} present ({time.monotonic() - t0:.1f}s)")
     record("coredns", start("coredns", [exe["coredns"], "-conf", str(paths["corefile"])], logs))
     record("kube-proxy", start("kube-proxy", [exe["kube-proxy"], f"--config={paths['kube_proxy_conf']}", "--v=1"], logs))

@@ -212,11 +212,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         "registerWithTaints": [TAINT],
         "serializeImagePulls": False,
         "maxPods": 60,
-        # A test machine's disk: evict only when it is really full, and never collect images (100
-        # turns image GC off): containerd 1.6 ignores the pinned label, so a full disk once had the
-        # kubelet delete the pause image between two tests, and every later pod stayed in
-        # ContainerCreating.
-        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        # A test machine's disk: never evict for it ("0%" turns a signal off) and never collect
+        # images (100 turns image GC off). Under disk pressure the kubelet deletes every image no
+        # container uses, whatever the GC thresholds, and containerd 1.6 does not tell it the pause
+        # image is pinned: CI's machine, its disk filled, lost the pause image twice between two
+        # tests, and every later pod stayed in ContainerCreating ("failed to pull ... pause").
+        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "0%", "imagefs.available": "0%",
+                         "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "shutdownGracePeriod": "0s",
         # The CRI calls' deadline (default 2m): creating the first container of a 5.5 GB image (the
@@ -341,9 +343,31 @@ def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: d
         scratch = f"{name}-collect-garbage"
         ctr(sock, "images", "tag", "--force", name, scratch)
         ctr(sock, "images", "rm", "--sync", scratch)
+    stale = remove_unnamed_images(sock)
     seconds = time.monotonic() - t0
-    log(f"image {ref}: docker save | ctr import {seconds:.1f}s")
+    log(f"image {ref}: docker save | ctr import {seconds:.1f}s"
+        + (f"; {len(stale)} image(s) no name points at removed" if stale else ""))
     return seconds
+
+
+def remove_unnamed_images(sock: Path) -> list[str]:
+    """Removes the images no name points at (``stale_image_ids``), their content and snapshots with
+    them (``--sync``: garbage collected before it returns). Returns their references."""
+    stale = stale_image_ids(ctr(sock, "images", "ls", check=False).stdout.decode())
+    for image_id in stale:
+        ctr(sock, "images", "rm", "--sync", image_id, check=False)
+    return stale
+
+
+def stale_image_ids(listing: str) -> list[str]:
+    """The references ``sha256:<image id>`` of images no name points at any more, from ``ctr images
+    ls``. containerd's CRI plugin keeps such a reference to every image it has seen, so moving a
+    name to a new import leaves the old image whole (a torch image and its layers a commit on a
+    machine that runs CI again and again, until the disk filled and the kubelet, under disk
+    pressure, deleted the unused pause image with the rest). Pure."""
+    rows = [line.split() for line in listing.splitlines()[1:] if len(line.split()) >= 3]
+    named = {row[2] for row in rows if not row[0].startswith("sha256:")}
+    return [row[0] for row in rows if row[0].startswith("sha256:") and row[2] not in named]
 
 
 def mounts_under(path: Path) -> list[str]:

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -87,26 +88,36 @@ class Run:
     def kill(self, replica: str) -> None:
         os.kill(int((self.run_dir / f"once-{replica}.pid").read_text()), signal.SIGKILL)
 
-    def kill_inside_a_task(self, worker: str, timeout: float = 120) -> int:
-        """Kills ``worker`` while it holds a task it has applied part of: stopped (SIGSTOP), its
-        minibatches in PS 0's model are counted; a count on a task's boundary lets it go on a while
-        and tries again. Returns the count at the kill."""
-        pid = int((self.run_dir / f"once-{worker}.pid").read_text())
+    def kill_inside_a_task(self, timeout: float = 120) -> tuple[str, int]:
+        """Kills a worker while it holds a task it has applied part of: one that has minibatches of
+        epoch 0 in PS 0's model (the first to start may train alone a while: the other's TensorFlow
+        can take seconds longer to load), stopped (SIGSTOP), its minibatches counted; a count on a
+        task's boundary lets it go on a while and tries again. Returns the worker and its count."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                time.sleep(0.5)  # a push already sent commits, or waits for the stopped worker
-                entries = round_log.read(self.rounds / "ps-0.jsonl")
-                mine = [m for m in round_log.minibatches(entries) if m.startswith(f"{worker}/") and m.endswith("/e0")]
-                if len(mine) % (PER_TASK // MINIBATCH) != 0:
-                    os.kill(pid, signal.SIGKILL)
-                    return len(mine)
-            finally:
-                with contextlib.suppress(ProcessLookupError):  # killed and reaped already
-                    os.kill(pid, signal.SIGCONT)  # never left stopped, the test failing or not
+            assert self.process.poll() is None, "the job ended before the fault"
+            for worker in sorted(self.epoch0_minibatches()):
+                pid = int((self.run_dir / f"once-{worker}.pid").read_text())
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue  # done already: the other one trains
+                try:
+                    time.sleep(0.5)  # a push already sent commits, or waits for the stopped worker
+                    applied = self.epoch0_minibatches().get(worker, 0)
+                    if applied % (PER_TASK // MINIBATCH) != 0:
+                        os.kill(pid, signal.SIGKILL)
+                        return worker, applied
+                finally:
+                    with contextlib.suppress(ProcessLookupError):  # killed and reaped already
+                        os.kill(pid, signal.SIGCONT)  # never left stopped, the test failing or not
             time.sleep(0.2)
-        raise AssertionError(f"{worker} was never found inside a task")
+        raise AssertionError("no worker was found inside a task")
+
+    def epoch0_minibatches(self) -> dict[str, int]:
+        """Each worker's minibatches of epoch 0 in PS 0's model so far."""
+        entries = round_log.read(self.rounds / "ps-0.jsonl")
+        return dict(Counter(m.split("/")[0] for m in round_log.minibatches(entries) if m.endswith("/e0")))
 
     def result(self) -> tuple[dict[str, object], str]:
         try:
@@ -137,10 +148,10 @@ def test_a_worker_killed_inside_its_task_leaves_only_its_unapplied_minibatches_t
 ) -> None:
     run = Run(tmp_path, monkeypatch)
     run.wait_version(10)
-    applied = run.kill_inside_a_task("worker-0")
-    print(f"worker-0 killed with {applied} of its epoch-0 minibatches applied")
+    worker, applied = run.kill_inside_a_task()
+    print(f"{worker} killed with {applied} of its epoch-0 minibatches applied")
     result, stderr = run.result()
-    assert "once-worker-0 exited with code -9: replacing it" in stderr
+    assert f"once-{worker} exited with code -9: replacing it" in stderr
     assert int(result["tasks_requeued"]) >= 1  # type: ignore[call-overload]
     assert_exactly_once(run, result)
 

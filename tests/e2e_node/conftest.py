@@ -214,6 +214,14 @@ def node_lines(kubectl: Kubectl, ns: str, keep: int = 30) -> str:
         lines = [line for line in path.read_text(errors="replace").splitlines() if ns in line] if path.exists() else []
         out.append(f"--- {path} ({len(lines)} lines name {ns}; the last {keep}):")
         out.extend(line[:600] for line in lines[-keep:])
+    # What the node did on its own: the kubelet's reclaims under pressure and image deletions.
+    kubelet = logs / "kubelet.log"
+    own = [line for line in kubelet.read_text(errors="replace").splitlines()
+           if "eviction_manager" in line or "image_gc" in line or "Removing image" in line] if kubelet.exists() else []
+    out.append(f"--- {kubelet}: eviction and image GC ({len(own)} lines; the last {keep}):")
+    out.extend(line[:600] for line in own[-keep:])
+    disk = subprocess.run(["df", "-h", str(realnode.CONTAINERD_ROOT.parent), str(logs.parent)], capture_output=True, text=True)
+    out.append(f"--- df -h\n{disk.stdout}{disk.stderr}")
     return "\n".join(out)
 
 
