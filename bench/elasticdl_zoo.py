@@ -155,8 +155,9 @@ def export_summary(loading: dict[str, Any]) -> str:
         return f"`model.keras` left out ({loading.get('reason', 'no loading.json')}); `saved_model/`"
     if not keras_file.get("keras.models.load_model"):
         return f"`model.keras` unproven ({keras_file.get('reason')})"
-    needs = keras_file.get("needs", [])
-    return "`model.keras` loads with Keras alone" if not needs else f"`model.keras` loads after `{'; '.join(needs)}`"
+    needs, twin = keras_file.get("needs", []), keras_file.get("functional_twin_of")
+    what = f"`model.keras` (the functional twin of `{twin}`)" if twin else "`model.keras`"
+    return f"{what} loads with Keras alone" if not needs else f"{what} loads after `{'; '.join(needs)}`"
 
 
 def one_process(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], updates: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.elasticdl_zoo import report, rewritten
+from bench.elasticdl_zoo import export_summary, report, rewritten
 
 MODULE = '''import os
 
@@ -41,3 +41,13 @@ def test_the_report_gives_each_module_its_epochs_and_both_one_process_difference
     assert "--cifar_records 50 --cifar_epochs 6" in lines[0]
     assert lines[-2] == "| `a.mnist.m` | mnist, 2 | 0.9000 (10 updates) | 0.8000 | +10.0 | 0.9500 | -5.0 | saved |"
     assert lines[-1] == "| `a.cifar10.m` | cifar10, 6 | failed | - | - | - | - | - |"
+
+
+def test_the_export_column_says_how_model_keras_loads() -> None:
+    assert export_summary({"model.keras": {"keras.models.load_model": True, "needs": []}}) == "`model.keras` loads with Keras alone"
+    twin = {"keras.models.load_model": True, "needs": [], "functional_twin_of": "CustomModel"}
+    assert export_summary({"model.keras": twin}) == "`model.keras` (the functional twin of `CustomModel`) loads with Keras alone"
+    needs = {"keras.models.load_model": True, "needs": ["import m"]}
+    assert export_summary({"model.keras": needs}) == "`model.keras` loads after `import m`"
+    left = {"model.keras": None, "reason": "TypeError: Could not locate class 'X'."}
+    assert export_summary(left) == "`model.keras` left out (TypeError: Could not locate class 'X'.); `saved_model/`"

@@ -12,9 +12,11 @@ Outcomes (:class:`Proof`):
 
 * loads and agrees: the export stands;
 * does not load even beside its module (a subclassed model, whose class Keras cannot rebuild from
-  its config): ``model.keras`` is left out of the export, ``saved_model/`` (which TensorFlow loads
-  without any Python class) holds the model, and the reason is said (``loading.json``, a warning in
-  the worker's log);
+  its config): the trainer writes the model's functional twin instead (``functional_twin.py``: its
+  ``call`` traced into a graph of its layers) and proves that; where there is no twin, or it does
+  not load either, ``model.keras`` is left out of the export, ``saved_model/`` (which TensorFlow
+  loads without any Python class) holds the model, and the reason is said (``loading.json``, a
+  warning in the worker's log);
 * loads but computes other outputs: the export fails with that line (:class:`ExportProofError`);
 * the loading process itself fails (killed, out of memory) or outlasts :data:`TIMEOUT_S`: the
   export keeps ``model.keras``, unproven, and ``loading.json`` says why.
@@ -83,15 +85,17 @@ class Proof:
     needs: tuple[str, ...] = ()  # the modules imported before it loaded (none: Keras alone)
     reason: str = ""  # why it did not load (when not loaded)
     unproven: str = ""  # the loading process itself failed (not the model): the file is kept, unproven
+    twin_of: str = ""  # model.keras holds the functional twin of this subclass (functional_twin.py)
 
     def document(self) -> dict[str, Any]:
         """``loading.json``: how the export's files load."""
         if not self.loaded:
             return {"model.keras": None, "reason": self.reason,
                     "saved_model": "tf.saved_model.load(saved_model/) serves the model"}  # fmt: skip
+        twin = {"functional_twin_of": self.twin_of} if self.twin_of else {}
         if self.unproven:
-            return {"model.keras": {"proven": False, "reason": self.unproven}}
-        return {"model.keras": {"keras.models.load_model": True, "needs": [f"import {m}" for m in self.needs]}}
+            return {"model.keras": {"proven": False, "reason": self.unproven, **twin}}
+        return {"model.keras": {"keras.models.load_model": True, "needs": [f"import {m}" for m in self.needs], **twin}}
 
 
 def _first_sentence(reason: str, most: int = 240) -> str:

@@ -31,6 +31,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ from elasticps.api.output import KERAS_FILE, LOADING_FILE, SAVED_MODEL_DIR  # no
 from elasticps.model_contract import Metadata, Mode  # noqa: E402
 from elasticps.backends.api import HeldRows, ModelError, RowSource, tables_served  # noqa: E402
 from elasticps.backends.keras.eval_metrics import eval_metrics  # noqa: E402
-from elasticps.backends.keras.export_proof import prove  # noqa: E402
+from elasticps.backends.keras.export_proof import ExportProofError, Proof, prove  # noqa: E402
+from elasticps.backends.keras.functional_twin import functional_twin, is_subclassed  # noqa: E402
 from elasticps.backends.keras.model_loading import ModelModule  # noqa: E402
 from elasticps.backends.keras.optimizer_spec import optimizer_config  # noqa: E402
 from elasticps.backends.keras.served_tables import ServedTables  # noqa: E402
@@ -598,6 +600,8 @@ class KerasTrainer:
         # Proven (export_proof.py): model.keras loads in a fresh process and computes what this one does.
         expected = [np.asarray(o) for o in tf.nest.flatten(model(self._sample, training=False))]
         proof = prove(directory / KERAS_FILE, self._sample, expected, self._module.name)
+        if not proof.loaded and is_subclassed(model):
+            proof = self._export_twin(model, directory / KERAS_FILE, expected, proof)
         if not proof.loaded:
             (directory / KERAS_FILE).unlink()
             log.warning("%s: the export leaves model.keras out, it does not load in a fresh process (%s); "
@@ -605,3 +609,20 @@ class KerasTrainer:
         elif proof.unproven:
             log.warning("%s: model.keras exported unproven: %s", self._module.name, proof.unproven)
         (directory / LOADING_FILE).write_text(json.dumps(proof.document(), indent=1) + "\n")
+
+    def _export_twin(self, model: Any, path: Path, expected: list[np.ndarray], failed: Proof) -> Proof:
+        """Writes ``model``'s functional twin to ``path`` and proves it; ``failed``, its reason
+        lengthened by why, where there is no twin or it does not load."""
+        twin, why = functional_twin(model, self._sample)
+        if twin is None:
+            return replace(failed, reason=f"{failed.reason} {why}")
+        twin.save(path)
+        try:
+            proof = prove(path, self._sample, expected, self._module.name)
+        except ExportProofError as err:
+            return replace(failed, reason=f"{failed.reason} Its functional twin computes other outputs: {err}")
+        if not proof.loaded:
+            return replace(failed, reason=f"{failed.reason} Its functional twin does not load either: {proof.reason}")
+        log.info("%s: model.keras holds the functional twin of %s (Keras cannot rebuild the class itself)",
+                 self._module.name, type(model).__name__)
+        return replace(proof, twin_of=type(model).__name__)

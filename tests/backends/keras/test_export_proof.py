@@ -1,6 +1,7 @@
 """An export proven in a fresh process (``elasticps/backends/keras/export_proof.py``): a functional
 model loads with plain Keras, one with elasticps's Embedding once its layers are registered, a
-subclassed one does not (the reason said), and outputs that differ fail the proof."""
+subclassed one does not (the reason said) but its functional twin does (``functional_twin.py``),
+and outputs that differ fail the proof."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from elasticps.backends.keras.export_proof import ExportProofError, prove
+from elasticps.backends.keras.functional_twin import functional_twin, is_subclassed
 from elasticps.backends.keras.layers import Embedding
 
 pytestmark = pytest.mark.slow  # each proof starts a Python process that imports Keras
@@ -73,6 +75,55 @@ def test_a_subclassed_model_does_not_load_without_its_class_and_the_proof_says_s
     proof = prove(path, x, expected, __name__)  # not even beside its module: the class is not registered
     assert not proof.loaded and proof.reason == "TypeError: Could not locate class 'Subclassed'."
     assert proof.document()["model.keras"] is None
+
+
+class SubclassedOnNamedInputs(keras.Model):
+    """ElasticDL's zoo style: a dict of named inputs, layers of Keras's own, a training flag."""
+
+    def __init__(self) -> None:
+        super().__init__(name="named")
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.dropout = keras.layers.Dropout(0.5)
+        self.out = keras.layers.Dense(2)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        joined = keras.ops.concatenate([inputs["a"], keras.ops.cast(inputs["b"], "float32")], axis=-1)
+        return self.out(self.dropout(self.hidden(joined), training=training))
+
+
+def test_the_functional_twin_of_a_subclassed_model_loads_with_keras_alone_and_computes_the_same(tmp_path: Path) -> None:
+    x = {"a": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), "b": np.arange(8, dtype=np.int64).reshape(4, 2)}
+    model = SubclassedOnNamedInputs()
+    expected = [np.asarray(model(x, training=False))]
+    assert is_subclassed(model)
+
+    twin, why = functional_twin(model, x)
+
+    assert why == "" and twin is not None and not is_subclassed(twin)
+    assert {id(w) for w in twin.weights} == {id(w) for w in model.weights}  # the same variables, shared
+    twin.save(tmp_path / "model.keras")
+    proof = prove(tmp_path / "model.keras", x, expected, "not_needed")
+    assert (proof.loaded, proof.needs) == (True, ())  # Keras alone: no class to locate
+    assert not is_subclassed(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+
+
+class SubclassedWithATensorFlowOp(keras.Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, inputs: Any) -> Any:
+        import tensorflow as tf
+
+        return self.dense(tf.reshape(inputs, [-1, 3]))  # no symbolic tensor goes through a TensorFlow op
+
+
+def test_a_subclassed_model_whose_call_cannot_be_traced_has_no_twin_and_says_why() -> None:
+    x = np.ones((2, 3), np.float32)
+    model = SubclassedWithATensorFlowOp()
+    model(x)
+    twin, why = functional_twin(model, x)
+    assert twin is None and why.startswith("its call cannot be traced on symbolic inputs (")
 
 
 def test_a_relative_path_is_proven_where_the_worker_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
