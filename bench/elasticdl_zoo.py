@@ -17,8 +17,11 @@ one update, as one process's minibatch is), minibatch 64, ``--epochs`` epochs, t
 the same module and data for as many updates of 64 records as the job's model version (the
 module's learning-rate schedule by update). Reported: each side's validation accuracy (as trained,
 and with BatchNormalization's statistics recalibrated, ``bench/one_process.py``), the difference,
-and what the export holds (``loading.json``). Writes ``bench/results/elasticdl_zoo.json`` and the
-``elasticdl-zoo`` region of ``docs/model-zoo.md``.
+what the export holds (``loading.json``), and the learning rate the PS applied by model version
+(the export's TensorBoard ``train/learning_rate``: cifar10's ``callbacks()`` drops it from 0.1 to
+0.01 at version 5,000, so its run must pass that: ``--cifar_records 10000 --cifar_epochs 36``
+trains 5,625 updates). Writes ``bench/results/elasticdl_zoo.json``, the ``elasticdl-zoo`` region
+of ``docs/model-zoo.md`` and ``docs/img/elasticdl-zoo-schedule.png``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from bench.doc_regions import write_region
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "elasticdl_zoo.json"
 DOC = ROOT / "docs" / "model-zoo.md"
+PLOT = ROOT / "docs" / "img" / "elasticdl-zoo-schedule.png"
 MNIST = ROOT.parent / "shared" / "data" / "mnist"
 PACKAGES = ("mnist", "cifar10")
 MODULES = {  # modelDef as ElasticDL names it: the data it trains on
@@ -145,7 +149,38 @@ def job(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], epochs: 
     loading = work / f"export-{name}" / "loading.json"
     return {"succeeded": bool(found["succeeded"]), "accuracy": found["metrics"].get("accuracy"),
             "model_version": found["model_version"], "seconds": found["elapsed_s"],
-            "export": export_summary(json.loads(loading.read_text()) if loading.exists() else {})}  # fmt: skip
+            "export": export_summary(json.loads(loading.read_text()) if loading.exists() else {}),
+            "learning_rates": curve(work / f"export-{name}" / "tensorboard", "train/learning_rate")}  # fmt: skip
+
+
+def curve(folder: Path, tag: str) -> list[list[float]]:
+    """``[[model version, value], ...]`` of one scalar curve in the export's TensorBoard events."""
+    import tensorflow as tf
+
+    points = []
+    for events in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            points += [[int(event.step), float(v.simple_value)] for v in event.summary.value if v.tag == tag]
+    return points
+
+
+def rate_segments(points: list[list[float]]) -> list[dict[str, float]]:
+    """The learning-rate curve as runs of one rate: ``{"rate", "first", "last"}`` (model versions
+    of its first and last point), in version order. Pure."""
+    segments: list[dict[str, float]] = []
+    for version, rate in sorted(points):
+        if segments and abs(segments[-1]["rate"] - rate) <= 1e-9 * max(abs(rate), 1e-12):
+            segments[-1]["last"] = version
+        else:
+            segments.append({"rate": rate, "first": version, "last": version})
+    return segments
+
+
+def schedule_summary(points: list[list[float]]) -> str:
+    """``0.1 (v12-v4990), 0.01 (v5010-v5620)``: the rates the PS applied and when. Pure."""
+    if not points:
+        return "-"
+    return ", ".join(f"{s['rate']:g} (v{s['first']:.0f}-v{s['last']:.0f})" for s in rate_segments(points))
 
 
 def export_summary(loading: dict[str, Any]) -> str:
@@ -205,6 +240,7 @@ def main() -> None:
         return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, PLOT)
     write_region(DOC, "elasticdl-zoo", report(result))
 
 
@@ -219,14 +255,15 @@ def report(result: dict[str, Any]) -> str:
         "with BatchNormalization's moving statistics recalibrated on training data at the end.",
         "",
         "| module (`modelDef`) | data, epochs | elasticps | one process | difference (points) | "
-        "one process, BatchNormalization recalibrated | difference (points) | export |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "one process, BatchNormalization recalibrated | difference (points) | export | "
+        "the PS's learning rate by model version (TensorBoard) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
         ran = row["job"]
         data = f"{row['data']}, {row.get('epochs', result['epochs'])}"
         if not ran["succeeded"]:
-            lines.append(f"| `{row['model_def']}` | {data} | failed | - | - | - | - | - |")
+            lines.append(f"| `{row['model_def']}` | {data} | failed | - | - | - | - | - | - |")
             continue
         alone = row["one_process"]
         recalibrated = alone.get("recalibrated")
@@ -234,8 +271,33 @@ def report(result: dict[str, Any]) -> str:
                  else "- | -")  # fmt: skip
         lines.append(f"| `{row['model_def']}` | {data} | {ran['accuracy']:.4f} ({ran['model_version']} updates) | "
                      f"{alone['accuracy']:.4f} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {again} | "
-                     f"{ran['export']} |")  # fmt: skip
+                     f"{ran['export']} | {schedule_summary(ran.get('learning_rates', []))} |")  # fmt: skip
+    if any(len(rate_segments(row["job"].get("learning_rates", []))) > 1 for row in result["rows"]):
+        lines += ["", f"![the PS's learning rate by model version]({PLOT.relative_to(DOC.parent)})"]
     return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The learning rate each module's PS applied against the model version, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for row in result["rows"]:
+        points = sorted(row["job"].get("learning_rates", []))
+        if points:
+            ax.step([v for v, _ in points], [r for _, r in points], where="post", label=row["model_def"].split(".")[-2])
+    ax.set_yscale("log")
+    ax.set_xlabel("model version")
+    ax.set_ylabel("learning rate (PS)")
+    ax.set_title("ElasticDL zoo modules' callbacks() schedules, applied by the PS")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.elasticdl_zoo import export_summary, report, rewritten
+from bench.elasticdl_zoo import export_summary, rate_segments, report, rewritten, schedule_summary
 
 MODULE = '''import os
 
@@ -39,8 +39,20 @@ def test_the_report_gives_each_module_its_epochs_and_both_one_process_difference
                        {"model_def": "a.cifar10.m", "data": "cifar10", "epochs": 6, "job": {"succeeded": False}}]}  # fmt: skip
     lines = report(result).splitlines()
     assert "--cifar_records 50 --cifar_epochs 6" in lines[0]
-    assert lines[-2] == "| `a.mnist.m` | mnist, 2 | 0.9000 (10 updates) | 0.8000 | +10.0 | 0.9500 | -5.0 | saved |"
-    assert lines[-1] == "| `a.cifar10.m` | cifar10, 6 | failed | - | - | - | - | - |"
+    assert lines[-2] == "| `a.mnist.m` | mnist, 2 | 0.9000 (10 updates) | 0.8000 | +10.0 | 0.9500 | -5.0 | saved | - |"
+    assert lines[-1] == "| `a.cifar10.m` | cifar10, 6 | failed | - | - | - | - | - | - |"
+    ran["learning_rates"] = [[3, 0.1], [5001, 0.01]]
+    assert report(result).splitlines()[-4].endswith("| saved | 0.1 (v3-v3), 0.01 (v5001-v5001) |")
+    assert report(result).splitlines()[-1] == "![the PS's learning rate by model version](img/elasticdl-zoo-schedule.png)"
+
+
+def test_the_schedule_column_gives_each_rate_the_versions_it_was_applied_at() -> None:
+    points = [[40, 0.1], [16, 0.1], [4990, 0.1], [5010, 0.01], [5620, 0.01], [15020, 0.001]]
+    assert rate_segments(points) == [{"rate": 0.1, "first": 16, "last": 4990}, {"rate": 0.01, "first": 5010, "last": 5620},
+                                     {"rate": 0.001, "first": 15020, "last": 15020}]  # fmt: skip
+    assert schedule_summary(points) == "0.1 (v16-v4990), 0.01 (v5010-v5620), 0.001 (v15020-v15020)"
+    assert schedule_summary([]) == "-"
+    assert schedule_summary([[1, 0.01], [300, 0.01]]) == "0.01 (v1-v300)"
 
 
 def test_the_export_column_says_how_model_keras_loads() -> None:
