@@ -47,12 +47,14 @@ RESULTS = ROOT / "bench" / "results" / "elasticdl_zoo.json"
 DOC = ROOT / "docs" / "model-zoo.md"
 PLOT = ROOT / "docs" / "img" / "elasticdl-zoo-schedule.png"
 MNIST = ROOT.parent / "shared" / "data" / "mnist"
-PACKAGES = ("mnist", "cifar10")
+PACKAGES = ("mnist", "cifar10", "deepfm_edl_embedding")
 MODULES = {  # modelDef as ElasticDL names it: the data it trains on
     "model_zoo.mnist.mnist_functional_api.custom_model": "mnist",
     "model_zoo.mnist.mnist_subclass.CustomModel": "mnist",
     "model_zoo.cifar10.cifar10_functional_api.custom_model": "cifar10",
+    "model_zoo.deepfm_edl_embedding.deepfm_edl_embedding.custom_model": "ctr",
 }
+CTR_FIELDS, CTR_VOCABULARY = 10, 5383  # deepfm_edl_embedding's: 10 ids a record, below its input_dim
 VALIDATION = 2000
 # One import statement from elasticdl.python (a name list, possibly parenthesised over lines).
 IMPORT = re.compile(r"^from elasticdl\.python(?:\.\w+)* import (\([^)]*\)|[^\n]*)$", re.MULTILINE)
@@ -114,16 +116,44 @@ def cifar_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.clip(images, 0, 1) * 255).astype(np.float32), labels
 
 
-def write_data(work: Path, records: int, cifar_records: int) -> dict[str, tuple[Path, Path]]:
+def ctr_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` records of :data:`CTR_FIELDS` ids in [1, :data:`CTR_VOCABULARY`) (0 is the
+    module's mask), Zipf-distributed as categorical features are, and a click drawn from a logistic
+    model of a hidden weight per id: what DeepFM's first-order terms can learn."""
+    weights = np.random.default_rng(4321).normal(0, 1.0, CTR_VOCABULARY)
+    rng = np.random.default_rng(seed)
+    ids = rng.zipf(1.2, (count, CTR_FIELDS)) % (CTR_VOCABULARY - 1) + 1
+    logits = 2 * weights[ids].sum(axis=1) / np.sqrt(CTR_FIELDS)
+    clicks = (rng.uniform(size=count) < 1 / (1 + np.exp(-logits))).astype(np.int64)
+    return ids.astype(np.int64), clicks
+
+
+def write_ctr_records(path: Path, ids: np.ndarray, clicks: np.ndarray) -> None:
+    """ElasticDL's layout for its DeepFM: ``feature`` (the ids, int64) and ``label`` (int64)."""
+    import tensorflow as tf
+
+    def int64s(values: list[int]) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for row, click in zip(ids, clicks):
+            features = tf.train.Features(feature={"feature": int64s(row.tolist()), "label": int64s([int(click)])})
+            writer.write(tf.train.Example(features=features).SerializeToString())
+
+
+def write_data(work: Path, records: int, cifar_records: int, ctr_records: int) -> dict[str, tuple[Path, Path]]:
     from elasticps.data.readers import IdxReader
 
     train, test = IdxReader(str(MNIST / "train")), IdxReader(str(MNIST / "t10k"))
     data = {"mnist": (work / "mnist-train.tfrecord", work / "mnist-test.tfrecord"),
-            "cifar10": (work / "cifar-train.tfrecord", work / "cifar-test.tfrecord")}  # fmt: skip
+            "cifar10": (work / "cifar-train.tfrecord", work / "cifar-test.tfrecord"),
+            "ctr": (work / "ctr-train.tfrecord", work / "ctr-test.tfrecord")}  # fmt: skip
     write_records(data["mnist"][0], *train.read(0, records))
     write_records(data["mnist"][1], *test.read(0, VALIDATION))
     write_records(data["cifar10"][0], *cifar_like(cifar_records, seed=0))
     write_records(data["cifar10"][1], *cifar_like(VALIDATION, seed=1))
+    write_ctr_records(data["ctr"][0], *ctr_like(ctr_records, seed=0))
+    write_ctr_records(data["ctr"][1], *ctr_like(VALIDATION, seed=1))
     return data
 
 
@@ -148,6 +178,7 @@ def job(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], epochs: 
     found = json.loads(result.read_text())
     loading = work / f"export-{name}" / "loading.json"
     return {"succeeded": bool(found["succeeded"]), "accuracy": found["metrics"].get("accuracy"),
+            "auc": found["metrics"].get("auc"),
             "model_version": found["model_version"], "seconds": found["elapsed_s"],
             "export": export_summary(json.loads(loading.read_text()) if loading.exists() else {}),
             "learning_rates": curve(work / f"export-{name}" / "tensorboard", "train/learning_rate")}  # fmt: skip
@@ -192,7 +223,9 @@ def export_summary(loading: dict[str, Any]) -> str:
         return f"`model.keras` unproven ({keras_file.get('reason')})"
     needs, twin = keras_file.get("needs", []), keras_file.get("functional_twin_of")
     what = f"`model.keras` (the functional twin of `{twin}`)" if twin else "`model.keras`"
-    return f"{what} loads with Keras alone" if not needs else f"{what} loads after `{'; '.join(needs)}`"
+    custom = keras_file.get("custom_objects", [])
+    given = f" with `custom_objects` {', '.join(f'`{c}`' for c in custom)}" if custom else ""
+    return f"{what} loads with Keras alone" if not needs else f"{what} loads after `{'; '.join(needs)}`{given}"
 
 
 def one_process(work: Path, zoo: Path, model_def: str, data: tuple[Path, Path], updates: int) -> dict[str, Any]:
@@ -214,6 +247,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--cifar_records", type=int, default=0, help="cifar10's training records (default: a third of --records)")
     parser.add_argument("--cifar_epochs", type=int, default=0, help="cifar10's epochs (default: --epochs)")
+    parser.add_argument("--ctr_records", type=int, default=20_000, help="deepfm's training records (generated clicks)")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -222,20 +256,22 @@ def main() -> None:
         zoo = work / "zoo"
         changed = copy_zoo(args.elasticdl, zoo)
         cifar_records = args.cifar_records or args.records // 3
-        epochs = {"mnist": args.epochs, "cifar10": args.cifar_epochs or args.epochs}
-        data = write_data(work, args.records, cifar_records)
+        epochs = {"mnist": args.epochs, "cifar10": args.cifar_epochs or args.epochs, "ctr": args.epochs}
+        data = write_data(work, args.records, cifar_records, args.ctr_records)
         for model_def, kind in MODULES.items():
             ran = job(work, zoo, model_def, data[kind], epochs[kind])
             row: dict[str, Any] = {"model_def": model_def, "data": kind, "epochs": epochs[kind], "job": ran}
             if ran["succeeded"]:
                 alone = one_process(work, zoo, model_def, data[kind], int(ran["model_version"]))
                 row["one_process"] = {"accuracy": alone["metrics"]["accuracy"], "updates": alone["updates"],
+                                      "auc": alone["metrics"].get("auc"),
                                       "recalibrated": alone.get("metrics_recalibrated", {}).get("accuracy")}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "import_lines_changed": changed, "records": args.records, "epochs": args.epochs,
-              "cifar_records": cifar_records, "cifar_epochs": epochs["cifar10"], "rows": rows}  # fmt: skip
+              "cifar_records": cifar_records, "cifar_epochs": epochs["cifar10"], "ctr_records": args.ctr_records,
+              "packages": list(PACKAGES), "rows": rows}  # fmt: skip
     if args.no_write:
         return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -247,10 +283,12 @@ def main() -> None:
 def report(result: dict[str, Any]) -> str:
     cifar = (f" --cifar_records {result['cifar_records']} --cifar_epochs {result['cifar_epochs']}"
              if "cifar_records" in result else "")
+    if "ctr_records" in result:
+        cifar += f" --ctr_records {result['ctr_records']}"
     lines = [
         f"Written by `python -m bench.elasticdl_zoo --records {result['records']} --epochs {result['epochs']}{cifar}` on "
         f"{result['when']} (`bench/results/elasticdl_zoo.json`): {result['import_lines_changed']} import lines "
-        "changed in the zoo's mnist and cifar10 packages, nothing else. 2 PS + 2 workers, async, minibatch 64; one "
+        f"changed in the zoo's {', '.join(result.get('packages', ['mnist', 'cifar10']))} packages, nothing else. 2 PS + 2 workers, async, minibatch 64; one "
         "process: the same module for as many updates of 64 records as the job's model version, and the same "
         "with BatchNormalization's moving statistics recalibrated on training data at the end.",
         "",
@@ -269,8 +307,9 @@ def report(result: dict[str, Any]) -> str:
         recalibrated = alone.get("recalibrated")
         again = (f"{recalibrated:.4f} | {100 * (ran['accuracy'] - recalibrated):+.1f}" if recalibrated is not None
                  else "- | -")  # fmt: skip
-        lines.append(f"| `{row['model_def']}` | {data} | {ran['accuracy']:.4f} ({ran['model_version']} updates) | "
-                     f"{alone['accuracy']:.4f} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {again} | "
+        auc = (f", AUC {ran['auc']:.4f}", f", AUC {alone['auc']:.4f}") if ran.get("auc") and alone.get("auc") else ("", "")
+        lines.append(f"| `{row['model_def']}` | {data} | {ran['accuracy']:.4f}{auc[0]} ({ran['model_version']} updates) | "
+                     f"{alone['accuracy']:.4f}{auc[1]} | {100 * (ran['accuracy'] - alone['accuracy']):+.1f} | {again} | "
                      f"{ran['export']} | {schedule_summary(ran.get('learning_rates', []))} |")  # fmt: skip
     if any(len(rate_segments(row["job"].get("learning_rates", []))) > 1 for row in result["rows"]):
         lines += ["", f"![the PS's learning rate by model version]({PLOT.relative_to(DOC.parent)})"]

@@ -41,6 +41,8 @@ def test_the_report_gives_each_module_its_epochs_and_both_one_process_difference
     assert "--cifar_records 50 --cifar_epochs 6" in lines[0]
     assert lines[-2] == "| `a.mnist.m` | mnist, 2 | 0.9000 (10 updates) | 0.8000 | +10.0 | 0.9500 | -5.0 | saved | - |"
     assert lines[-1] == "| `a.cifar10.m` | cifar10, 6 | failed | - | - | - | - | - | - |"
+    ran["auc"], result["rows"][0]["one_process"]["auc"] = 0.75, 0.74  # type: ignore[index]
+    assert "| 0.9000, AUC 0.7500 (10 updates) | 0.8000, AUC 0.7400 | +10.0 |" in report(result).splitlines()[-2]
     ran["learning_rates"] = [[3, 0.1], [5001, 0.01]]
     assert report(result).splitlines()[-4].endswith("| saved | 0.1 (v3-v3), 0.01 (v5001-v5001) |")
     assert report(result).splitlines()[-1] == "![the PS's learning rate by model version](img/elasticdl-zoo-schedule.png)"
@@ -61,5 +63,7 @@ def test_the_export_column_says_how_model_keras_loads() -> None:
     assert export_summary({"model.keras": twin}) == "`model.keras` (the functional twin of `CustomModel`) loads with Keras alone"
     needs = {"keras.models.load_model": True, "needs": ["import m"]}
     assert export_summary({"model.keras": needs}) == "`model.keras` loads after `import m`"
+    custom = {"keras.models.load_model": True, "needs": ["import m"], "custom_objects": ["ApplyMask"]}
+    assert export_summary({"model.keras": custom}) == "`model.keras` loads after `import m` with `custom_objects` `ApplyMask`"
     left = {"model.keras": None, "reason": "TypeError: Could not locate class 'X'."}
     assert export_summary(left) == "`model.keras` left out (TypeError: Could not locate class 'X'.); `saved_model/`"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edl_style_net import BOUNDARY
@@ -84,3 +85,69 @@ def test_an_elasticdl_style_module_trains_with_its_schedule(
     tasks = [json.loads(line) for line in processed.read_text().splitlines()]
     assert sum(len(task["rows"]) for task in tasks) == result["records_predicted"] == 500
     assert {task["worker"] for task in tasks} <= {0, 1} and all(len(row) == 2 for t in tasks for row in t["rows"])
+
+
+# Run in a fresh interpreter with the module's folder on its path: model.keras loads as loading.json
+# says (elasticps's layers and the module imported, its own layer given by name).
+RELOAD_CTR = r"""
+import json, sys
+import numpy as np
+import keras
+import elasticps.backends.keras.layers
+import edl_style_ctr
+model_file, validation = sys.argv[1:3]
+data = np.load(validation)
+model = keras.models.load_model(model_file, custom_objects={"ZeroMasked": edl_style_ctr.ZeroMasked})
+logits = np.asarray(model(data["x"], training=False)["logits"]).reshape(-1)
+print(float(np.mean((logits > 0).astype(np.int64) == data["y"].reshape(-1))))
+"""
+
+
+def write_clicks(directory: Path, records: int) -> tuple[Path, Path]:
+    """Ids 1-199 (0: none), Zipf-distributed, ``edl_style_ctr.FIELDS`` a record; a click drawn from
+    a logistic model of a hidden weight per id."""
+    rng = np.random.default_rng(0)
+    weights = rng.normal(0, 1, 200)
+    ids = rng.zipf(1.3, (records + 500, 6)) % 199 + 1
+    ids[:, 5][rng.uniform(size=records + 500) < 0.3] = 0  # a field some records lack
+    clicks = (rng.uniform(size=records + 500) < 1 / (1 + np.exp(-weights[ids].sum(axis=1)))).astype(np.int64)
+    train, validation = directory / "clicks-train.npz", directory / "clicks-validation.npz"
+    np.savez(train, x=ids[:records], y=clicks[:records])
+    np.savez(validation, x=ids[records:], y=clicks[records:])
+    return train, validation
+
+
+def test_a_keras_2_style_ctr_module_trains_and_its_export_loads_with_its_own_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    train, validation = write_clicks(tmp_path, RECORDS)
+    document = job_document("ctr", train, validation, useAsync=True, numEpochs=3)
+    document["spec"]["model"] = {"modelDef": "edl_style_ctr.custom_model"}  # type: ignore[index]
+    document["spec"]["output"] = str(tmp_path / "out")  # type: ignore[index]
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file),
+                        cwd=tmp_path)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=600)
+    finally:
+        stop_run(process)
+    assert process.returncode == 0, stderr
+    result = json.loads(result_file.read_text())
+    assert result["epoch_records"] == [RECORDS] * 3
+    metrics = result["metrics"]
+    print(f"\nthe Keras 2 style CTR module: {metrics}")
+    assert metrics["auc"] > 0.7 and metrics["accuracy"] > 0.65, metrics  # learnt (chance: 0.5)
+
+    loading = json.loads((tmp_path / "out" / "loading.json").read_text())
+    assert loading["model.keras"] == {"keras.models.load_model": True, "custom_objects": ["ZeroMasked"],
+                                      "needs": ["import elasticps.backends.keras.layers", "import edl_style_ctr"]}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": here, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    reload = subprocess.run([sys.executable, "-c", RELOAD_CTR, str(tmp_path / "out" / "model.keras"), str(validation)],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path / "run")  # fmt: skip
+    assert reload.returncode == 0, reload.stderr[-3000:]
+    reloaded = float(reload.stdout.strip().splitlines()[-1])
+    print(f"accuracy: reported by the job {metrics['accuracy']:.4f}, of model.keras reloaded {reloaded:.4f}")
+    assert abs(reloaded - metrics["accuracy"]) <= 0.001

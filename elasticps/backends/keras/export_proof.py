@@ -6,8 +6,9 @@ Caller: the Keras trainer's export (``trainer.py``), once the files are written.
 runs :data:`SCRIPT` (``python -c``) in an empty folder with ``PYTHONPATH`` unset, so only installed
 packages are importable, and tries in turn: Keras alone; with ``elasticps.backends.keras.layers``
 imported (the registered serialisation of elasticps's ``Embedding``); with the model module
-imported from the worker's path (a model with layers of its own loads only where they are, as in a
-prediction job). ``loading.json`` in the export says which it took (:meth:`Proof.document`).
+imported from the worker's path and its own Keras classes given to Keras by name (``custom_objects``:
+a model with layers of its own loads only where they are, as in a prediction job). ``loading.json``
+in the export says which it took (:meth:`Proof.document`).
 Outcomes (:class:`Proof`):
 
 * loads and agrees: the export stands;
@@ -51,9 +52,14 @@ x = {n[2:]: sample[n] for n in names} if names else sample["x"]
 def imports_elasticps_layers():
     import elasticps.backends.keras.layers  # its layers' registered serialisation
 
+custom = {}
+
 def imports_the_module():
     sys.path[:0] = json.loads(path)  # the worker's path: where the model module is
-    importlib.import_module(module)
+    found = importlib.import_module(module)
+    # Its own Keras classes (layers, models), by name: Keras locates no class outside its packages.
+    custom.update({name: value for name, value in vars(found).items() if isinstance(value, type)
+                   and issubclass(value, keras.layers.Layer) and value.__module__ == found.__name__})
 
 model, needs, reason = None, [], ""
 for name, before in (("", None), ("elasticps.backends.keras.layers", imports_elasticps_layers),
@@ -62,7 +68,7 @@ for name, before in (("", None), ("elasticps.backends.keras.layers", imports_ela
         if before is not None:
             before()
             needs.append(name)
-        model = keras.models.load_model(model_file, compile=False)
+        model = keras.models.load_model(model_file, compile=False, custom_objects=custom or None)
         break
     except Exception as err:
         reason = reason or ((type(err).__name__ + ": " + str(err)).strip().splitlines() or ["unknown"])[0]
@@ -71,7 +77,7 @@ if model is None:
     sys.exit(0)
 outputs = keras.tree.flatten(model(x, training=False))
 np.savez(out_file + ".npz", **{str(i): np.asarray(o) for i, o in enumerate(outputs)})
-json.dump({"loaded": True, "needs": needs}, open(out_file, "w"))
+json.dump({"loaded": True, "needs": needs, "custom_objects": sorted(custom)}, open(out_file, "w"))
 """
 
 
@@ -86,16 +92,19 @@ class Proof:
     reason: str = ""  # why it did not load (when not loaded)
     unproven: str = ""  # the loading process itself failed (not the model): the file is kept, unproven
     twin_of: str = ""  # model.keras holds the functional twin of this subclass (functional_twin.py)
+    custom_objects: tuple[str, ...] = ()  # the model module's own classes it loaded with (custom_objects=)
 
     def document(self) -> dict[str, Any]:
         """``loading.json``: how the export's files load."""
         if not self.loaded:
             return {"model.keras": None, "reason": self.reason,
                     "saved_model": "tf.saved_model.load(saved_model/) serves the model"}  # fmt: skip
-        twin = {"functional_twin_of": self.twin_of} if self.twin_of else {}
+        how: dict[str, Any] = {"functional_twin_of": self.twin_of} if self.twin_of else {}
+        if self.custom_objects:  # keras.models.load_model(path, custom_objects={name: module.name, ...})
+            how["custom_objects"] = list(self.custom_objects)
         if self.unproven:
-            return {"model.keras": {"proven": False, "reason": self.unproven, **twin}}
-        return {"model.keras": {"keras.models.load_model": True, "needs": [f"import {m}" for m in self.needs], **twin}}
+            return {"model.keras": {"proven": False, "reason": self.unproven, **how}}
+        return {"model.keras": {"keras.models.load_model": True, "needs": [f"import {m}" for m in self.needs], **how}}
 
 
 def _first_sentence(reason: str, most: int = 240) -> str:
@@ -153,4 +162,4 @@ def prove(
         raise ExportProofError(f"{model_file.name} loaded in a fresh process computes other outputs than the "
                                f"worker's model on {len(expected[0]) if expected else 0} records (largest difference "
                                f"{worst:.3g})")
-    return Proof(True, tuple(said["needs"]))
+    return Proof(True, tuple(said["needs"]), custom_objects=tuple(said.get("custom_objects", ())))

@@ -37,6 +37,9 @@ import tensorflow as tf
 
 from elasticps.api.embedding import GOLDEN, MIX_1, MIX_2, TableSpec, initial_rows, table_seed
 from elasticps.backends.api import tables_are_served, tables_served
+from elasticps.backends.keras import tf_ops
+
+tf_ops.register()  # TensorFlow ops on symbolic tensors, as Keras 2 took them; their layer loads with these
 
 LOCAL_ROWS = 1 << 18
 

@@ -144,6 +144,21 @@ def fused_assign(variables: list[tf.Variable]) -> Callable[[Iterable[np.ndarray]
     return assign
 
 
+def one_input(model: Any, x: Any) -> Any:
+    """``x`` as ``model`` takes it. Keras 2 gave a model of one input the one tensor of a one-entry
+    dict, whatever its key (ElasticDL's DeepFM feeds ``{"feature": ids}`` to an unnamed ``Input``);
+    Keras 3 asks a dict's keys to be the inputs' names. A dict that names the input, several
+    inputs, or a subclassed model (no inputs of its own): ``x`` as it is."""
+    import keras
+
+    inputs = getattr(model, "inputs", None)
+    if not (isinstance(x, Mapping) and len(x) == 1 and isinstance(inputs, list) and len(inputs) == 1):
+        return x
+    names = {getattr(inputs[0], "name", None)} | {layer.name for layer in getattr(model, "layers", [])
+                                                  if isinstance(layer, keras.layers.InputLayer)}  # fmt: skip
+    return x if next(iter(x)) in names else next(iter(x.values()))
+
+
 class TaskPipeline:
     """A task's records through a module's data function into one batch, traced once.
 
@@ -374,7 +389,7 @@ class KerasTrainer:
                 )
             raise ModelError(f"{self._module.name}: {what} must give (features, labels) pairs in {mode} mode")
         x, y = element
-        return x, y, int(tf.shape(tf.nest.flatten(y)[0])[0])
+        return one_input(self.model, x), y, int(tf.shape(tf.nest.flatten(y)[0])[0])
 
     def _prepared(self, features: np.ndarray, labels: np.ndarray | None, mode: Mode) -> Any:
         """The records through the data function as one element (:class:`TaskPipeline`)."""
@@ -533,7 +548,7 @@ class KerasTrainer:
         records = features if labels is None else (features, labels)
         dataset = self._module.prepare(tf.data.Dataset.from_tensor_slices(records), Mode.PREDICTION, self._metadata)
         element = dataset.batch(max(1, len(features))).get_single_element()
-        x = element[0] if isinstance(element, tuple) and len(element) == 2 else element
+        x = one_input(self.model, element[0] if isinstance(element, tuple) and len(element) == 2 else element)
         count = int(tf.shape(tf.nest.flatten(x)[0])[0])
         if count != len(features):
             raise ModelError(
@@ -593,36 +608,40 @@ class KerasTrainer:
         inference mode: ``tf.saved_model.load``, TensorFlow Serving). Inputs are what ``feed``
         makes of a record; the files hold no optimizer (the PS kept it)."""
         model = self._tables.exported() if self._tables else self.model  # served tables: the PS's rows in it
-        model.save(directory / KERAS_FILE)
         model.export(str(directory / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+        path = directory / KERAS_FILE
         if self._sample is None:
+            model.save(path)
             return
         # Proven (export_proof.py): model.keras loads in a fresh process and computes what this one does.
+        # A subclassed model's functional twin first: it loads with Keras alone, the class cannot.
         expected = [np.asarray(o) for o in tf.nest.flatten(model(self._sample, training=False))]
-        proof = prove(directory / KERAS_FILE, self._sample, expected, self._module.name)
-        if not proof.loaded and is_subclassed(model):
-            proof = self._export_twin(model, directory / KERAS_FILE, expected, proof)
+        proof, why = self._export_twin(model, path, expected) if is_subclassed(model) else (None, "")
+        if proof is None:
+            model.save(path)
+            proof = prove(path, self._sample, expected, self._module.name)
         if not proof.loaded:
-            (directory / KERAS_FILE).unlink()
+            proof = replace(proof, reason=f"{proof.reason} {why}".strip())
+            path.unlink()
             log.warning("%s: the export leaves model.keras out, it does not load in a fresh process (%s); "
                         "saved_model/ holds the model", self._module.name, proof.reason)
         elif proof.unproven:
             log.warning("%s: model.keras exported unproven: %s", self._module.name, proof.unproven)
         (directory / LOADING_FILE).write_text(json.dumps(proof.document(), indent=1) + "\n")
 
-    def _export_twin(self, model: Any, path: Path, expected: list[np.ndarray], failed: Proof) -> Proof:
-        """Writes ``model``'s functional twin to ``path`` and proves it; ``failed``, its reason
-        lengthened by why, where there is no twin or it does not load."""
+    def _export_twin(self, model: Any, path: Path, expected: list[np.ndarray]) -> tuple[Proof | None, str]:
+        """Writes ``model``'s functional twin to ``path`` and proves it: its proof, or ``None`` and
+        why where there is no twin or it does not load as the model computes."""
         twin, why = functional_twin(model, self._sample)
         if twin is None:
-            return replace(failed, reason=f"{failed.reason} {why}")
+            return None, f"It has no functional twin: {why}."
         twin.save(path)
         try:
             proof = prove(path, self._sample, expected, self._module.name)
         except ExportProofError as err:
-            return replace(failed, reason=f"{failed.reason} Its functional twin computes other outputs: {err}")
+            return None, f"Its functional twin computes other outputs: {err}"
         if not proof.loaded:
-            return replace(failed, reason=f"{failed.reason} Its functional twin does not load either: {proof.reason}")
+            return None, f"Its functional twin does not load either: {proof.reason}"
         log.info("%s: model.keras holds the functional twin of %s (Keras cannot rebuild the class itself)",
                  self._module.name, type(model).__name__)
-        return replace(proof, twin_of=type(model).__name__)
+        return replace(proof, twin_of=type(model).__name__), ""
