@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +34,20 @@ logits = np.asarray(keras.models.load_model(model_file)({"x": data["x"].astype("
 print(float(np.mean(np.argmax(logits, axis=-1) == data["y"].reshape(-1))))
 """
 
+def run_job(tmp_path: Path, document: dict[str, object]) -> dict[str, Any]:
+    """``elasticps run`` of ``document`` (2 PS + 2 workers) to its end: its result, the run a success."""
+    job = write_job(tmp_path / "job.yaml", document)
+    result_file = tmp_path / "result.json"
+    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file),
+                        cwd=tmp_path)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=600)
+    finally:
+        stop_run(process)
+    assert process.returncode == 0, stderr
+    found: dict[str, Any] = json.loads(result_file.read_text())
+    return found
+
 
 @pytest.mark.parametrize("training", [{}, {"useAsync": True}], ids=["sync", "async"])
 def test_an_elasticdl_style_module_trains_with_its_schedule(
@@ -46,16 +61,7 @@ def test_an_elasticdl_style_module_trains_with_its_schedule(
     document["spec"]["prediction"] = {"data": str(validation)}  # type: ignore[index]
     processed = tmp_path / "processed.jsonl"
     monkeypatch.setenv("EDL_STYLE_PREDICTIONS", str(processed))
-    job = write_job(tmp_path / "job.yaml", document)
-    result_file = tmp_path / "result.json"
-    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file),
-                        cwd=tmp_path)  # fmt: skip
-    try:
-        _, stderr = process.communicate(timeout=600)
-    finally:
-        stop_run(process)
-    assert process.returncode == 0, stderr
-    result = json.loads(result_file.read_text())
+    result = run_job(tmp_path, document)
     assert result["epoch_records"] == [RECORDS, RECORDS]
     assert result["metrics"]["accuracy"] > 0.85, result["metrics"]
 
@@ -126,16 +132,7 @@ def test_a_keras_2_style_ctr_module_trains_and_its_export_loads_with_its_own_lay
     document = job_document("ctr", train, validation, useAsync=True, numEpochs=3)
     document["spec"]["model"] = {"modelDef": "edl_style_ctr.custom_model"}  # type: ignore[index]
     document["spec"]["output"] = str(tmp_path / "out")  # type: ignore[index]
-    job = write_job(tmp_path / "job.yaml", document)
-    result_file = tmp_path / "result.json"
-    process = elasticps("run", str(job), "--run_dir", str(tmp_path / "run"), "--result_file", str(result_file),
-                        cwd=tmp_path)  # fmt: skip
-    try:
-        _, stderr = process.communicate(timeout=600)
-    finally:
-        stop_run(process)
-    assert process.returncode == 0, stderr
-    result = json.loads(result_file.read_text())
+    result = run_job(tmp_path, document)
     assert result["epoch_records"] == [RECORDS] * 3
     metrics = result["metrics"]
     print(f"\nthe Keras 2 style CTR module: {metrics}")
