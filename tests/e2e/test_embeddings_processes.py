@@ -160,15 +160,16 @@ def test_tables_keep_every_row_once_while_a_worker_joins_and_another_is_killed(t
     process, run_dir, result_file = run(tmp_path, job(tmp_path, name, **training))
     try:
         client = coordinator(run_dir)
-        wait_for(lambda: client.status().model_version >= 10 or process.poll() is not None, 300, "training to start")  # type: ignore[attr-defined]
+        wait_for(lambda: process.poll() is not None or client.status().model_version >= 10, 300, "training to start")  # type: ignore[attr-defined]
         done = subprocess.run([sys.executable, "-m", "elasticps", "scale", str(run_dir), "--workers", "3"],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         joined = run_dir / f"{name}-worker-2.log"
+        # The run's end first in each wait: once it ended, its coordinator answers nothing (refused).
         # Worker 2 counts once the coordinator has heard from it: TensorFlow started, it trains beside the others.
-        wait_for(lambda: client.status().live_workers >= 3 or process.poll() is not None, 180, "worker 2 heard from")  # type: ignore[attr-defined]
+        wait_for(lambda: process.poll() is not None or client.status().live_workers >= 3, 180, "worker 2 heard from")  # type: ignore[attr-defined]
         at = client.status().model_version
-        wait_for(lambda: client.status().model_version >= at + then or process.poll() is not None, 120, "more versions")  # type: ignore[attr-defined]
+        wait_for(lambda: process.poll() is not None or client.status().model_version >= at + then, 120, "more versions")  # type: ignore[attr-defined]
         assert process.poll() is None, "the job ended before the kill"  # type: ignore[attr-defined]
         os.kill(int((run_dir / f"{name}-worker-1.pid").read_text()), signal.SIGKILL)
         _, stderr = process.communicate(timeout=600)  # type: ignore[attr-defined]

@@ -45,7 +45,7 @@ def first_answer(client: CoordinatorClient) -> pb.JobStatus:
 
 
 def coordinator(run_dir: Path) -> CoordinatorClient:
-    wait_for(lambda: (run_dir / "ps-0.port").exists(), 60, "PS 0 to serve")
+    wait_for(lambda: (run_dir / "ps-0.port").exists(), 180, "PS 0 to serve")  # a loaded machine: a minute was too short once
     port = int((run_dir / "ps-0.port").read_text())
     return CoordinatorClient(f"127.0.0.1:{port}", worker="test", token=observer_token(run_dir))
 
