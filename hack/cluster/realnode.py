@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -266,6 +267,12 @@ def has_image(sock: Path, ref: str) -> bool:
     return ref in out
 
 
+def holds_image(sock: Path, name: str, config_digest: str) -> bool:
+    """containerd has the name and the image's config (a Docker image ID is its config's digest)."""
+    blobs = ctr(sock, "content", "ls", "-q", check=False).stdout.decode().split()
+    return has_image(sock, name) and config_digest in blobs
+
+
 def pause_archive(pause_binary: Path, ref: str) -> bytes:
     """A `docker save` style archive of the pause image: one layer holding /pause, run as 65535
     as upstream's image does. Built here from the binary build.sh compiled, so no registry is needed."""
@@ -322,24 +329,13 @@ def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: d
         raise RuntimeError(f"docker has no image {ref} (make image): {image_id.stderr.strip()}")
     wanted = image_id.stdout.strip()
     t0 = time.monotonic()
-    names = ctr(sock, "images", "ls", "-q", check=False).stdout.decode().split()
-    blobs = ctr(sock, "content", "ls", "-q", check=False).stdout.decode().split()
     name = f"docker.io/library/{ref}"
-    if name in names and wanted in blobs:
+    had_name = has_image(sock, name)
+    if had_name and holds_image(sock, name, wanted):
         log(f"image {ref} ({wanted[:19]}) already in the node's containerd")
         return 0.0
-    save = subprocess.Popen(["docker", "save", ref], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert save.stdout is not None and save.stderr is not None
-    imported = subprocess.run(["ctr", "--address", str(sock), "--namespace", NAMESPACE, "images", "import", "-"],
-                              stdin=save.stdout, capture_output=True)
-    save.stdout.close()
-    saved_err = save.stderr.read().decode(errors="replace")
-    if save.wait() != 0:
-        raise RuntimeError(f"docker save {ref}: exit {save.returncode}: {saved_err[-2000:]}")
-    if imported.returncode != 0:
-        raise RuntimeError(f"ctr images import {ref}: exit {imported.returncode}: "
-                           f"{imported.stderr.decode(errors='replace')[-2000:]}")
-    if name in names:
+    stream_import(sock, ["docker", "save", ref], name, wanted, env)
+    if had_name:
         scratch = f"{name}-collect-garbage"
         ctr(sock, "images", "tag", "--force", name, scratch)
         ctr(sock, "images", "rm", "--sync", scratch)
@@ -348,6 +344,30 @@ def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: d
     log(f"image {ref}: docker save | ctr import {seconds:.1f}s"
         + (f"; {len(stale)} image(s) no name points at removed" if stale else ""))
     return seconds
+
+
+def stream_import(sock: Path, producer: list[str], name: str, config_digest: str,
+                  env: dict[str, str] | None = None) -> None:
+    """`PRODUCER | ctr images import -`, judged by the import: ctr stops reading at the archive's
+    end marker, so a producer still writing after it (docker save's last bytes, when ctr was
+    quicker) dies of SIGPIPE although everything was imported; CI's torch load failed so once.
+    A SIGPIPE is accepted only when ctr succeeded and containerd holds the name and the image's
+    config; any other failure raises with what ctr and the producer said."""
+    save = subprocess.Popen(producer, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert save.stdout is not None and save.stderr is not None
+    imported = subprocess.run(["ctr", "--address", str(sock), "--namespace", NAMESPACE, "images", "import", "-"],
+                              stdin=save.stdout, capture_output=True)
+    save.stdout.close()
+    saved_err = save.stderr.read().decode(errors="replace")
+    save.wait()
+    said = (f"{producer[0]} {producer[1]}: exit {save.returncode}: {saved_err[-1000:].strip()}; "
+            f"ctr images import: exit {imported.returncode}: {imported.stderr.decode(errors='replace')[-1000:].strip()}")
+    if imported.returncode != 0:
+        raise RuntimeError(f"importing {name} failed: {said}")
+    if save.returncode == 0:
+        return
+    if save.returncode != -signal.SIGPIPE or not holds_image(sock, name, config_digest):
+        raise RuntimeError(f"importing {name} failed: {said}")
 
 
 def remove_unnamed_images(sock: Path) -> list[str]:

@@ -4,16 +4,23 @@ image. Before, the CRI plugin's ``sha256:<id>`` reference kept every old torch i
 a machine that runs CI again and again (its containerd root is in ~/.cache): the likely way CI's
 node came to lose its pause image twice, to the kubelet's reclaim under disk pressure.
 
+An image is streamed from ``docker save`` into ``ctr images import``; ctr stops reading at the
+archive's end marker, so a ``docker save`` still writing then dies of SIGPIPE with the image whole
+in containerd (CI's torch load failed so): such an import counts, a failed one says why.
+
 The listing test is pure; the other runs a containerd of its own (root and the containerd binary
 needed), on a socket and root under the test's temporary folder, beside any other.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +99,32 @@ def test_a_new_build_under_an_old_name_takes_the_old_image_away_and_leaves_the_p
 
 def content(sock: Path) -> set[str]:
     return set(realnode.ctr(sock, "content", "ls", "-q").stdout.decode().split())
+
+
+@pytest.mark.node
+def test_a_producer_killed_by_sigpipe_after_the_archive_was_imported_counts_and_a_failed_import_says_why(
+        containerd: Path, tmp_path: Path) -> None:
+    sock, name = containerd, "docker.io/library/elasticps:piped"
+    archive = tmp_path / "image.tar"
+    archive.write_bytes(realnode.pause_archive(Path("/bin/ls"), name))
+    config = "sha256:" + manifest(archive)["Config"].removesuffix(".json")
+    # As docker save when ctr was quicker: the archive, then bytes written after ctr stopped reading.
+    late_writer = ["sh", "-c", f"cat {archive}; sleep 1; exec head -c 1000000 /dev/zero"]
+
+    realnode.stream_import(sock, late_writer, name, config)
+
+    assert realnode.holds_image(sock, name, config)
+    assert "complete (2/2)" in realnode.ctr(sock, "images", "check").stdout.decode()
+    with pytest.raises(RuntimeError, match=r"sh -c: exit -13.*ctr images import: exit 0"):
+        realnode.stream_import(sock, late_writer, "docker.io/library/elasticps:other", config)  # not what it holds
+    truncated = ["sh", "-c", f"head -c 70000 {archive}; exit 3"]
+    with pytest.raises(RuntimeError, match=r"sh -c: exit 3.*ctr images import: exit [1-9]"):
+        realnode.stream_import(sock, truncated, "docker.io/library/elasticps:cut", config)
+
+
+def manifest(archive: Path) -> dict[str, object]:
+    with tarfile.open(archive) as t:
+        member = t.extractfile("manifest.json")
+        assert member is not None
+        entries: list[dict[str, object]] = json.load(io.BytesIO(member.read()))
+    return entries[0]
