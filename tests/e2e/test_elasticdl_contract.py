@@ -66,9 +66,13 @@ def test_an_elasticdl_style_module_trains_with_its_schedule(
     assert result["metrics"]["accuracy"] > 0.85, result["metrics"]
 
     rates = read_curves(tmp_path / "out" / "tensorboard")["train/learning_rate"]
-    print(f"\n--- {training or 'sync'}: the PS's learning rate by model version: {rates}")
+    # A push's rate is the schedule's at the version its gradient was computed on, and the curve
+    # shows the latest push's: in async a push computed before the drop lands up to its staleness
+    # later (a rehearsal of CI saw 0.1 at version 66, the drop at 60), so the curve may lag by that much.
+    lag = max_staleness(tmp_path / "out" / "tensorboard") if training else 0
+    print(f"\n--- {training or 'sync'}: the PS's learning rate by model version (staleness up to {lag}): {rates}")
     early = [rate for version, rate in rates if version < BOUNDARY - 4]
-    late = [rate for version, rate in rates if version > BOUNDARY + 4]
+    late = [rate for version, rate in rates if version > BOUNDARY + 4 + lag]
     assert early and late, rates
     assert early == pytest.approx([0.1] * len(early)) and late == pytest.approx([0.01] * len(late))
 
@@ -91,6 +95,18 @@ def test_an_elasticdl_style_module_trains_with_its_schedule(
     tasks = [json.loads(line) for line in processed.read_text().splitlines()]
     assert sum(len(task["rows"]) for task in tasks) == result["records_predicted"] == 500
     assert {task["worker"] for task in tasks} <= {0, 1} and all(len(row) == 2 for t in tasks for row in t["rows"])
+
+
+def max_staleness(folder: Path) -> int:
+    """The largest staleness the job's ``train/staleness`` histograms hold (their buckets' upper
+    bounds: at least the real one)."""
+    import tensorflow as tf
+
+    [events] = sorted(folder.glob("events.out.tfevents.*"))
+    maxima = [value.histo.max for event in tf.compat.v1.train.summary_iterator(str(events))
+              for value in event.summary.value if value.tag == "train/staleness"]  # fmt: skip
+    assert maxima, "no staleness histogram"
+    return int(max(maxima))
 
 
 # Run in a fresh interpreter with the module's folder on its path: model.keras loads as loading.json
