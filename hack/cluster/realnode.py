@@ -330,10 +330,10 @@ def import_image(sock: Path, ref: str, log: Callable[[str], None], docker_env: d
     wanted = image_id.stdout.strip()
     t0 = time.monotonic()
     name = f"docker.io/library/{ref}"
-    had_name = has_image(sock, name)
-    if had_name and holds_image(sock, name, wanted):
+    if holds_image(sock, name, wanted):
         log(f"image {ref} ({wanted[:19]}) already in the node's containerd")
         return 0.0
+    had_name = has_image(sock, name)
     stream_import(sock, ["docker", "save", ref], name, wanted, env)
     if had_name:
         scratch = f"{name}-collect-garbage"

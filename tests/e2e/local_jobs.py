@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -82,16 +83,23 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
 def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """The scalar curves (tag -> [(model version, value)]) of the one TensorBoard event file in
     ``folder``, as TensorFlow's own reader reads them."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for step, value in summary_values(folder):
+        if not value.HasField("histo"):
+            curves.setdefault(value.tag, []).append((step, value.simple_value))
+    return curves
+
+
+def summary_values(folder: Path) -> Iterator[tuple[int, Any]]:
+    """Each (model version, summary value) of the one TensorBoard event file in ``folder``, as
+    TensorFlow's own reader reads them: scalars and histograms."""
     import tensorflow as tf
 
     files = sorted(folder.glob("events.out.tfevents.*"))
     assert len(files) == 1, files
-    curves: dict[str, list[tuple[int, float]]] = {}
     for event in tf.compat.v1.train.summary_iterator(str(files[0])):
         for value in event.summary.value:
-            if not value.HasField("histo"):
-                curves.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return curves
+            yield event.step, value
 
 
 def process_token(run_dir: Path, replica: str) -> str:

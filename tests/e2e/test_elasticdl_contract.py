@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from edl_style_net import BOUNDARY
-from local_jobs import elasticps, job_document, read_curves, stop_run, write_data, write_job
+from local_jobs import elasticps, job_document, read_curves, stop_run, summary_values, write_data, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -100,11 +100,7 @@ def test_an_elasticdl_style_module_trains_with_its_schedule(
 def max_staleness(folder: Path) -> int:
     """The largest staleness the job's ``train/staleness`` histograms hold (their buckets' upper
     bounds: at least the real one)."""
-    import tensorflow as tf
-
-    [events] = sorted(folder.glob("events.out.tfevents.*"))
-    maxima = [value.histo.max for event in tf.compat.v1.train.summary_iterator(str(events))
-              for value in event.summary.value if value.tag == "train/staleness"]  # fmt: skip
+    maxima = [value.histo.max for _, value in summary_values(folder) if value.tag == "train/staleness"]
     assert maxima, "no staleness histogram"
     return int(max(maxima))
 
