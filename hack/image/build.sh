@@ -8,7 +8,7 @@
 # No registry is needed: the base image is BASE if the engine has it (e.g. debian:bookworm-slim
 # pulled elsewhere), else one made here by debootstrap from Debian's archive and `docker import`;
 # the Python packages are downloaded on this machine into build/wheels, pinned by
-# requirements/image-cpu.lock, and installed offline inside the build.
+# requirements/image-cpu.lock, and served to the build on the loopback (no registry, no wheel layer).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANT=${VARIANT:-cpu}
@@ -49,22 +49,56 @@ else
   "$PY" -m pip download -q --only-binary=:all: --no-deps -r requirements/image-cpu.lock -d build/wheels
 fi
 # elasticps itself goes apart (build/self): the dependency wheels alone make the image's big layer,
-# unchanged while the lock is (see the Dockerfile).
+# unchanged while they are (see the Dockerfile).
 rm -f build/wheels/elasticps-*.whl
 rm -rf build/self && mkdir -p build/self
 "$PY" -m pip wheel -q --no-deps -w build/self .
 
+# The wheel set: its requirements (name==version from each file name) and its digest (names and
+# sizes: a name carries the version, and a release's file never changes on PyPI).
+(cd build/wheels && for w in *.whl; do n=${w%%-*}; v=${w#*-}; echo "$n==${v%%-*}"; done) >build/wheels/requirements.txt
+digest=$(cd build/wheels && stat -c '%n %s' -- *.whl | sort | sha256sum | cut -c1-32)
+# Served on the loopback for the build's RUN (builds use the host's network). The port follows from
+# the digest, so a rebuild of the same set passes the same build arguments and Docker's cache holds.
+port=$("$PY" - "$digest" <<'PYEOF'
+import socket, sys
+base = 20000 + int(sys.argv[1][:8], 16) % 20000
+for port in range(base, base + 50):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+PYEOF
+)
+"$PY" -m http.server --bind 127.0.0.1 --directory build/wheels "$port" >build/wheels-server.log 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 50); do
+  "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/requirements.txt', timeout=1)" 2>/dev/null && break
+  sleep 0.2
+done
+
 echo "building $TAG from $BASE ..."
 previous=$(docker image inspect "$TAG" --format '{{.Id}}' 2>/dev/null || true)
-# The dependencies' stage first, under a tag of its own: kept, it is the build cache that makes the
-# next build reuse the image's big layer (an untagged stage would be pruned below, and Docker's
-# legacy builder would install everything again into a layer of another digest).
-docker build -q --network host --build-arg "BASE=$BASE" --target install -t "elasticps-deps:$VARIANT" . >/dev/null
-docker build -q --network host --build-arg "BASE=$BASE" -t "$TAG" . >/dev/null
+if ! docker build -q --network host --build-arg "BASE=$BASE" --build-arg "WHEELS_DIGEST=$digest" \
+  --build-arg "WHEELS_URL=http://127.0.0.1:$port" -t "$TAG" . >build/docker-build.log 2>&1; then
+  tail -30 build/docker-build.log >&2
+  echo "docker build of $TAG failed; the disk:" >&2
+  df -h . "$STATE" >&2 || true
+  exit 1
+fi
+# The wheels are in the image's environment now: they would only fill the disk (GBs for torch).
+rm -rf build/wheels build/self
 # Every build of a changed tree leaves the image it replaced untagged: drop it (its layers shared
-# with the new one stay).
+# with the new one stay). The dependencies' stage of earlier builds (elasticps-deps, with the wheels
+# in a layer of its own) is no longer used.
 if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect "$TAG" --format '{{.Id}}')" ]; then
   docker image rm "$previous" >/dev/null 2>&1 || true
 fi
-docker image prune -f >/dev/null  # the install stage's image (it holds the wheels) is left untagged too
+docker image rm "elasticps-deps:$VARIANT" >/dev/null 2>&1 || true
+docker container prune -f >/dev/null  # a failed build's containers
+docker image prune -f >/dev/null
 docker image inspect "$TAG" --format "$TAG: {{.Size}} bytes"
